@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+// The three seams of the library: clocks, policies and stores.
+#pragma once
+
+#include <chrono>
+#include <concepts>
+#include <string_view>
+
+#include "ratelimit/decision.hpp"
+
+namespace ratelimit {
+
+/// What a store is asked to do with a check.
+enum class access : unsigned char {
+  consume,  ///< decide and record the outcome in the key's state
+  peek,     ///< decide as `consume` would, but leave the state untouched
+};
+
+/// Monotonic time: `c.now()` never decreases for one object (a manual clock may
+/// be set backwards on purpose, to exercise SPEC "time never runs backwards").
+/// Models: steady_clock (default), system_clock, manual_clock.
+template <class C>
+concept clock_source = requires(const C& c) {
+  typename C::duration;
+  typename C::time_point;
+  { c.now() } noexcept -> std::same_as<typename C::time_point>;
+};
+
+/// A marker clock: the store reads its own time inside the check (the Redis
+/// server's TIME), so that every node shares one clock. The limiter passes
+/// `store_time` instead of a timestamp.
+template <class C>
+concept store_clock = requires {
+  { C::reads_store_time } -> std::convertible_to<bool>;
+} && C::reads_store_time;
+
+/// Passed to a store instead of a timestamp: "read your own clock".
+struct store_time_t {
+  explicit constexpr store_time_t() = default;
+};
+inline constexpr store_time_t store_time{};
+
+/// A pure algorithm.
+/// - `P::config` validates on construction (throws std::invalid_argument) and
+///   names its policy as `P::config::policy_type`.
+/// - `P::state` is semiregular and equality-comparable; a value-initialised
+///   state means "key never seen".
+/// - `P::step(cfg, state&, now, cost)` decides and updates the state: no I/O, no
+///   clock, no allocation beyond the state's own; `cost` is already validated.
+/// - `P::idle(cfg, state, now)` is true when the state is equivalent to a
+///   value-initialised one at `now` and later, so a store may drop it.
+/// - `P::name` is the policy's stable name ("fixed_window", ...).
+template <class P>
+concept policy = requires(const typename P::config& cfg, typename P::state& s,
+                          const typename P::state& cs, timestamp now, units cost) {
+  requires std::semiregular<typename P::state>;
+  requires std::equality_comparable<typename P::state>;
+  requires std::copy_constructible<typename P::config>;
+  requires std::same_as<typename P::config::policy_type, P>;
+  { P::name } -> std::convertible_to<std::string_view>;
+  { P::step(cfg, s, now, cost) } noexcept -> std::same_as<decision>;
+  { P::idle(cfg, cs, now) } noexcept -> std::same_as<bool>;
+  { cfg.limit() } noexcept -> std::same_as<units>;
+};
+
+/// Applies policy P to one key atomically: the whole read-decide-write happens
+/// as one indivisible step per key (a critical section in process, one script
+/// in Redis), so a store may run the policy remotely instead of handing out
+/// state. Keys are validated byte strings (1..512 bytes, binary safe); `cost`
+/// is validated. `reset` forgets a key. Stores expire idle keys themselves.
+template <class S, class P>
+concept store_for = policy<P> && requires(S& s, const typename P::config& cfg,
+                                          std::string_view key, timestamp now, units cost) {
+  { s.apply(cfg, key, now, cost, access::consume) } -> std::same_as<decision>;
+  { s.reset(cfg, key) };
+};
+
+/// A store that can also read its own clock (see `store_clock`).
+template <class S, class P>
+concept store_clocked_store_for = policy<P> && requires(S& s, const typename P::config& cfg,
+                                                        std::string_view key, units cost) {
+  { s.apply(cfg, key, store_time, cost, access::consume) } -> std::same_as<decision>;
+  { s.reset(cfg, key) };
+};
+
+}  // namespace ratelimit

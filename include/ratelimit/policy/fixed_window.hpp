@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: Apache-2.0
+// Fixed window: a counter per epoch-aligned window.
+//
+// Algorithm: window k = floor(t / W) covers [kW, (k+1)W); a request of cost c
+// is admitted iff n_k + c <= limit. Accuracy: exact per window, but up to
+// 2 x limit can pass within any W that straddles a window edge (inherent).
+// Memory: 16 bytes of state per key. See
+// https://en.wikipedia.org/wiki/Rate_limiting for the family of algorithms.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string_view>
+
+#include "ratelimit/decision.hpp"
+#include "ratelimit/rate.hpp"
+
+namespace ratelimit {
+
+/// Options shared by the three window policies.
+struct window_options {
+  /// Count rejected attempts too (anti-fraud: a caller who keeps calling while
+  /// blocked stays blocked). Default false: a rejection consumes nothing.
+  bool count_rejected = false;
+};
+
+/// Fixed-window policy (see file comment).
+struct fixed_window {
+  static constexpr std::string_view name = "fixed_window";
+
+  /// Validated configuration. Thread safety: immutable.
+  class config {
+   public:
+    using policy_type = fixed_window;
+    /// @throws std::invalid_argument (via rate) for a bad limit or period
+    explicit config(rate r, window_options o = {}) : rate_(r), options_(o) {}
+    explicit config(std::string_view r, window_options o = {}) : config(rate::parse(r), o) {}
+    [[nodiscard]] units limit() const noexcept { return rate_.limit(); }
+    [[nodiscard]] std::int64_t period_us() const noexcept { return rate_.period().count(); }
+    [[nodiscard]] const rate& get_rate() const noexcept { return rate_; }
+    [[nodiscard]] bool count_rejected() const noexcept { return options_.count_rejected; }
+
+   private:
+    rate rate_;
+    window_options options_;
+  };
+
+  /// Value-initialised = key never seen.
+  struct state {
+    std::int64_t window = 0;  ///< index k of the window `count` belongs to
+    units count = 0;          ///< units recorded in window k
+    friend bool operator==(const state&, const state&) = default;
+  };
+
+  static decision step(const config& cfg, state& s, timestamp now, units cost) noexcept {
+    const std::int64_t w = cfg.period_us();
+    std::int64_t t = now.count();
+    // Time never runs backwards inside a key: an earlier request is decided at
+    // the start of the stored window.
+    if (s.count > 0 && t < s.window * w) t = s.window * w;
+    const std::int64_t k = detail::floor_div(t, w);
+    const std::int64_t end = (k + 1) * w;
+    units n = (s.count > 0 && s.window == k) ? s.count : 0;
+
+    decision d;
+    d.limit = cfg.limit();
+    d.allowed = n + cost <= cfg.limit();
+    if (d.allowed || cfg.count_rejected()) {
+      n = detail::add_saturated(n, cost);
+      s.window = k;
+      s.count = n;
+      d.counted = true;
+    }
+    d.remaining = std::max<units>(0, cfg.limit() - n);
+    if (!d.allowed) {
+      d.retry_after = cost > cfg.limit() ? never : std::chrono::microseconds{end - t};
+    }
+    d.reset_after = std::chrono::microseconds{n > 0 ? end - t : 0};
+    return d;
+  }
+
+  static bool idle(const config& cfg, const state& s, timestamp now) noexcept {
+    return s.count == 0 || detail::floor_div(now.count(), cfg.period_us()) > s.window;
+  }
+};
+
+}  // namespace ratelimit

@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: Apache-2.0
+// Sliding-window counter: two fixed-window counts, the previous one weighted.
+//
+// Algorithm: with window k = floor(t / W) and e = t - kW, a request of cost c
+// is admitted iff n_(k-1) * ((W - e) / W) + n_k + c <= limit, evaluated in IEEE
+// double in exactly that order (so C++ and the Redis Lua script agree bit for
+// bit). Accuracy: an approximation of the sliding log that assumes the previous
+// window's requests were spread evenly; it can admit more or fewer than the log.
+// Memory: 24 bytes of state per key. See
+// https://blog.cloudflare.com/counting-things-a-lot-of-different-things/
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string_view>
+
+#include "ratelimit/decision.hpp"
+#include "ratelimit/policy/fixed_window.hpp"
+#include "ratelimit/rate.hpp"
+
+namespace ratelimit {
+
+/// Sliding-window counter policy (see file comment).
+struct sliding_window_counter {
+  static constexpr std::string_view name = "sliding_counter";
+
+  /// Validated configuration. Thread safety: immutable.
+  class config {
+   public:
+    using policy_type = sliding_window_counter;
+    explicit config(rate r, window_options o = {}) : rate_(r), options_(o) {}
+    explicit config(std::string_view r, window_options o = {}) : config(rate::parse(r), o) {}
+    [[nodiscard]] units limit() const noexcept { return rate_.limit(); }
+    [[nodiscard]] std::int64_t period_us() const noexcept { return rate_.period().count(); }
+    [[nodiscard]] const rate& get_rate() const noexcept { return rate_; }
+    [[nodiscard]] bool count_rejected() const noexcept { return options_.count_rejected; }
+
+   private:
+    rate rate_;
+    window_options options_;
+  };
+
+  /// Value-initialised = key never seen.
+  struct state {
+    std::int64_t window = 0;  ///< index k of `current`
+    units current = 0;        ///< units recorded in window k
+    units previous = 0;       ///< units recorded in window k - 1
+    friend bool operator==(const state&, const state&) = default;
+  };
+
+  /// prev * ((W - e) / W) + cur + m, rounded exactly as written. The product
+  /// goes through a volatile so that no compiler fuses it with the addition
+  /// into an FMA, which would round differently from Lua.
+  [[nodiscard]] static double estimate(units prev, units cur, std::int64_t w, std::int64_t e,
+                                       units m) noexcept {
+    const double weight = static_cast<double>(w - e) / static_cast<double>(w);
+    const volatile double weighted = static_cast<double>(prev) * weight;
+    const double with_current = weighted + static_cast<double>(cur);
+    return with_current + static_cast<double>(m);
+  }
+
+  [[nodiscard]] static bool passes(units prev, units cur, std::int64_t w, std::int64_t e, units m,
+                                   units limit) noexcept {
+    return estimate(prev, cur, w, e, m) <= static_cast<double>(limit);
+  }
+
+  /// Smallest offset in [lo, w - 1] at which `passes` holds, or -1. The test
+  /// is monotone in the offset (the weight only shrinks), so bisect.
+  [[nodiscard]] static std::int64_t first_passing(units prev, units cur, std::int64_t w,
+                                                  std::int64_t lo, units cost,
+                                                  units limit) noexcept {
+    std::int64_t hi = w - 1;
+    if (lo > hi || !passes(prev, cur, w, hi, cost, limit)) return -1;
+    while (lo < hi) {
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      if (passes(prev, cur, w, mid, cost, limit)) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    return lo;
+  }
+
+  static decision step(const config& cfg, state& s, timestamp now, units cost) noexcept {
+    const std::int64_t w = cfg.period_us();
+    const units limit = cfg.limit();
+    const bool seen = s.current > 0 || s.previous > 0;
+    std::int64_t t = now.count();
+    // Time never runs backwards inside a key: decide at the stored window's start.
+    if (seen && t < s.window * w) t = s.window * w;
+    const std::int64_t k = detail::floor_div(t, w);
+    const std::int64_t e = t - k * w;
+    units cur = 0;
+    units prev = 0;
+    if (seen && k == s.window) {
+      cur = s.current;
+      prev = s.previous;
+    } else if (seen && k == s.window + 1) {
+      prev = s.current;
+    }
+
+    decision d;
+    d.limit = limit;
+    d.allowed = passes(prev, cur, w, e, cost, limit);
+    if (d.allowed || cfg.count_rejected()) {
+      cur = detail::add_saturated(cur, cost);
+      s = state{k, cur, prev};
+      d.counted = true;
+    }
+    d.remaining = remaining(prev, cur, w, e, limit);
+    if (!d.allowed) {
+      if (cost > limit) {
+        d.retry_after = never;
+      } else if (const auto in_k = first_passing(prev, cur, w, e + 1, cost, limit); in_k >= 0) {
+        d.retry_after = std::chrono::microseconds{in_k - e};
+      } else if (const auto in_next = first_passing(cur, 0, w, 0, cost, limit); in_next >= 0) {
+        d.retry_after = std::chrono::microseconds{(k + 1) * w + in_next - t};
+      } else {
+        d.retry_after = std::chrono::microseconds{(k + 2) * w - t};
+      }
+    }
+    if (cur > 0) {
+      d.reset_after = std::chrono::microseconds{(k + 2) * w - t};
+    } else if (prev > 0) {
+      d.reset_after = std::chrono::microseconds{(k + 1) * w - t};
+    }
+    return d;
+  }
+
+  /// Largest m >= 0 that passes the admission test now (0 if none does).
+  [[nodiscard]] static units remaining(units prev, units cur, std::int64_t w, std::int64_t e,
+                                       units limit) noexcept {
+    const double room = static_cast<double>(limit) - estimate(prev, cur, w, e, 0);
+    // Start from the real-number answer, then settle it with the exact test.
+    units m = room >= 1.0 ? static_cast<units>(std::floor(room)) : 0;
+    while (m > 0 && !passes(prev, cur, w, e, m, limit)) --m;
+    while (passes(prev, cur, w, e, m + 1, limit)) ++m;
+    return m;
+  }
+
+  static bool idle(const config& cfg, const state& s, timestamp now) noexcept {
+    if (s.current == 0 && s.previous == 0) return true;
+    const std::int64_t k = detail::floor_div(now.count(), cfg.period_us());
+    return k >= s.window + 2 || (k == s.window + 1 && s.current == 0);
+  }
+};
+
+}  // namespace ratelimit

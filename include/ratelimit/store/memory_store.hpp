@@ -1,0 +1,308 @@
+// SPDX-License-Identifier: Apache-2.0
+// The in-process store: a sharded hash map from key to policy state.
+#pragma once
+
+#include <atomic>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string_view>
+#include <utility>
+
+#include "ratelimit/concepts.hpp"
+#include "ratelimit/decision.hpp"
+
+namespace ratelimit {
+
+/// What the memory store does with a new key when `max_keys` is reached and
+/// no idle key can be reclaimed. Existing keys are always decided normally.
+enum class when_full : unsigned char {
+  fail_open,    ///< admit the new key's request without recording it (source fail_open)
+  fail_closed,  ///< reject it (source fail_closed, retry_after 0: nothing is known)
+};
+
+/// Options of `memory_store`. An aggregate; every field has a default.
+struct memory_store_options {
+  /// Number of independently locked shards; rounded up to a power of two;
+  /// 0 = 64. More shards = less contention between threads on distinct keys.
+  std::size_t shards = 0;
+  /// Hard cap on the number of keys held; 0 = no cap (idle keys are still
+  /// reclaimed, so memory follows the number of active keys).
+  std::size_t max_keys = 0;
+  /// Behaviour for a new key when the cap is reached.
+  when_full on_full = when_full::fail_open;
+  /// Buckets examined for idle keys per inserted key (incremental reclaim); 0 = 2.
+  std::size_t sweep_per_insert = 0;
+};
+
+/// Holds the state of policy P for any number of keys, in process.
+///
+/// Each key lives in one of N shards chosen by its hash; a check locks only
+/// that shard. A key is one allocation holding its bytes and its state, found
+/// by `std::string_view` without allocating. Keys whose state is back to empty
+/// ("idle", see `P::idle`) are reclaimed incrementally as new keys arrive, and
+/// all at once by `sweep`. Dropping an idle key never changes a decision for
+/// requests stamped at or after the time it was found idle.
+///
+/// Thread safety: all member functions may be called from any number of
+/// threads concurrently, except construction, destruction and move.
+template <policy P>
+class memory_store {
+ public:
+  using policy_type = P;
+  using config_type = typename P::config;
+  using state_type = typename P::state;
+
+  explicit memory_store(memory_store_options o = {})
+      : options_(normalise(o)),
+        shard_bits_(static_cast<unsigned>(std::countr_zero(options_.shards))),
+        shards_(std::make_unique<shard[]>(options_.shards)),
+        count_(std::make_unique<std::atomic<std::size_t>>(0)) {}
+
+  memory_store(memory_store&&) noexcept = default;
+  memory_store& operator=(memory_store&&) noexcept = default;
+  memory_store(const memory_store&) = delete;
+  memory_store& operator=(const memory_store&) = delete;
+  ~memory_store() = default;
+
+  /// Applies P to `key` at `now` with `cost` as one atomic step.
+  /// @param key  validated by the caller (1..512 bytes)
+  /// @param now  microseconds since the clock's epoch
+  /// @param cost validated by the caller (>= 1)
+  /// @param a    consume (record) or peek (decide only)
+  decision apply(const config_type& cfg, std::string_view key, timestamp now, units cost,
+                 access a) {
+    const std::uint64_t h = hash(key);
+    shard& sh = shard_for(h);
+    std::lock_guard<std::mutex> guard(sh.lock);
+    if (node* n = sh.find(h, key)) {
+      if (a == access::peek) {
+        state_type copy = n->state;
+        return P::step(cfg, copy, now, cost);
+      }
+      return P::step(cfg, n->state, now, cost);
+    }
+    state_type fresh{};
+    decision d = P::step(cfg, fresh, now, cost);
+    if (a == access::peek || fresh == state_type{}) return d;  // nothing to record
+    sh.sweep_some(cfg, now, options_.sweep_per_insert, *count_);
+    // Reserve the key's place first so that concurrent inserts on other
+    // shards can never take the store past max_keys.
+    if (!reserve()) {
+      sh.sweep_some(cfg, now, sweep_when_full, *count_);
+      if (!reserve()) return overflow(cfg);
+    }
+    try {
+      sh.insert(h, key, std::move(fresh));
+    } catch (...) {
+      count_->fetch_sub(1, std::memory_order_relaxed);
+      throw;
+    }
+    return d;
+  }
+
+  /// Forgets `key` (its next check sees a key never seen).
+  void reset(const config_type&, std::string_view key) {
+    const std::uint64_t h = hash(key);
+    shard& sh = shard_for(h);
+    std::lock_guard<std::mutex> guard(sh.lock);
+    if (sh.erase(h, key)) count_->fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  /// Drops every key idle at `now`; returns how many were dropped.
+  std::size_t sweep(const config_type& cfg, timestamp now) {
+    std::size_t dropped = 0;
+    for (std::size_t i = 0; i < options_.shards; ++i) {
+      shard& sh = shards_[i];
+      std::lock_guard<std::mutex> guard(sh.lock);
+      dropped += sh.sweep_some(cfg, now, sh.bucket_count(), *count_);
+    }
+    return dropped;
+  }
+
+  /// Keys currently held (idle ones not yet reclaimed included).
+  [[nodiscard]] std::size_t size() const noexcept {
+    return count_->load(std::memory_order_relaxed);
+  }
+
+  /// Copy of the state held for `key`, or a value-initialised one.
+  [[nodiscard]] state_type state_of(std::string_view key) const {
+    const std::uint64_t h = hash(key);
+    shard& sh = shard_for(h);
+    std::lock_guard<std::mutex> guard(sh.lock);
+    const node* n = sh.find(h, key);
+    return n != nullptr ? n->state : state_type{};
+  }
+
+  [[nodiscard]] const memory_store_options& options() const noexcept { return options_; }
+
+ private:
+  static constexpr std::size_t sweep_when_full = 64;
+
+  /// One key: this header, then the key's bytes, in one allocation.
+  struct node {
+    node* next;
+    std::uint64_t hash;
+    state_type state;
+    std::uint32_t size;
+
+    [[nodiscard]] const char* key_data() const noexcept {
+      return reinterpret_cast<const char*>(this) + sizeof(node);
+    }
+    [[nodiscard]] std::string_view key() const noexcept { return {key_data(), size}; }
+
+    static node* create(std::uint64_t h, std::string_view key, state_type&& st) {
+      void* mem = ::operator new(sizeof(node) + key.size());
+      node* n = ::new (mem) node{nullptr, h, std::move(st), static_cast<std::uint32_t>(key.size())};
+      std::memcpy(static_cast<char*>(mem) + sizeof(node), key.data(), key.size());
+      return n;
+    }
+    static void destroy(node* n) noexcept {
+      n->~node();
+      ::operator delete(static_cast<void*>(n));
+    }
+  };
+
+  struct alignas(64) shard {
+    std::mutex lock;
+    node** buckets = nullptr;
+    std::size_t mask = 0;  ///< bucket count - 1, or 0 before the first insert
+    std::size_t size = 0;
+    std::size_t cursor = 0;  ///< next bucket the incremental sweep examines
+
+    shard() = default;
+    shard(const shard&) = delete;
+    shard& operator=(const shard&) = delete;
+    ~shard() {
+      if (buckets == nullptr) return;
+      for (std::size_t i = 0; i <= mask; ++i) {
+        for (node* n = buckets[i]; n != nullptr;) {
+          node* next = n->next;
+          node::destroy(n);
+          n = next;
+        }
+      }
+      delete[] buckets;
+    }
+
+    [[nodiscard]] std::size_t bucket_count() const noexcept {
+      return buckets == nullptr ? 0 : mask + 1;
+    }
+
+    [[nodiscard]] node* find(std::uint64_t h, std::string_view key) const noexcept {
+      if (buckets == nullptr) return nullptr;
+      for (node* n = buckets[h & mask]; n != nullptr; n = n->next) {
+        if (n->hash == h && n->key() == key) return n;
+      }
+      return nullptr;
+    }
+
+    void insert(std::uint64_t h, std::string_view key, state_type&& st) {
+      if (size + 1 > bucket_count()) grow();
+      node* n = node::create(h, key, std::move(st));
+      node*& head = buckets[h & mask];
+      n->next = head;
+      head = n;
+      ++size;
+    }
+
+    bool erase(std::uint64_t h, std::string_view key) noexcept {
+      if (buckets == nullptr) return false;
+      for (node** link = &buckets[h & mask]; *link != nullptr; link = &(*link)->next) {
+        node* n = *link;
+        if (n->hash == h && n->key() == key) {
+          *link = n->next;
+          node::destroy(n);
+          --size;
+          return true;
+        }
+      }
+      return false;
+    }
+
+    /// Examines up to `budget` buckets from the cursor and drops idle keys.
+    std::size_t sweep_some(const config_type& cfg, timestamp now, std::size_t budget,
+                           std::atomic<std::size_t>& total) noexcept {
+      std::size_t dropped = 0;
+      const std::size_t nb = bucket_count();
+      for (std::size_t i = 0; i < budget && i < nb; ++i) {
+        cursor = (cursor + 1) & mask;
+        for (node** link = &buckets[cursor]; *link != nullptr;) {
+          node* n = *link;
+          if (P::idle(cfg, n->state, now)) {
+            *link = n->next;
+            node::destroy(n);
+            --size;
+            ++dropped;
+          } else {
+            link = &n->next;
+          }
+        }
+      }
+      if (dropped != 0) total.fetch_sub(dropped, std::memory_order_relaxed);
+      return dropped;
+    }
+
+    void grow() {
+      const std::size_t next_count = buckets == nullptr ? 16 : (mask + 1) * 2;
+      auto** next = new node*[next_count]();
+      const std::size_t next_mask = next_count - 1;
+      for (std::size_t i = 0; i < bucket_count(); ++i) {
+        for (node* n = buckets[i]; n != nullptr;) {
+          node* following = n->next;
+          node*& head = next[n->hash & next_mask];
+          n->next = head;
+          head = n;
+          n = following;
+        }
+      }
+      delete[] buckets;
+      buckets = next;
+      mask = next_mask;
+      cursor &= mask;
+    }
+  };
+
+  static memory_store_options normalise(memory_store_options o) {
+    o.shards = std::bit_ceil(o.shards == 0 ? std::size_t{64} : o.shards);
+    if (o.sweep_per_insert == 0) o.sweep_per_insert = 2;
+    return o;
+  }
+
+  [[nodiscard]] static std::uint64_t hash(std::string_view key) noexcept {
+    return static_cast<std::uint64_t>(std::hash<std::string_view>{}(key));
+  }
+
+  [[nodiscard]] shard& shard_for(std::uint64_t h) const noexcept {
+    // High bits pick the shard, low bits the bucket, so the two stay independent.
+    return shards_[shard_bits_ == 0 ? 0 : static_cast<std::size_t>(h >> (64 - shard_bits_))];
+  }
+
+  /// Counts one more key unless that would pass max_keys.
+  bool reserve() noexcept {
+    const std::size_t before = count_->fetch_add(1, std::memory_order_relaxed);
+    if (options_.max_keys == 0 || before < options_.max_keys) return true;
+    count_->fetch_sub(1, std::memory_order_relaxed);
+    return false;
+  }
+
+  [[nodiscard]] decision overflow(const config_type& cfg) const noexcept {
+    decision d;
+    d.limit = cfg.limit();
+    d.allowed = options_.on_full == when_full::fail_open;
+    d.source = d.allowed ? decision_source::fail_open : decision_source::fail_closed;
+    return d;
+  }
+
+  memory_store_options options_;
+  unsigned shard_bits_;
+  std::unique_ptr<shard[]> shards_;
+  std::unique_ptr<std::atomic<std::size_t>> count_;
+};
+
+}  // namespace ratelimit
