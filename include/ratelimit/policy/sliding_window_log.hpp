@@ -4,16 +4,17 @@
 // Algorithm: a request of cost c at t is admitted iff the costs logged in
 // (t - W, t] plus c are <= limit. Accuracy: exact; never more than limit in any
 // window (t - W, t]. Memory: at most `limit` entries of 16 bytes per key (a
-// ring buffer; under count_rejected only the newest entries that still matter
-// are kept, see `trim`). Amortised O(1) per admitted check, O(log n) per
-// rejection. See https://blog.cloudflare.com/counting-things-a-lot-of-different-things/
+// ring buffer, the first two entries inline; under count_rejected only the newest entries that still matter
+// are kept, see `trim`). O(log n) per check, plus amortised O(1) to drop
+// entries that left the window when one is recorded.
+// See https://blog.cloudflare.com/counting-things-a-lot-of-different-things/
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
-#include <vector>
+#include <memory>
 
 #include "ratelimit/decision.hpp"
 #include "ratelimit/policy/fixed_window.hpp"
@@ -51,12 +52,37 @@ struct sliding_window_log {
   };
 
   /// Ring buffer of entries, oldest first. Value-initialised = key never seen.
+  /// The first `inline_capacity` entries live inside the state itself, so a
+  /// key that logs few requests costs no second allocation (and no second
+  /// cache miss per check); beyond that the ring moves to the heap.
   class state {
    public:
+    static constexpr std::size_t inline_capacity = 2;
+
+    state() = default;
+    state(const state& o) { copy_from(o); }
+    state(state&& o) noexcept { take(o); }
+    state& operator=(const state& o) {
+      if (this != &o) {
+        state tmp(o);
+        clear_heap();
+        take(tmp);
+      }
+      return *this;
+    }
+    state& operator=(state&& o) noexcept {
+      if (this != &o) {
+        clear_heap();
+        take(o);
+      }
+      return *this;
+    }
+    ~state() = default;
+
     [[nodiscard]] std::size_t size() const noexcept { return size_; }
     [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
-    [[nodiscard]] const entry& at(std::size_t i) const noexcept { return buf_[index(i)]; }
-    [[nodiscard]] const entry& front() const noexcept { return buf_[head_]; }
+    [[nodiscard]] const entry& at(std::size_t i) const noexcept { return data()[index(i)]; }
+    [[nodiscard]] const entry& front() const noexcept { return data()[head_]; }
     [[nodiscard]] const entry& back() const noexcept { return at(size_ - 1); }
     /// Sum of the costs of the entries held.
     [[nodiscard]] units total() const noexcept { return empty() ? 0 : back().cum - base_; }
@@ -64,11 +90,15 @@ struct sliding_window_log {
     [[nodiscard]] units cost(std::size_t i) const noexcept {
       return at(i).cum - (i == 0 ? base_ : at(i - 1).cum);
     }
-    /// Slots allocated (for memory accounting).
-    [[nodiscard]] std::size_t capacity() const noexcept { return buf_.size(); }
+    /// Slots available without growing (for memory accounting).
+    [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+    /// Bytes held on the heap, beyond sizeof(state).
+    [[nodiscard]] std::size_t heap_bytes() const noexcept {
+      return heap_ ? capacity_ * sizeof(entry) : 0;
+    }
 
     void pop_front() noexcept {
-      base_ = buf_[head_].cum;
+      base_ = data()[head_].cum;
       head_ = index(1);
       --size_;
       if (size_ == 0) {
@@ -79,9 +109,9 @@ struct sliding_window_log {
 
     /// Appends; `max_entries` bounds the ring's growth.
     void push_back(std::int64_t ts, units cost, std::size_t max_entries) {
-      if (size_ == buf_.size()) grow(max_entries);
+      if (size_ == capacity_) grow(max_entries);
       const units last = empty() ? base_ : back().cum;
-      buf_[index(size_)] = entry{ts, last + cost};
+      data()[index(size_)] = entry{ts, last + cost};
       ++size_;
       // Running totals only grow; rebase long before int64 could overflow.
       if (back().cum > (units{1} << 61)) rebase();
@@ -96,23 +126,57 @@ struct sliding_window_log {
     }
 
    private:
+    [[nodiscard]] entry* data() noexcept { return heap_ ? heap_.get() : inline_; }
+    [[nodiscard]] const entry* data() const noexcept { return heap_ ? heap_.get() : inline_; }
     [[nodiscard]] std::size_t index(std::size_t i) const noexcept {
       const std::size_t j = head_ + i;
-      return j >= buf_.size() ? j - buf_.size() : j;
+      return j >= capacity_ ? j - capacity_ : j;
     }
     void grow(std::size_t max_entries) {
-      const std::size_t cap = std::min(std::max<std::size_t>(4, buf_.size() * 2), max_entries);
-      std::vector<entry> next(cap);
+      const std::size_t cap = std::min(capacity_ * 2, max_entries);
+      auto next = std::make_unique<entry[]>(cap);
       for (std::size_t i = 0; i < size_; ++i) next[i] = at(i);
-      buf_.swap(next);
+      heap_ = std::move(next);
+      capacity_ = cap;
       head_ = 0;
     }
     void rebase() noexcept {
-      for (std::size_t i = 0; i < size_; ++i) buf_[index(i)].cum -= base_;
+      for (std::size_t i = 0; i < size_; ++i) data()[index(i)].cum -= base_;
+      base_ = 0;
+    }
+    void copy_from(const state& o) {
+      if (o.size_ > inline_capacity) {
+        heap_ = std::make_unique<entry[]>(o.size_);
+        capacity_ = o.size_;
+      }
+      for (std::size_t i = 0; i < o.size_; ++i) data()[i] = o.at(i);
+      size_ = o.size_;
+      base_ = o.base_;
+    }
+    /// Takes o's contents and leaves o empty (and valid).
+    void take(state& o) noexcept {
+      heap_ = std::move(o.heap_);
+      for (std::size_t i = 0; i < inline_capacity; ++i) inline_[i] = o.inline_[i];
+      capacity_ = o.capacity_;
+      head_ = o.head_;
+      size_ = o.size_;
+      base_ = o.base_;
+      o.capacity_ = inline_capacity;
+      o.head_ = 0;
+      o.size_ = 0;
+      o.base_ = 0;
+    }
+    void clear_heap() noexcept {
+      heap_.reset();
+      capacity_ = inline_capacity;
+      head_ = 0;
+      size_ = 0;
       base_ = 0;
     }
 
-    std::vector<entry> buf_;
+    entry inline_[inline_capacity]{};
+    std::unique_ptr<entry[]> heap_;
+    std::size_t capacity_ = inline_capacity;
     std::size_t head_ = 0;
     std::size_t size_ = 0;
     units base_ = 0;  ///< running total just before the oldest entry
@@ -124,21 +188,29 @@ struct sliding_window_log {
     std::int64_t t = now.count();
     // Time never runs backwards inside a key: decide at the newest entry.
     if (!s.empty() && t < s.back().ts) t = s.back().ts;
-    while (!s.empty() && s.front().ts <= t - w) s.pop_front();
+    // Entries at or before t - W have left the window, but they are dropped
+    // only when this attempt is recorded: a rejection writes nothing, and a
+    // later request stamped before t may still see them.
+    const std::size_t first = first_in_window(s, t - w);
+    units in_window = first == 0 ? s.total() : s.back().cum - s.at(first - 1).cum;
 
     decision d;
     d.limit = limit;
-    d.allowed = s.total() + cost <= limit;
+    d.allowed = in_window + cost <= limit;
     if (d.allowed || cfg.count_rejected()) {
+      for (std::size_t i = 0; i < first; ++i) s.pop_front();
       // The ring never needs more than `limit` slots (see `trim`): a full
       // ring's oldest entry is one that trimming after this push would drop.
       const auto max_entries = static_cast<std::size_t>(limit);
       if (s.size() >= max_entries) s.pop_front();
       s.push_back(t, cost, max_entries);
       trim(s, limit);
+      // Trimming only happens once the kept entries reach the limit, so this
+      // is the window's total whenever it is below the limit.
+      in_window = s.total();
       d.counted = true;
     }
-    d.remaining = std::max<units>(0, limit - s.total());
+    d.remaining = std::max<units>(0, limit - in_window);
     if (!d.allowed) {
       if (cost > limit) {
         d.retry_after = never;
@@ -160,8 +232,25 @@ struct sliding_window_log {
         d.retry_after = std::chrono::microseconds{s.at(lo).ts + w - t};
       }
     }
-    d.reset_after = std::chrono::microseconds{s.empty() ? 0 : s.back().ts + w - t};
+    d.reset_after =
+        std::chrono::microseconds{in_window == 0 && !d.counted ? 0 : s.back().ts + w - t};
     return d;
+  }
+
+  /// Index of the oldest entry newer than `horizon` (size() if none); entry
+  /// times never decrease, so bisect.
+  [[nodiscard]] static std::size_t first_in_window(const state& s, std::int64_t horizon) noexcept {
+    std::size_t lo = 0;
+    std::size_t hi = s.size();
+    while (lo < hi) {
+      const std::size_t mid = lo + (hi - lo) / 2;
+      if (s.at(mid).ts <= horizon) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    return lo;
   }
 
   /// Keeps the shortest run of newest entries whose costs reach `limit`.

@@ -9,13 +9,15 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <mutex>
+#include <mutex>  // std::lock_guard
 #include <new>
+#include <optional>
 #include <string_view>
 #include <utility>
 
 #include "ratelimit/concepts.hpp"
 #include "ratelimit/decision.hpp"
+#include "ratelimit/detail/spin_lock.hpp"
 
 namespace ratelimit {
 
@@ -36,7 +38,7 @@ struct memory_store_options {
   std::size_t max_keys = 0;
   /// Behaviour for a new key when the cap is reached.
   when_full on_full = when_full::fail_open;
-  /// Buckets examined for idle keys per inserted key (incremental reclaim); 0 = 2.
+  /// Keys examined for idleness per inserted key (incremental reclaim); 0 = 2.
   std::size_t sweep_per_insert = 0;
 };
 
@@ -58,7 +60,8 @@ class memory_store {
   using config_type = typename P::config;
   using state_type = typename P::state;
 
-  explicit memory_store(memory_store_options o = {})
+  memory_store() : memory_store(memory_store_options{}) {}
+  explicit memory_store(memory_store_options o)
       : options_(normalise(o)),
         shard_bits_(static_cast<unsigned>(std::countr_zero(options_.shards))),
         shards_(std::make_unique<shard[]>(options_.shards)),
@@ -79,38 +82,24 @@ class memory_store {
                  access a) {
     const std::uint64_t h = hash(key);
     shard& sh = shard_for(h);
-    std::lock_guard<std::mutex> guard(sh.lock);
-    if (node* n = sh.find(h, key)) {
-      if (a == access::peek) {
-        state_type copy = n->state;
-        return P::step(cfg, copy, now, cost);
-      }
-      return P::step(cfg, n->state, now, cost);
+    {
+      std::lock_guard<detail::spin_lock> guard(sh.lock);
+      if (auto d = try_apply(sh, cfg, h, key, now, cost, a)) return *d;
     }
-    state_type fresh{};
-    decision d = P::step(cfg, fresh, now, cost);
-    if (a == access::peek || fresh == state_type{}) return d;  // nothing to record
-    sh.sweep_some(cfg, now, options_.sweep_per_insert, *count_);
-    // Reserve the key's place first so that concurrent inserts on other
-    // shards can never take the store past max_keys.
-    if (!reserve()) {
-      sh.sweep_some(cfg, now, sweep_when_full, *count_);
-      if (!reserve()) return overflow(cfg);
-    }
-    try {
-      sh.insert(h, key, std::move(fresh));
-    } catch (...) {
-      count_->fetch_sub(1, std::memory_order_relaxed);
-      throw;
-    }
-    return d;
+    // The store is full. Reclaim idle keys in every shard (one lock at a
+    // time, never two), then try once more; another thread may have inserted
+    // this very key meanwhile, which try_apply handles.
+    reclaim(cfg, now);
+    std::lock_guard<detail::spin_lock> guard(sh.lock);
+    if (auto d = try_apply(sh, cfg, h, key, now, cost, a)) return *d;
+    return overflow(cfg);
   }
 
   /// Forgets `key` (its next check sees a key never seen).
   void reset(const config_type&, std::string_view key) {
     const std::uint64_t h = hash(key);
     shard& sh = shard_for(h);
-    std::lock_guard<std::mutex> guard(sh.lock);
+    std::lock_guard<detail::spin_lock> guard(sh.lock);
     if (sh.erase(h, key)) count_->fetch_sub(1, std::memory_order_relaxed);
   }
 
@@ -119,8 +108,8 @@ class memory_store {
     std::size_t dropped = 0;
     for (std::size_t i = 0; i < options_.shards; ++i) {
       shard& sh = shards_[i];
-      std::lock_guard<std::mutex> guard(sh.lock);
-      dropped += sh.sweep_some(cfg, now, sh.bucket_count(), *count_);
+      std::lock_guard<detail::spin_lock> guard(sh.lock);
+      dropped += sh.sweep_buckets(cfg, now, sh.bucket_count(), *count_);
     }
     return dropped;
   }
@@ -134,7 +123,7 @@ class memory_store {
   [[nodiscard]] state_type state_of(std::string_view key) const {
     const std::uint64_t h = hash(key);
     shard& sh = shard_for(h);
-    std::lock_guard<std::mutex> guard(sh.lock);
+    std::lock_guard<detail::spin_lock> guard(sh.lock);
     const node* n = sh.find(h, key);
     return n != nullptr ? n->state : state_type{};
   }
@@ -143,6 +132,7 @@ class memory_store {
 
  private:
   static constexpr std::size_t sweep_when_full = 64;
+  static constexpr std::size_t reclaim_nodes = 256;
 
   /// One key: this header, then the key's bytes, in one allocation.
   struct node {
@@ -169,7 +159,7 @@ class memory_store {
   };
 
   struct alignas(64) shard {
-    std::mutex lock;
+    detail::spin_lock lock;
     node** buckets = nullptr;
     std::size_t mask = 0;  ///< bucket count - 1, or 0 before the first insert
     std::size_t size = 0;
@@ -225,15 +215,36 @@ class memory_store {
       return false;
     }
 
+    /// Examines buckets from the cursor until `nodes` keys were looked at
+    /// (or 16 buckets passed) and drops the idle ones.
+    std::size_t sweep_some(const config_type& cfg, timestamp now, std::size_t nodes,
+                           std::atomic<std::size_t>& total) {
+      std::size_t seen = 0;
+      return sweep(cfg, now, nodes, 16, seen, total);
+    }
+
     /// Examines up to `budget` buckets from the cursor and drops idle keys.
-    std::size_t sweep_some(const config_type& cfg, timestamp now, std::size_t budget,
-                           std::atomic<std::size_t>& total) noexcept {
+    std::size_t sweep_buckets(const config_type& cfg, timestamp now, std::size_t budget,
+                              std::atomic<std::size_t>& total) {
+      std::size_t seen = 0;
+      return sweep(cfg, now, static_cast<std::size_t>(-1), budget, seen, total);
+    }
+
+    /// Drops idle keys from buckets after the cursor; stops after
+    /// `bucket_budget` buckets or once `nodes` keys were looked at (added to
+    /// `seen`). Returns how many were dropped.
+    std::size_t sweep(const config_type& cfg, timestamp now, std::size_t nodes,
+                      std::size_t bucket_budget, std::size_t& seen_total,
+                      std::atomic<std::size_t>& total) {
       std::size_t dropped = 0;
+      std::size_t seen = 0;
       const std::size_t nb = bucket_count();
-      for (std::size_t i = 0; i < budget && i < nb; ++i) {
+      for (std::size_t i = 0; i < bucket_budget && i < nb && seen < nodes; ++i) {
         cursor = (cursor + 1) & mask;
         for (node** link = &buckets[cursor]; *link != nullptr;) {
           node* n = *link;
+          ++seen;
+          ++seen_total;
           if (P::idle(cfg, n->state, now)) {
             *link = n->next;
             node::destroy(n);
@@ -244,12 +255,18 @@ class memory_store {
           }
         }
       }
-      if (dropped != 0) total.fetch_sub(dropped, std::memory_order_relaxed);
+      if (dropped != 0) {
+        total.fetch_sub(dropped, std::memory_order_relaxed);
+        // After a spike, shrink: a table mostly empty would make every pass
+        // of the incremental sweep long, and idle keys would linger.
+        if (nb > 16 && size < nb / 8) resize(nb / 2);
+      }
       return dropped;
     }
 
-    void grow() {
-      const std::size_t next_count = buckets == nullptr ? 16 : (mask + 1) * 2;
+    void grow() { resize(buckets == nullptr ? 16 : (mask + 1) * 2); }
+
+    void resize(std::size_t next_count) {
       auto** next = new node*[next_count]();
       const std::size_t next_mask = next_count - 1;
       for (std::size_t i = 0; i < bucket_count(); ++i) {
@@ -283,12 +300,58 @@ class memory_store {
     return shards_[shard_bits_ == 0 ? 0 : static_cast<std::size_t>(h >> (64 - shard_bits_))];
   }
 
+  /// Decides under the shard's lock; empty only when a new key must be
+  /// recorded and the store is full.
+  std::optional<decision> try_apply(shard& sh, const config_type& cfg, std::uint64_t h,
+                                    std::string_view key, timestamp now, units cost, access a) {
+    if (node* n = sh.find(h, key)) {
+      if (a == access::peek) {
+        state_type copy = n->state;
+        return P::step(cfg, copy, now, cost);
+      }
+      return P::step(cfg, n->state, now, cost);
+    }
+    state_type fresh{};
+    decision d = P::step(cfg, fresh, now, cost);
+    if (a == access::peek || fresh == state_type{}) return d;  // nothing to record
+    sh.sweep_some(cfg, now, options_.sweep_per_insert, *count_);
+    // Reserve the key's place first so that concurrent inserts on other
+    // shards can never take the store past max_keys.
+    if (!reserve()) return std::nullopt;
+    try {
+      sh.insert(h, key, std::move(fresh));
+    } catch (...) {
+      count_->fetch_sub(1, std::memory_order_relaxed);
+      throw;
+    }
+    return d;
+  }
+
+  /// A full store looks for idle keys shard after shard, starting from a
+  /// rotating shard, until one is dropped or `reclaim_nodes` keys were looked
+  /// at: a flood of new keys at a full store pays a bounded price per check.
+  void reclaim(const config_type& cfg, timestamp now) {
+    const std::size_t start = reclaim_cursor_->fetch_add(1, std::memory_order_relaxed);
+    std::size_t seen = 0;
+    for (std::size_t i = 0; i < options_.shards && seen < reclaim_nodes; ++i) {
+      shard& sh = shards_[(start + i) & (options_.shards - 1)];
+      std::lock_guard<detail::spin_lock> guard(sh.lock);
+      if (sh.sweep(cfg, now, reclaim_nodes - seen, sweep_when_full, seen, *count_) != 0) return;
+    }
+  }
+
   /// Counts one more key unless that would pass max_keys.
   bool reserve() noexcept {
-    const std::size_t before = count_->fetch_add(1, std::memory_order_relaxed);
-    if (options_.max_keys == 0 || before < options_.max_keys) return true;
-    count_->fetch_sub(1, std::memory_order_relaxed);
-    return false;
+    if (options_.max_keys == 0) {
+      count_->fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+    // Compare-and-swap, so that size() itself never reads above the cap.
+    std::size_t current = count_->load(std::memory_order_relaxed);
+    do {
+      if (current >= options_.max_keys) return false;
+    } while (!count_->compare_exchange_weak(current, current + 1, std::memory_order_relaxed));
+    return true;
   }
 
   [[nodiscard]] decision overflow(const config_type& cfg) const noexcept {
@@ -303,6 +366,8 @@ class memory_store {
   unsigned shard_bits_;
   std::unique_ptr<shard[]> shards_;
   std::unique_ptr<std::atomic<std::size_t>> count_;
+  std::unique_ptr<std::atomic<std::size_t>> reclaim_cursor_ =
+      std::make_unique<std::atomic<std::size_t>>(0);
 };
 
 }  // namespace ratelimit

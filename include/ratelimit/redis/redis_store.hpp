@@ -1,0 +1,584 @@
+// SPDX-License-Identifier: Apache-2.0
+// The Redis store: every check is one Lua script, shared by every application node.
+#pragma once
+
+#include <hiredis/hiredis.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ratelimit/concepts.hpp"
+#include "ratelimit/decision.hpp"
+#include "ratelimit/detail/validate.hpp"
+#include "ratelimit/rate.hpp"
+#include "ratelimit/redis/connection_pool.hpp"
+#include "ratelimit/redis/errors.hpp"
+#include "ratelimit/redis/options.hpp"
+#include "ratelimit/redis/scripts/fixed_window.hpp"
+#include "ratelimit/redis/scripts/gcra.hpp"
+#include "ratelimit/redis/scripts/script_for.hpp"
+#include "ratelimit/redis/scripts/sliding_window_counter.hpp"
+#include "ratelimit/redis/scripts/sliding_window_log.hpp"
+#include "ratelimit/redis/scripts/token_bucket.hpp"
+#include "ratelimit/store/memory_store.hpp"
+
+namespace ratelimit::redis {
+
+/// Marker clock: the time of every check is the Redis server's TIME, read
+/// inside the script, so every node shares one clock. Use as
+/// `limiter<P, redis::redis_store, redis::server_clock>`.
+struct server_clock {
+  static constexpr bool reads_store_time = true;
+};
+
+/// One check of a batch (see redis_store::apply_batch).
+struct batch_item {
+  /// The user key, 1..512 bytes, binary safe.
+  std::string_view key;
+  /// Units this request takes, >= 1.
+  units cost = 1;
+  /// Caller-supplied time, microseconds since the Unix epoch; ignored when
+  /// the batch runs on server time.
+  timestamp now{0};
+};
+
+/// Counters of a store (and its copies), for metrics. A snapshot.
+struct store_stats {
+  std::uint64_t store = 0;        ///< checks decided by Redis
+  std::uint64_t fail_open = 0;    ///< checks admitted by failure_policy::fail_open
+  std::uint64_t fail_closed = 0;  ///< checks rejected by failure_policy::fail_closed
+  std::uint64_t fallback = 0;     ///< checks decided by the in-process fallback
+  std::uint64_t errors = 0;       ///< failed round trips (any store_error, timeouts included)
+  std::uint64_t timeouts = 0;     ///< of which timeouts
+  std::uint64_t short_circuited = 0;   ///< checks answered by the open breaker without I/O
+  std::uint64_t breaker_opened = 0;    ///< times the circuit breaker opened
+  std::uint64_t script_reloads = 0;    ///< NOSCRIPT answers that made a script be resent
+};
+
+namespace detail {
+
+/// Circuit breaker: after `threshold` consecutive failures it opens; while
+/// open, checks are answered by the failure policy at once; after the
+/// cool-down one check (the probe) goes to Redis. A failed probe doubles the
+/// cool-down (up to the maximum); any success closes the breaker.
+/// Thread safety: any number of threads.
+class breaker {
+ public:
+  enum class verdict : unsigned char { go, probe, refuse };
+
+  explicit breaker(const options& o)
+      : threshold_(o.breaker_threshold == 0 ? 3u : o.breaker_threshold),
+        base_(o.breaker_cooldown.count() > 0 ? o.breaker_cooldown : std::chrono::milliseconds{200}),
+        max_(std::max(base_, o.breaker_max_cooldown.count() > 0 ? o.breaker_max_cooldown
+                                                                : std::chrono::milliseconds{5000})),
+        cooldown_(base_) {}
+
+  [[nodiscard]] verdict enter() noexcept {
+    if (!open_.load(std::memory_order_acquire)) return verdict::go;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!open_.load(std::memory_order_relaxed)) return verdict::go;
+    if (probing_ || deadline_clock::now() < open_until_) return verdict::refuse;
+    probing_ = true;
+    return verdict::probe;
+  }
+
+  void success(verdict v) noexcept {
+    if (v == verdict::go && !open_.load(std::memory_order_relaxed) &&
+        failures_.load(std::memory_order_relaxed) == 0) {
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    failures_.store(0, std::memory_order_relaxed);
+    if (v == verdict::probe) probing_ = false;
+    cooldown_ = base_;
+    open_.store(false, std::memory_order_release);
+  }
+
+  /// @return true when this failure opened the breaker
+  bool failure(verdict v) noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (open_.load(std::memory_order_relaxed)) {
+      if (v == verdict::probe) {
+        probing_ = false;
+        cooldown_ = std::min(cooldown_ * 2, max_);
+        open_until_ = deadline_clock::now() + cooldown_;
+      }
+      return false;
+    }
+    if (failures_.fetch_add(1, std::memory_order_relaxed) + 1 < threshold_) return false;
+    open_until_ = deadline_clock::now() + cooldown_;
+    open_.store(true, std::memory_order_release);
+    return true;
+  }
+
+  [[nodiscard]] bool is_open() const noexcept { return open_.load(std::memory_order_acquire); }
+
+ private:
+  std::uint32_t threshold_;
+  std::chrono::milliseconds base_;
+  std::chrono::milliseconds max_;
+  std::mutex mutex_;
+  std::atomic<bool> open_{false};
+  std::atomic<std::uint32_t> failures_{0};
+  bool probing_ = false;
+  std::chrono::milliseconds cooldown_;
+  deadline open_until_{};
+};
+
+struct counters {
+  std::atomic<std::uint64_t> store{0}, fail_open{0}, fail_closed{0}, fallback{0}, errors{0},
+      timeouts{0}, short_circuited{0}, breaker_opened{0}, script_reloads{0};
+};
+
+struct fallback_base {
+  virtual ~fallback_base() = default;
+};
+
+template <class P>
+struct fallback_limiter final : fallback_base {
+  explicit fallback_limiter(typename P::config c) : cfg(std::move(c)) {}
+  typename P::config cfg;
+  memory_store<P> store;
+};
+
+}  // namespace detail
+
+/// Stores the state of every policy in Redis: each check runs the policy's
+/// Lua script (script_for<P>) with EVALSHA, atomically and in one round trip;
+/// on NOSCRIPT the script is resent once with EVAL. Keys are
+/// `<prefix>{<user key>}:<policy>`; every key written carries a TTL set in the
+/// same script.
+///
+/// A cheap copyable handle: copies share one connection pool, circuit
+/// breaker, fallback limiters and counters.
+///
+/// Thread safety: all member functions may be called from any number of
+/// threads on one object or its copies.
+class redis_store {
+ public:
+  /// Connects lazily: construction never touches the network.
+  explicit redis_store(options o = {}) : shared_(std::make_shared<shared>(std::move(o))) {}
+
+  /// Applies `Config::policy_type` to `key` at the caller's time `now`.
+  /// @param now  microseconds since the Unix epoch (or any epoch shared by all
+  ///             callers), 0 .. 2^52 us
+  /// @param cost units this request takes, >= 1
+  /// @throws std::invalid_argument for a bad key, cost or time; store_error
+  ///   subclasses only under failure_policy::throw_error
+  template <class Config>
+    requires policy<typename Config::policy_type>
+  decision apply(const Config& cfg, std::string_view key, timestamp now, units cost,
+                 access a = access::consume) {
+    check_input(key, cost);
+    check_script_time(now);
+    return run(cfg, key, std::optional<timestamp>{now}, cost, a);
+  }
+
+  /// As above, at the Redis server's TIME.
+  template <class Config>
+    requires policy<typename Config::policy_type>
+  decision apply(const Config& cfg, std::string_view key, store_time_t, units cost,
+                 access a = access::consume) {
+    check_input(key, cost);
+    return run(cfg, key, std::optional<timestamp>{}, cost, a);
+  }
+
+  /// Checks many keys in one round trip (pipelined EVALSHAs, applied in
+  /// order), each at its item's caller-supplied time. The failure policy is
+  /// applied per item that got no answer.
+  template <class Config>
+    requires policy<typename Config::policy_type>
+  std::vector<decision> apply_batch(const Config& cfg, std::span<const batch_item> items,
+                                    access a = access::consume) {
+    for (const batch_item& it : items) {
+      check_input(it.key, it.cost);
+      check_script_time(it.now);
+    }
+    return run_batch(cfg, items, false, a);
+  }
+
+  /// As above, every item at the Redis server's TIME.
+  template <class Config>
+    requires policy<typename Config::policy_type>
+  std::vector<decision> apply_batch(const Config& cfg, std::span<const batch_item> items,
+                                    store_time_t, access a = access::consume) {
+    for (const batch_item& it : items) check_input(it.key, it.cost);
+    return run_batch(cfg, items, true, a);
+  }
+
+  /// Forgets `key` (DEL of its Redis key; the fallback limiter forgets it too).
+  /// @throws store_error when Redis cannot be reached, whatever the failure policy
+  template <class Config>
+    requires policy<typename Config::policy_type>
+  void reset(const Config& cfg, std::string_view key) {
+    using P = typename Config::policy_type;
+    ratelimit::detail::check_key(key);
+    if (auto* fb = find_fallback<P>(cfg)) fb->store.reset(fb->cfg, key);
+    const std::string k = key_for<P>(key);
+    const std::string_view args[] = {"DEL", k};
+    auto lease = acquire();
+    reply_ptr r = lease->command(args, 2, command_deadline());
+    if (r->type == REDIS_REPLY_ERROR) throw script_error("ratelimit: redis: DEL failed: " + std::string(r->str, r->len));
+  }
+
+  /// Round trip to the server (PING).
+  /// @throws connection_error when it cannot be reached
+  void ping() {
+    const std::string_view args[] = {"PING"};
+    auto lease = acquire();
+    reply_ptr r = lease->command(args, 1, command_deadline());
+    if (r->type == REDIS_REPLY_ERROR) throw connection_error("ratelimit: redis: PING failed: " + std::string(r->str, r->len));
+  }
+
+  /// The Redis key holding `key`'s state for policy P: `<prefix>{<key>}:<name>`.
+  template <class P>
+  [[nodiscard]] std::string key_for(std::string_view key) const {
+    std::string k;
+    const std::string& prefix = shared_->opts.prefix;
+    const std::string_view name = script_for<P>::name;
+    k.reserve(prefix.size() + key.size() + name.size() + 3);
+    k.append(prefix);
+    k += '{';
+    k.append(key);
+    k += "}:";
+    k.append(name);
+    return k;
+  }
+
+  /// Counters of decisions made without Redis, errors and breaker activity.
+  [[nodiscard]] store_stats stats() const noexcept {
+    const detail::counters& c = shared_->stats;
+    const auto get = [](const std::atomic<std::uint64_t>& a) {
+      return a.load(std::memory_order_relaxed);
+    };
+    return store_stats{get(c.store),    get(c.fail_open), get(c.fail_closed),
+                       get(c.fallback), get(c.errors),    get(c.timeouts),
+                       get(c.short_circuited), get(c.breaker_opened), get(c.script_reloads)};
+  }
+
+  /// True while the circuit breaker answers checks without trying Redis.
+  [[nodiscard]] bool circuit_open() const noexcept { return shared_->breaker.is_open(); }
+
+  [[nodiscard]] const options& get_options() const noexcept { return shared_->opts; }
+
+ private:
+  struct shared {
+    explicit shared(options o)
+        : opts(std::move(o)), pool(opts), breaker(opts),
+          command_timeout(opts.command_timeout.count() > 0 ? opts.command_timeout
+                                                            : std::chrono::milliseconds{100}),
+          floor_ms(std::to_string(opts.caller_time_ttl_floor.count())) {}
+    options opts;
+    connection_pool pool;
+    detail::breaker breaker;
+    detail::counters stats;
+    std::chrono::milliseconds command_timeout;
+    std::string floor_ms;
+    std::mutex fallback_mutex;
+    std::map<std::string, std::unique_ptr<detail::fallback_base>, std::less<>> fallbacks;
+  };
+
+  /// A key's reply slot in one round trip.
+  struct pending {
+    std::string key;
+    std::string time;
+    std::string cost;
+  };
+
+  static void check_input(std::string_view key, units cost) {
+    ratelimit::detail::check_key(key);
+    ratelimit::detail::check_cost(cost);
+  }
+
+  static void check_script_time(timestamp now) {
+    if (now.count() < 0 || now > max_script_time) {
+      throw std::invalid_argument("ratelimit: redis: time " + std::to_string(now.count()) +
+                                  "us is outside 0.." + std::to_string(max_script_time.count()) +
+                                  "us (Lua numbers are exact only below 2^53)");
+    }
+  }
+
+  [[nodiscard]] deadline command_deadline() const noexcept {
+    return deadline_clock::now() + shared_->command_timeout;
+  }
+
+  [[nodiscard]] connection_pool::lease acquire() {
+    return shared_->pool.acquire(command_deadline());
+  }
+
+  template <class Config>
+  [[nodiscard]] static std::string config_id(const Config& cfg) {
+    using P = typename Config::policy_type;
+    std::vector<std::string> args;
+    script_for<P>::append_args(cfg, args);
+    std::string id(script_for<P>::name);
+    for (const std::string& a : args) {
+      id += ':';
+      id += a;
+    }
+    return id;
+  }
+
+  template <class P>
+  [[nodiscard]] detail::fallback_limiter<P>* find_fallback(const typename P::config& cfg) {
+    const std::string id = config_id(cfg);
+    std::lock_guard<std::mutex> lock(shared_->fallback_mutex);
+    const auto it = shared_->fallbacks.find(id);
+    return it == shared_->fallbacks.end()
+               ? nullptr
+               : static_cast<detail::fallback_limiter<P>*>(it->second.get());
+  }
+
+  template <class P>
+  [[nodiscard]] detail::fallback_limiter<P>& fallback_for(const typename P::config& cfg) {
+    const std::string id = config_id(cfg);
+    std::lock_guard<std::mutex> lock(shared_->fallback_mutex);
+    auto& slot = shared_->fallbacks[id];
+    if (slot == nullptr) {
+      slot = std::make_unique<detail::fallback_limiter<P>>(
+          script_for<P>::scaled(cfg, shared_->opts.fallback_divisor));
+    }
+    return static_cast<detail::fallback_limiter<P>&>(*slot);
+  }
+
+  /// The decision of the failure policy for a check that got no answer.
+  template <class Config>
+  decision degrade(const Config& cfg, std::string_view key, std::optional<timestamp> now,
+                   units cost, access a, const std::exception_ptr& error) {
+    using P = typename Config::policy_type;
+    detail::counters& c = shared_->stats;
+    decision d;
+    d.limit = cfg.limit();
+    switch (shared_->opts.on_failure) {
+      case failure_policy::throw_error:
+        std::rethrow_exception(error);
+      case failure_policy::fail_open:
+        c.fail_open.fetch_add(1, std::memory_order_relaxed);
+        d.allowed = true;
+        d.source = decision_source::fail_open;
+        return d;
+      case failure_policy::fail_closed:
+        c.fail_closed.fetch_add(1, std::memory_order_relaxed);
+        d.source = decision_source::fail_closed;
+        return d;
+      case failure_policy::fallback: {
+        c.fallback.fetch_add(1, std::memory_order_relaxed);
+        auto& fb = fallback_for<P>(cfg);
+        const timestamp t =
+            now ? *now
+                : std::chrono::duration_cast<timestamp>(
+                      std::chrono::system_clock::now().time_since_epoch());
+        d = fb.store.apply(fb.cfg, key, t, cost, a);
+        d.source = decision_source::fallback;
+        return d;
+      }
+    }
+    std::rethrow_exception(error);
+  }
+
+  void count_error(const std::exception_ptr& e) noexcept {
+    detail::counters& c = shared_->stats;
+    c.errors.fetch_add(1, std::memory_order_relaxed);
+    try {
+      std::rethrow_exception(e);
+    } catch (const timeout_error&) {
+      c.timeouts.fetch_add(1, std::memory_order_relaxed);
+    } catch (...) {
+    }
+  }
+
+  /// Appends EVALSHA (or EVAL) of P's script for one check.
+  template <class P>
+  void append_eval(std::string& out, bool with_text, const std::string& key,
+                   const std::string& time, const std::string& cost, access a,
+                   const std::vector<std::string>& policy_args, bool server_time) const {
+    std::string_view args[16];
+    std::size_t n = 0;
+    args[n++] = with_text ? "EVAL" : "EVALSHA";
+    args[n++] = with_text ? script_for<P>::text : std::string_view(detail::script_sha<P>());
+    args[n++] = "1";
+    args[n++] = key;
+    args[n++] = time;
+    args[n++] = cost;
+    args[n++] = a == access::peek ? "1" : "0";
+    args[n++] = server_time ? std::string_view("0") : std::string_view(shared_->floor_ms);
+    for (const std::string& p : policy_args) args[n++] = p;
+    append_command(out, args, n);
+  }
+
+  [[nodiscard]] static bool is_noscript(const redisReply& r) noexcept {
+    return r.type == REDIS_REPLY_ERROR && r.len >= 8 && std::string_view(r.str, 8) == "NOSCRIPT";
+  }
+
+  template <class Config>
+  [[nodiscard]] static decision parse(const Config& cfg, const redisReply& r) {
+    if (r.type == REDIS_REPLY_ERROR) {
+      throw script_error("ratelimit: redis: script failed: " + std::string(r.str, r.len));
+    }
+    if (r.type != REDIS_REPLY_ARRAY || r.elements != 5) {
+      throw script_error("ratelimit: redis: unexpected script reply");
+    }
+    long long v[5];
+    for (std::size_t i = 0; i < 5; ++i) {
+      if (r.element[i]->type != REDIS_REPLY_INTEGER) {
+        throw script_error("ratelimit: redis: unexpected script reply element");
+      }
+      v[i] = r.element[i]->integer;
+    }
+    decision d;
+    d.allowed = v[0] != 0;
+    d.counted = v[1] != 0;
+    d.limit = cfg.limit();
+    d.remaining = static_cast<units>(v[2]);
+    d.retry_after = v[3] < 0 ? never : std::chrono::microseconds{v[3]};
+    d.reset_after = std::chrono::microseconds{v[4]};
+    return d;
+  }
+
+  template <class Config>
+  decision run(const Config& cfg, std::string_view key, std::optional<timestamp> now, units cost,
+               access a) {
+    return run_batch_impl(cfg, std::span<const std::string_view>(&key, 1),
+                          std::span<const units>(&cost, 1), now ? std::span<const timestamp>(&*now, 1)
+                                                                : std::span<const timestamp>(),
+                          a)
+        .front();
+  }
+
+  template <class Config>
+  std::vector<decision> run_batch(const Config& cfg, std::span<const batch_item> items,
+                                  bool server_time, access a) {
+    std::vector<std::string_view> keys;
+    std::vector<units> costs;
+    std::vector<timestamp> times;
+    keys.reserve(items.size());
+    costs.reserve(items.size());
+    if (!server_time) times.reserve(items.size());
+    for (const batch_item& it : items) {
+      keys.push_back(it.key);
+      costs.push_back(it.cost);
+      if (!server_time) times.push_back(it.now);
+    }
+    return run_batch_impl(cfg, keys, costs, times, a);
+  }
+
+  /// One round trip for every key (times empty = server time), then one more
+  /// for the keys that got NOSCRIPT. Never retries after a timeout.
+  template <class Config>
+  std::vector<decision> run_batch_impl(const Config& cfg, std::span<const std::string_view> keys,
+                                       std::span<const units> costs,
+                                       std::span<const timestamp> times, access a) {
+    using P = typename Config::policy_type;
+    const std::size_t n = keys.size();
+    std::vector<decision> out(n);
+    if (n == 0) return out;
+    const bool server_time = times.empty();
+    const auto time_of = [&](std::size_t i) {
+      return server_time ? std::optional<timestamp>{} : std::optional<timestamp>{times[i]};
+    };
+    detail::counters& c = shared_->stats;
+    const detail::breaker::verdict v = shared_->breaker.enter();
+    if (v == detail::breaker::verdict::refuse) {
+      c.short_circuited.fetch_add(n, std::memory_order_relaxed);
+      const auto err = std::make_exception_ptr(
+          connection_error("ratelimit: redis: circuit breaker open (Redis failed recently)"));
+      for (std::size_t i = 0; i < n; ++i) out[i] = degrade(cfg, keys[i], time_of(i), costs[i], a, err);
+      return out;
+    }
+
+    std::vector<std::string> policy_args;
+    script_for<P>::append_args(cfg, policy_args);
+    std::vector<pending> items(n);
+    std::string buf;
+    for (std::size_t i = 0; i < n; ++i) {
+      items[i].key = key_for<P>(keys[i]);
+      items[i].time = server_time ? std::string() : std::to_string(times[i].count());
+      items[i].cost = std::to_string(costs[i]);
+      append_eval<P>(buf, false, items[i].key, items[i].time, items[i].cost, a, policy_args,
+                     server_time);
+    }
+
+    std::vector<char> done(n, 0);
+    std::vector<std::exception_ptr> item_errors(n);
+    std::exception_ptr failure;
+    const auto read_into = [&](connection& conn, std::size_t i, deadline until) {
+      reply_ptr r = conn.receive(until);
+      if (is_noscript(*r)) return false;
+      try {
+        out[i] = parse(cfg, *r);
+        done[i] = 1;
+      } catch (const script_error&) {
+        item_errors[i] = std::current_exception();
+      }
+      return true;
+    };
+    try {
+      const deadline start = deadline_clock::now();
+      connection_pool::lease lease = shared_->pool.acquire(start + shared_->command_timeout);
+      // Time spent making a new connection (bounded by connect_timeout) does
+      // not eat into the round trip's command_timeout.
+      const deadline until = start + shared_->command_timeout + lease.connect_time();
+      lease->send(buf, until);
+      std::vector<std::size_t> retry;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (!read_into(*lease, i, until)) retry.push_back(i);
+      }
+      if (!retry.empty()) {
+        // NOSCRIPT: the script never ran for these keys, so sending them again
+        // is safe. EVAL once (it also caches the script), then EVALSHA.
+        c.script_reloads.fetch_add(1, std::memory_order_relaxed);
+        buf.clear();
+        for (std::size_t j = 0; j < retry.size(); ++j) {
+          const pending& p = items[retry[j]];
+          append_eval<P>(buf, j == 0, p.key, p.time, p.cost, a, policy_args, server_time);
+        }
+        lease->send(buf, until);
+        for (const std::size_t i : retry) {
+          if (!read_into(*lease, i, until)) {
+            item_errors[i] = std::make_exception_ptr(
+                script_error("ratelimit: redis: NOSCRIPT again after EVAL"));
+          }
+        }
+      }
+      shared_->breaker.success(v);
+    } catch (const connection_error&) {
+      failure = std::current_exception();
+      count_error(failure);
+      if (shared_->breaker.failure(v)) c.breaker_opened.fetch_add(1, std::memory_order_relaxed);
+    } catch (...) {
+      if (shared_->breaker.failure(v)) c.breaker_opened.fetch_add(1, std::memory_order_relaxed);
+      throw;
+    }
+    // A reply that was read decides its key. A key without one may or may not
+    // have run, and is never sent again: the failure policy decides it.
+    for (std::size_t i = 0; i < n; ++i) {
+      if (done[i] != 0) {
+        c.store.fetch_add(1, std::memory_order_relaxed);
+      } else if (item_errors[i]) {
+        count_error(item_errors[i]);
+        out[i] = degrade(cfg, keys[i], time_of(i), costs[i], a, item_errors[i]);
+      } else {
+        out[i] = degrade(cfg, keys[i], time_of(i), costs[i], a, failure);
+      }
+    }
+    return out;
+  }
+
+  std::shared_ptr<shared> shared_;
+};
+
+}  // namespace ratelimit::redis

@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: Apache-2.0
+// Lua script of the GCRA policy (policy/gcra.hpp, bit for bit).
+//
+// State: one integer string, the theoretical arrival time in microseconds,
+// written with an expiry of TAT - t (the time until the key is at rest).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ratelimit/policy/gcra.hpp"
+#include "ratelimit/redis/scripts/script_for.hpp"
+
+namespace ratelimit::redis {
+
+template <>
+struct script_for<gcra> {
+  static constexpr std::string_view name = gcra::name;
+  // ARGV[5] = emission interval T us, ARGV[6] = burst.
+  static constexpr std::string_view text = RATELIMIT_REDIS_LUA_PRELUDE R"lua(
+local tv = tonumber(ARGV[5])
+local burst = tonumber(ARGV[6])
+local tol = burst * tv
+local tat = 0
+local raw = redis.call('GET', key)
+if raw then tat = tonumber(raw) end
+local base = tat
+if t > base then base = t end
+local allowed = cost <= burst and (base - t) + cost * tv <= tol
+local counted = 0
+if allowed then
+  tat = base + cost * tv
+  counted = 1
+  if not peek then
+    redis.call('SET', key, int(tat), 'PX', ttl(tat - t))
+  end
+end
+local debt = tat - t
+if debt < 0 then debt = 0 end
+local remaining = 0
+if tol - debt > 0 then remaining = fdiv(tol - debt, tv) end
+local retry = 0
+if not allowed then
+  if cost > burst then retry = -1 else retry = (tat - t) + cost * tv - tol end
+end
+return {allowed and 1 or 0, counted, remaining, retry, debt}
+)lua";
+
+  static void append_args(const gcra::config& cfg, std::vector<std::string>& out) {
+    out.push_back(std::to_string(cfg.interval_us()));
+    out.push_back(std::to_string(cfg.burst()));
+  }
+
+  static gcra::config scaled(const gcra::config& cfg, units divisor) {
+    return gcra::config(
+        rate(detail::scaled_limit(cfg.get_rate().limit(), divisor), cfg.get_rate().period()),
+        bucket_options{detail::scaled_limit(cfg.burst(), divisor)});
+  }
+};
+
+}  // namespace ratelimit::redis

@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: Apache-2.0
+// The trait that maps a policy to its Lua script, and what the scripts share.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ratelimit/decision.hpp"
+
+namespace ratelimit::redis {
+
+/// Specialised once per policy in `ratelimit/redis/scripts/<policy>.hpp`:
+/// - `name`: the policy's name in Redis keys (`P::name`);
+/// - `text`: the Lua script (KEYS[1] = the key; ARGV as below);
+/// - `append_args(cfg, out)`: appends the policy's ARGV (from ARGV[5] on);
+/// - `scaled(cfg, divisor)`: the config of the in-process fallback limiter.
+///
+/// Every script takes ARGV[1] = the caller's time in microseconds, or "" to
+/// read the server's TIME; ARGV[2] = cost; ARGV[3] = "1" to peek (decide,
+/// write nothing); ARGV[4] = TTL floor in milliseconds. It returns
+/// {allowed, counted, remaining, retry_after_us (-1 = never), reset_after_us}.
+template <class P>
+struct script_for;
+
+/// Largest caller-supplied time the scripts accept: 2^52 us (year 2112 since
+/// the Unix epoch), so that every intermediate stays an exact integer in a Lua
+/// double (2^53) even two periods past it.
+inline constexpr timestamp max_script_time{std::int64_t{1} << 52};
+
+/// Lua shared by every script: exact integer helpers on doubles, the decision
+/// time, the TTL rule. All integers stay below 2^53, where doubles are exact.
+/// Numbers are written with string.format('%d') because Lua's tostring keeps
+/// only 14 significant digits.
+#define RATELIMIT_REDIS_LUA_PRELUDE                                                   \
+  "local CEILING = 4503599627370496\n"                                                \
+  "local function int(n) return string.format('%d', n) end\n"                         \
+  "local function fdiv(a, b)\n"                                                       \
+  "  local q = math.floor(a / b)\n"                                                   \
+  "  local r = a - q * b\n"                                                           \
+  "  if r < 0 then q = q - 1 elseif r >= b then q = q + 1 end\n"                      \
+  "  return q\n"                                                                      \
+  "end\n"                                                                             \
+  "local function cdiv(a, b)\n"                                                       \
+  "  local q = fdiv(a, b)\n"                                                          \
+  "  if q * b < a then q = q + 1 end\n"                                               \
+  "  return q\n"                                                                      \
+  "end\n"                                                                             \
+  "local key = KEYS[1]\n"                                                             \
+  "local t\n"                                                                         \
+  "if ARGV[1] == '' then\n"                                                           \
+  "  local tm = redis.call('TIME')\n"                                                 \
+  "  t = tonumber(tm[1]) * 1000000 + tonumber(tm[2])\n"                               \
+  "else\n"                                                                            \
+  "  t = tonumber(ARGV[1])\n"                                                         \
+  "end\n"                                                                             \
+  "local cost = tonumber(ARGV[2])\n"                                                  \
+  "local peek = ARGV[3] == '1'\n"                                                     \
+  "local floor_ms = tonumber(ARGV[4])\n"                                              \
+  "local function ttl(need_us)\n"                                                     \
+  "  local ms = cdiv(need_us, 1000)\n"                                                \
+  "  if ms < floor_ms then ms = floor_ms end\n"                                       \
+  "  if ms < 1 then ms = 1 end\n"                                                     \
+  "  return int(ms)\n"                                                                \
+  "end\n"
+
+namespace detail {
+
+/// SHA-1 of a script, as the 40 lower-case hex digits EVALSHA expects.
+[[nodiscard]] inline std::string sha1_hex(std::string_view data) {
+  std::uint32_t h[5] = {0x67452301u, 0xEFCDAB89u, 0x98BADCFEu, 0x10325476u, 0xC3D2E1F0u};
+  const auto rol = [](std::uint32_t x, int n) { return (x << n) | (x >> (32 - n)); };
+  std::string msg(data);
+  const std::uint64_t bits = static_cast<std::uint64_t>(data.size()) * 8u;
+  msg += static_cast<char>(0x80);
+  while (msg.size() % 64 != 56) msg += '\0';
+  for (int i = 7; i >= 0; --i) msg += static_cast<char>((bits >> (i * 8)) & 0xFFu);
+  for (std::size_t off = 0; off < msg.size(); off += 64) {
+    std::uint32_t w[80];
+    for (std::size_t i = 0; i < 16; ++i) {
+      w[i] = 0;
+      for (std::size_t j = 0; j < 4; ++j) {
+        w[i] = (w[i] << 8) | static_cast<unsigned char>(msg[off + i * 4 + j]);
+      }
+    }
+    for (std::size_t i = 16; i < 80; ++i) w[i] = rol(w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16], 1);
+    std::uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4];
+    for (std::size_t i = 0; i < 80; ++i) {
+      std::uint32_t f = 0;
+      std::uint32_t k = 0;
+      if (i < 20) {
+        f = (b & c) | (~b & d);
+        k = 0x5A827999u;
+      } else if (i < 40) {
+        f = b ^ c ^ d;
+        k = 0x6ED9EBA1u;
+      } else if (i < 60) {
+        f = (b & c) | (b & d) | (c & d);
+        k = 0x8F1BBCDCu;
+      } else {
+        f = b ^ c ^ d;
+        k = 0xCA62C1D6u;
+      }
+      const std::uint32_t tmp = rol(a, 5) + f + e + k + w[i];
+      e = d;
+      d = c;
+      c = rol(b, 30);
+      b = a;
+      a = tmp;
+    }
+    h[0] += a;
+    h[1] += b;
+    h[2] += c;
+    h[3] += d;
+    h[4] += e;
+  }
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(40);
+  for (const std::uint32_t v : h) {
+    for (int s = 28; s >= 0; s -= 4) out += hex[(v >> s) & 0xFu];
+  }
+  return out;
+}
+
+/// The SHA-1 of script_for<P>::text, computed once.
+template <class P>
+[[nodiscard]] const std::string& script_sha() {
+  static const std::string sha = sha1_hex(script_for<P>::text);
+  return sha;
+}
+
+[[nodiscard]] inline units scaled_limit(units limit, units divisor) noexcept {
+  if (divisor < 1) divisor = 1;
+  const units l = limit / divisor;
+  return l < 1 ? 1 : l;
+}
+
+}  // namespace detail
+}  // namespace ratelimit::redis

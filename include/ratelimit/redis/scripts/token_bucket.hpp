@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: Apache-2.0
+// Lua script of the token-bucket policy (policy/token_bucket.hpp, bit for bit).
+//
+// State: one string "<deficit ticks>:<time of last admission us>", written
+// with an expiry of the time until the bucket is full again.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ratelimit/policy/token_bucket.hpp"
+#include "ratelimit/redis/scripts/script_for.hpp"
+
+namespace ratelimit::redis {
+
+template <>
+struct script_for<token_bucket> {
+  static constexpr std::string_view name = token_bucket::name;
+  // ARGV[5] = ticks per us (L), ARGV[6] = ticks per token (P), ARGV[7] = burst.
+  static constexpr std::string_view text = RATELIMIT_REDIS_LUA_PRELUDE R"lua(
+local L = tonumber(ARGV[5])
+local P = tonumber(ARGV[6])
+local burst = tonumber(ARGV[7])
+local cap = burst * P
+local sd, sl = 0, 0
+local raw = redis.call('GET', key)
+if raw then
+  local p = string.find(raw, ':', 1, true)
+  sd = tonumber(string.sub(raw, 1, p - 1))
+  sl = tonumber(string.sub(raw, p + 1))
+end
+if sd > 0 and t < sl then t = sl end
+local deficit = 0
+if sd > 0 then
+  local elapsed = t - sl
+  if elapsed < cdiv(sd, L) then deficit = sd - elapsed * L end
+end
+local allowed = cost <= burst and deficit + cost * P <= cap
+local counted = 0
+if allowed then
+  deficit = deficit + cost * P
+  counted = 1
+  if not peek then
+    redis.call('SET', key, int(deficit) .. ':' .. int(t), 'PX', ttl(cdiv(deficit, L)))
+  end
+end
+local remaining = fdiv(cap - deficit, P)
+local retry = 0
+if not allowed then
+  if cost > burst then retry = -1 else retry = cdiv(deficit + cost * P - cap, L) end
+end
+return {allowed and 1 or 0, counted, remaining, retry, cdiv(deficit, L)}
+)lua";
+
+  static void append_args(const token_bucket::config& cfg, std::vector<std::string>& out) {
+    out.push_back(std::to_string(cfg.ticks_per_us()));
+    out.push_back(std::to_string(cfg.ticks_per_token()));
+    out.push_back(std::to_string(cfg.burst()));
+  }
+
+  static token_bucket::config scaled(const token_bucket::config& cfg, units divisor) {
+    return token_bucket::config(
+        rate(detail::scaled_limit(cfg.get_rate().limit(), divisor), cfg.get_rate().period()),
+        bucket_options{detail::scaled_limit(cfg.burst(), divisor)});
+  }
+};
+
+}  // namespace ratelimit::redis
