@@ -1,0 +1,361 @@
+// SPDX-License-Identifier: Apache-2.0
+// Cost of one in-process check for every policy on memory_store, next to a bare std::unordered_map floor.
+//
+// Cases (BENCHMARK_CAPTURE names):
+//   hot_key_now         1 key, caller-supplied time advancing 10 us per check, admitted
+//   hot_key_clock       1 key, the limiter's default steady_clock, admitted
+//   many_keys_now       100,000 existing keys in shuffled order, time passed in, admitted
+//   many_keys_clock     100,000 existing keys, default steady_clock, admitted
+//   many_keys_rejected  100,000 keys already at 10/15min, a fixed time: every check rejected
+// Every case runs on 1 and 2 threads with real time, so items_per_second is the
+// throughput of the whole process. Two threads on one key share it (contention);
+// on 100,000 keys each thread owns a disjoint half of them.
+// Counters on the many_keys cases: heap bytes per key measured with mallinfo2().
+
+#include <benchmark/benchmark.h>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "ratelimit/ratelimit.hpp"
+
+namespace {
+
+namespace rl = ratelimit;
+
+constexpr std::size_t many_keys = 100'000;
+/// A realistic caller-supplied time: microseconds since the Unix epoch (late 2023).
+constexpr std::int64_t start_us = 1'700'000'000'000'000;
+/// Simulated time between two checks of one thread in the "now" cases.
+constexpr std::int64_t step_us = 10;
+
+enum class time_source { passed, steady };
+enum class traffic { admitted, rejected };
+
+struct scenario {
+  std::size_t keys;
+  time_source time;
+  traffic load;
+};
+
+/// 100,000 distinct numbers "+1555" followed by 7 digits: 12 bytes each, so a
+/// std::string holds them inline (no heap block of their own).
+const std::vector<std::string>& phone_numbers() {
+  static const std::vector<std::string> numbers = [] {
+    std::vector<std::string> out;
+    out.reserve(many_keys);
+    for (std::size_t i = 0; i < many_keys; ++i) {
+      // 7919 is coprime with 10^7, so i -> (i * 7919 + c) mod 10^7 never repeats.
+      const std::string digits = std::to_string((i * 7919 + 1'234'567) % 10'000'000);
+      out.push_back("+1555" + std::string(7 - digits.size(), '0') + digits);
+    }
+    return out;
+  }();
+  return numbers;
+}
+
+constexpr double key_bytes = 12.0;
+
+/// The keys of one thread, in key order. With many keys, thread i of n owns
+/// the i-th of n disjoint slices, so threads never share a key.
+std::vector<const std::string*> key_slice(std::size_t key_count, int thread, int threads) {
+  const auto& all = phone_numbers();
+  std::vector<const std::string*> out;
+  if (key_count == 1) {
+    out.push_back(&all.front());
+    return out;
+  }
+  const auto t = static_cast<std::size_t>(thread);
+  const auto n = static_cast<std::size_t>(threads);
+  for (std::size_t i = key_count * t / n; i < key_count * (t + 1) / n; ++i) out.push_back(&all[i]);
+  return out;
+}
+
+/// The same keys in a fixed shuffled order: the order the thread checks them.
+/// Keys are inserted in key order and checked in this one, so neither the
+/// limiter nor the floor walks memory in allocation order (which would let
+/// the hardware prefetcher hide every cache miss).
+std::vector<const std::string*> visit_order(std::size_t key_count, int thread, int threads) {
+  auto out = key_slice(key_count, thread, threads);
+  std::mt19937_64 rng(0x5eed + static_cast<std::uint64_t>(thread));
+  std::shuffle(out.begin(), out.end(), rng);
+  return out;
+}
+
+/// Gives freed blocks back to the top of the heap, so that the next structure
+/// built is laid out in insertion order whatever ran before it.
+void fresh_heap() {
+#if defined(__GLIBC__)
+  (void)malloc_trim(0);
+#endif
+}
+
+// Configurations under which nearly every check on an existing key is admitted,
+// so the benchmark measures the hot path that records the request. The rates
+// stay far above what the loop can reach (even on one key with the real
+// clock), and the sliding log's entries still age out within 1 ms.
+template <class P>
+typename P::config admit_config();
+template <>
+rl::fixed_window::config admit_config<rl::fixed_window>() {
+  return rl::fixed_window::config{rl::rate{1'000'000, std::chrono::milliseconds{1}}};
+}
+template <>
+rl::sliding_window_log::config admit_config<rl::sliding_window_log>() {
+  return rl::sliding_window_log::config{rl::rate{1'000'000, std::chrono::milliseconds{1}}};
+}
+template <>
+rl::sliding_window_counter::config admit_config<rl::sliding_window_counter>() {
+  return rl::sliding_window_counter::config{rl::rate{1'000'000, std::chrono::milliseconds{1}}};
+}
+template <>
+rl::token_bucket::config admit_config<rl::token_bucket>() {
+  return rl::token_bucket::config{rl::rate{1'000'000, std::chrono::milliseconds{1}}};
+}
+template <>
+rl::gcra::config admit_config<rl::gcra>() {
+  // GCRA's emission interval must be >= 1 us, so the headroom is a large burst.
+  return rl::gcra::config{rl::rate{1, std::chrono::microseconds{1}},
+                          rl::bucket_options{.burst = 1'000'000'000}};
+}
+
+/// The telephony rule: more than 10 calls in 15 minutes is rejected.
+template <class P>
+typename P::config reject_config() {
+  return typename P::config{rl::rate::parse("10/15min")};
+}
+
+struct fixture_base {
+  virtual ~fixture_base() = default;
+};
+
+template <class P>
+struct fixture final : fixture_base {
+  explicit fixture(typename P::config cfg) : lim(std::move(cfg)) {}
+  rl::limiter<P> lim;
+  /// Where the caller-supplied time goes on: it never runs backwards across runs.
+  std::atomic<std::int64_t> next_now{start_us};
+};
+
+// One fixture at a time, kept across the runs and repetitions of one
+// benchmark (Google Benchmark runs them back to back), so the 100,000-key
+// prefill happens once per benchmark rather than once per run.
+std::string current_id;
+std::unique_ptr<fixture_base> current;
+std::atomic<fixture_base*> ready{nullptr};
+
+template <class P>
+fixture<P>& shared_fixture(const scenario& sc) {
+  const std::string id = std::string(P::name) + '/' + std::to_string(sc.keys) + '/' +
+                         std::to_string(static_cast<int>(sc.time)) + '/' +
+                         std::to_string(static_cast<int>(sc.load));
+  if (id != current_id || current == nullptr) {
+    current.reset();
+    fresh_heap();
+    current_id = id;
+    auto fx = std::make_unique<fixture<P>>(sc.load == traffic::admitted ? admit_config<P>()
+                                                                        : reject_config<P>());
+    const auto& keys = phone_numbers();
+    for (std::size_t i = 0; i < sc.keys; ++i) {
+      if (sc.load == traffic::rejected) {
+        // Ten calls at the fixed time exhaust 10/15min; every later check is rejected.
+        for (int c = 0; c < 10; ++c) (void)fx->lim.try_acquire(keys[i], rl::timestamp{start_us});
+      } else if (sc.time == time_source::steady) {
+        (void)fx->lim.try_acquire(keys[i]);
+      } else {
+        (void)fx->lim.try_acquire(keys[i], rl::timestamp{start_us - 1});
+      }
+    }
+    current = std::move(fx);
+  }
+  return static_cast<fixture<P>&>(*current);
+}
+
+/// Heap bytes per key (malloc's in-use bytes after 100,000 first checks minus
+/// before, over 100,000), per policy name and for the bare-map floor.
+std::map<std::string, double, std::less<>>& bytes_per_key() {
+  static std::map<std::string, double, std::less<>> figures;
+  return figures;
+}
+
+[[nodiscard]] std::size_t heap_in_use() {
+#if defined(__GLIBC__)
+  return mallinfo2().uordblks;
+#else
+  return 0;
+#endif
+}
+
+template <class P>
+void measure_memory() {
+  const auto& keys = phone_numbers();
+  auto lim = std::make_unique<rl::limiter<P>>(admit_config<P>());
+  const std::size_t before = heap_in_use();
+  for (const auto& k : keys) (void)lim->try_acquire(k, rl::timestamp{start_us});
+  const std::size_t after = heap_in_use();
+  lim.reset();
+  fresh_heap();
+  bytes_per_key()[std::string(P::name)] =
+      static_cast<double>(after - before) / static_cast<double>(keys.size());
+}
+
+void measure_floor_memory() {
+  const auto& keys = phone_numbers();
+  auto counts = std::make_unique<std::unordered_map<std::string, std::uint64_t>>();
+  const std::size_t before = heap_in_use();
+  for (const auto& k : keys) counts->emplace(k, 0);
+  const std::size_t after = heap_in_use();
+  counts.reset();
+  fresh_heap();
+  bytes_per_key()["unordered_map"] =
+      static_cast<double>(after - before) / static_cast<double>(keys.size());
+}
+
+void add_memory_counters(benchmark::State& state, std::string_view name) {
+  const auto& figures = bytes_per_key();
+  const auto it = figures.find(name);
+  if (it == figures.end()) return;
+  // Set by thread 0 only: counters are summed over threads.
+  state.counters["bytes_per_key"] = it->second;
+  state.counters["bytes_beyond_key"] = it->second - key_bytes;
+}
+
+template <class P>
+void run_check(benchmark::State& state, const scenario& sc) {
+  // Thread 0 builds (or reuses) the shared limiter; the others wait for it.
+  if (state.thread_index() == 0) {
+    ready.store(&shared_fixture<P>(sc), std::memory_order_release);
+  } else {
+    while (ready.load(std::memory_order_acquire) == nullptr) std::this_thread::yield();
+  }
+  auto& fx = static_cast<fixture<P>&>(*ready.load(std::memory_order_acquire));
+  const auto order = visit_order(sc.keys, state.thread_index(), state.threads());
+  std::size_t i = 0;
+
+  if (sc.time == time_source::steady) {
+    for (auto _ : state) {
+      auto d = fx.lim.try_acquire(*order[i]);
+      benchmark::DoNotOptimize(d);
+      if (++i == order.size()) i = 0;
+    }
+  } else {
+    const bool advance = sc.load == traffic::admitted;
+    std::int64_t now = advance ? fx.next_now.load(std::memory_order_relaxed) : start_us;
+    for (auto _ : state) {
+      auto d = fx.lim.try_acquire(*order[i], rl::timestamp{now});
+      benchmark::DoNotOptimize(d);
+      if (advance) now += step_us;
+      if (++i == order.size()) i = 0;
+    }
+    std::int64_t seen = fx.next_now.load(std::memory_order_relaxed);
+    while (seen < now && !fx.next_now.compare_exchange_weak(seen, now)) {
+    }
+  }
+  // Every thread has passed the loop's start barrier, so none still waits.
+  if (state.thread_index() == 0) {
+    ready.store(nullptr, std::memory_order_relaxed);
+    if (sc.keys > 1) add_memory_counters(state, P::name);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+void BM_FixedWindow_MemoryStore(benchmark::State& state, scenario sc) {
+  run_check<rl::fixed_window>(state, sc);
+}
+void BM_SlidingLog_MemoryStore(benchmark::State& state, scenario sc) {
+  run_check<rl::sliding_window_log>(state, sc);
+}
+void BM_SlidingCounter_MemoryStore(benchmark::State& state, scenario sc) {
+  run_check<rl::sliding_window_counter>(state, sc);
+}
+void BM_TokenBucket_MemoryStore(benchmark::State& state, scenario sc) {
+  run_check<rl::token_bucket>(state, sc);
+}
+void BM_Gcra_MemoryStore(benchmark::State& state, scenario sc) {
+  run_check<rl::gcra>(state, sc);
+}
+
+/// The floor: find-and-increment in a std::unordered_map<std::string,
+/// std::uint64_t> by std::string key, with no lock, no policy and no
+/// validation. Each thread has its own map holding its own keys.
+void BM_Floor_UnorderedMap(benchmark::State& state, std::size_t key_count) {
+  const auto order = visit_order(key_count, state.thread_index(), state.threads());
+  if (state.thread_index() == 0) fresh_heap();
+  std::unordered_map<std::string, std::uint64_t> counts;
+  for (const std::string* k : key_slice(key_count, state.thread_index(), state.threads())) {
+    counts.emplace(*k, 0);
+  }
+  std::size_t i = 0;
+  for (auto _ : state) {
+    std::uint64_t& n = counts.find(*order[i])->second;
+    ++n;
+    benchmark::DoNotOptimize(n);
+    if (++i == order.size()) i = 0;
+  }
+  if (state.thread_index() == 0 && key_count > 1) add_memory_counters(state, "unordered_map");
+  state.SetItemsProcessed(state.iterations());
+}
+
+constexpr scenario hot_key_now{1, time_source::passed, traffic::admitted};
+constexpr scenario hot_key_clock{1, time_source::steady, traffic::admitted};
+constexpr scenario many_keys_now{many_keys, time_source::passed, traffic::admitted};
+constexpr scenario many_keys_clock{many_keys, time_source::steady, traffic::admitted};
+constexpr scenario many_keys_rejected{many_keys, time_source::passed, traffic::rejected};
+
+#define RATELIMIT_POLICY_BENCHMARKS(fn)                                                         \
+  BENCHMARK_CAPTURE(fn, hot_key_now, hot_key_now)->Threads(1)->Threads(2)->UseRealTime();       \
+  BENCHMARK_CAPTURE(fn, hot_key_clock, hot_key_clock)->Threads(1)->Threads(2)->UseRealTime();   \
+  BENCHMARK_CAPTURE(fn, many_keys_now, many_keys_now)->Threads(1)->Threads(2)->UseRealTime();   \
+  BENCHMARK_CAPTURE(fn, many_keys_clock, many_keys_clock)->Threads(1)->Threads(2)->UseRealTime(); \
+  BENCHMARK_CAPTURE(fn, many_keys_rejected, many_keys_rejected)                                 \
+      ->Threads(1)                                                                              \
+      ->Threads(2)                                                                              \
+      ->UseRealTime()
+
+BENCHMARK_CAPTURE(BM_Floor_UnorderedMap, hot_key, std::size_t{1})->Threads(1)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Floor_UnorderedMap, many_keys, many_keys)
+    ->Threads(1)
+    ->Threads(2)
+    ->UseRealTime();
+RATELIMIT_POLICY_BENCHMARKS(BM_FixedWindow_MemoryStore);
+RATELIMIT_POLICY_BENCHMARKS(BM_SlidingLog_MemoryStore);
+RATELIMIT_POLICY_BENCHMARKS(BM_SlidingCounter_MemoryStore);
+RATELIMIT_POLICY_BENCHMARKS(BM_TokenBucket_MemoryStore);
+RATELIMIT_POLICY_BENCHMARKS(BM_Gcra_MemoryStore);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Memory first, on a quiet heap, before any benchmark has run.
+  (void)phone_numbers();
+  measure_floor_memory();
+  measure_memory<rl::fixed_window>();
+  measure_memory<rl::sliding_window_log>();
+  measure_memory<rl::sliding_window_counter>();
+  measure_memory<rl::token_bucket>();
+  measure_memory<rl::gcra>();
+  benchmark::AddCustomContext("key_bytes", std::to_string(static_cast<int>(key_bytes)));
+  for (const auto& [name, bytes] : bytes_per_key()) {
+    benchmark::AddCustomContext("heap_bytes_per_key." + name, std::to_string(bytes));
+  }
+
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
