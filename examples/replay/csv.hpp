@@ -1,0 +1,271 @@
+// SPDX-License-Identifier: Apache-2.0
+// A streaming RFC 4180 CSV record reader with physical line numbers, and a field writer.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstring>
+#include <istream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ratelimit::replay {
+
+/// Reads CSV records from a stream in constant memory (one chunk, grown only
+/// for a record longer than it).
+///
+/// Dialect (RFC 4180 plus what logs need):
+/// - Fields are separated by `,`; records end at LF or CRLF (a CR before LF is
+///   not data; a lone CR elsewhere is).
+/// - A field that starts with `"` is quoted: it may hold commas, CR, LF
+///   (the record then spans several physical lines) and `""` for one quote.
+///   After the closing quote only `,` or the end of the record may follow.
+/// - A `"` inside an unquoted field is an error (quote the whole field), so
+///   every field has one meaning.
+/// - A NUL byte anywhere is an error: text CSV cannot carry it, and it usually
+///   means the file is not text at all (UTF-16, binary).
+/// - Whole lines starting with `#` are comments; empty lines are skipped. Both
+///   still count as physical lines.
+/// Nothing is trimmed.
+///
+/// Thread safety: one reader per thread.
+class csv_reader {
+ public:
+  /// At most this many fields are kept per record; `field_count()` still counts all.
+  static constexpr std::size_t max_fields = 8;
+
+  enum class status { record, end, error };
+
+  /// @param in         the stream; read in binary chunks
+  /// @param chunk_size bytes read at once (small values exercise chunk boundaries in tests)
+  explicit csv_reader(std::istream& in, std::size_t chunk_size = std::size_t{1} << 20)
+      : in_(in), buf_(std::max<std::size_t>(chunk_size, 2)) {}
+
+  /// Reads the next record. Its fields stay valid until the next call.
+  /// On `status::error`, `error()` says why and `line()` is the record's first
+  /// line; the reader has skipped to the end of that physical line, so reading
+  /// may continue.
+  status next() {
+    for (;;) {
+      const parse_result r = parse(pos_);
+      if (r == parse_result::need_more) {
+        fill();
+        continue;
+      }
+      if (r == parse_result::skip) continue;
+      if (r == parse_result::end) return status::end;
+      return r == parse_result::record ? status::record : status::error;
+    }
+  }
+
+  /// Physical line (1-based) on which the last record or error started.
+  [[nodiscard]] std::size_t line() const noexcept { return record_line_; }
+  /// Fields of the last record (at most max_fields).
+  [[nodiscard]] const std::string_view* fields() const noexcept { return fields_.data(); }
+  [[nodiscard]] std::string_view field(std::size_t i) const noexcept { return fields_[i]; }
+  /// Number of fields in the last record (may exceed max_fields).
+  [[nodiscard]] std::size_t field_count() const noexcept { return count_; }
+  /// Why the last record failed.
+  [[nodiscard]] const std::string& error() const noexcept { return error_; }
+  /// Bytes held by the reader (its chunk buffer and unescaping scratch).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    std::size_t n = buf_.capacity();
+    for (const auto& s : scratch_) n += s.capacity();
+    return n;
+  }
+
+ private:
+  enum class parse_result { record, skip, error, end, need_more };
+
+  /// Moves the unread tail to the front and reads more; grows the buffer when
+  /// one record fills it.
+  void fill() {
+    if (pos_ > 0) {
+      std::memmove(buf_.data(), buf_.data() + pos_, end_ - pos_);
+      end_ -= pos_;
+      pos_ = 0;
+    }
+    if (end_ == buf_.size()) buf_.resize(buf_.size() * 2);
+    in_.read(buf_.data() + end_, static_cast<std::streamsize>(buf_.size() - end_));
+    const auto got = static_cast<std::size_t>(in_.gcount());
+    end_ += got;
+    if (got == 0) eof_ = true;
+  }
+
+  parse_result fail(std::size_t at, std::string why) {
+    error_ = std::move(why);
+    // Resume after the end of the physical line where the error was found.
+    const char* nl = static_cast<const char*>(std::memchr(buf_.data() + at, '\n', end_ - at));
+    pos_ = nl != nullptr ? static_cast<std::size_t>(nl - buf_.data()) + 1 : end_;
+    line_ = err_line_ + 1;
+    if (nl == nullptr && !eof_) skipping_ = true;
+    return parse_result::error;
+  }
+
+  /// Parses one record starting at p, or reports that more input is needed.
+  parse_result parse(std::size_t p) {
+    const char* b = buf_.data();
+    if (skipping_) {  // the rest of a bad line that did not fit in the buffer
+      const char* nl = static_cast<const char*>(std::memchr(b + p, '\n', end_ - p));
+      if (nl == nullptr) {
+        pos_ = end_;
+        return eof_ ? parse_result::end : parse_result::need_more;
+      }
+      pos_ = static_cast<std::size_t>(nl - b) + 1;
+      skipping_ = false;
+      return parse_result::skip;
+    }
+    if (p == end_) return eof_ ? parse_result::end : parse_result::need_more;
+    std::size_t line = line_;
+    record_line_ = line_;
+    err_line_ = line_;
+    // Comments and empty lines.
+    if (b[p] == '#' || b[p] == '\n' || (b[p] == '\r' && p + 1 < end_ && b[p + 1] == '\n')) {
+      const char* nl = static_cast<const char*>(std::memchr(b + p, '\n', end_ - p));
+      if (nl == nullptr) {
+        if (!eof_) return parse_result::need_more;
+        pos_ = end_;
+      } else {
+        pos_ = static_cast<std::size_t>(nl - b) + 1;
+      }
+      ++line_;
+      return parse_result::skip;
+    }
+    if (b[p] == '\r' && p + 1 == end_ && !eof_) return parse_result::need_more;
+    count_ = 0;
+    for (;;) {
+      std::string_view value;
+      if (p < end_ && b[p] == '"') {
+        // Quoted field: find the closing quote, unescaping "" on the way.
+        const std::size_t start = p + 1;
+        std::size_t q = start;
+        bool escaped = false;
+        for (;;) {
+          while (q < end_ && b[q] != '"' && b[q] != '\n' && b[q] != '\0') ++q;
+          if (q == end_) {
+            if (!eof_) return parse_result::need_more;
+            err_line_ = record_line_;
+            return fail(end_, "unterminated quoted field (opened on line " +
+                                  std::to_string(record_line_) + ")");
+          }
+          if (b[q] == '\0') {
+            err_line_ = line;
+            return fail(q, nul_message());
+          }
+          if (b[q] == '\n') {
+            ++line;
+            ++q;
+            continue;
+          }
+          if (q + 1 == end_ && !eof_) return parse_result::need_more;
+          if (q + 1 < end_ && b[q + 1] == '"') {
+            escaped = true;
+            q += 2;
+            continue;
+          }
+          break;
+        }
+        value = std::string_view(b + start, q - start);
+        p = q + 1;
+        if (escaped && count_ < max_fields) {
+          std::string& s = scratch_[count_];
+          s.clear();
+          for (std::size_t i = 0; i < value.size(); ++i) {
+            s += value[i];
+            if (value[i] == '"') ++i;
+          }
+          value = s;
+        }
+        if (p < end_ && b[p] != ',' && b[p] != '\n' && b[p] != '\r') {
+          err_line_ = line;
+          return fail(p, "unexpected character after a closing quote (a quoted field must end "
+                         "at a comma or the end of the line)");
+        }
+        if (p < end_ && b[p] == '\r') {
+          if (p + 1 == end_ && !eof_) return parse_result::need_more;
+          if (p + 1 < end_ && b[p + 1] != '\n') {
+            err_line_ = line;
+            return fail(p, "unexpected character after a closing quote");
+          }
+        }
+      } else {
+        const std::size_t start = p;
+        while (p < end_ && b[p] != ',' && b[p] != '\n' && b[p] != '"' && b[p] != '\0') ++p;
+        if (p == end_ && !eof_) return parse_result::need_more;
+        if (p < end_ && b[p] == '"') {
+          err_line_ = line;
+          return fail(p, "a quote inside an unquoted field (quote the whole field and double "
+                         "the quote)");
+        }
+        if (p < end_ && b[p] == '\0') {
+          err_line_ = line;
+          return fail(p, nul_message());
+        }
+        std::size_t stop = p;
+        if (p < end_ && b[p] == '\n' && stop > start && b[stop - 1] == '\r') --stop;
+        value = std::string_view(b + start, stop - start);
+      }
+      if (count_ < max_fields) fields_[count_] = value;
+      ++count_;
+      if (p < end_ && b[p] == ',') {
+        ++p;
+        continue;
+      }
+      if (p < end_ && b[p] == '\r') ++p;  // CRLF after a quoted field
+      if (p < end_ && b[p] == '\n') {
+        ++p;
+        ++line;
+      } else if (p == end_) {
+        ++line;  // last line without a newline
+      }
+      pos_ = p;
+      line_ = line;
+      return parse_result::record;
+    }
+  }
+
+  static std::string nul_message() {
+    return "NUL byte in the input (text CSV cannot carry NUL; is the file UTF-16 or binary?)";
+  }
+
+  std::istream& in_;
+  std::vector<char> buf_;
+  std::size_t pos_ = 0;
+  std::size_t end_ = 0;
+  bool eof_ = false;
+  bool skipping_ = false;
+  std::size_t line_ = 1;         ///< physical line at pos_
+  std::size_t record_line_ = 1;  ///< first line of the last record
+  std::size_t err_line_ = 1;     ///< line where the last error was found
+  std::array<std::string_view, max_fields> fields_{};
+  std::array<std::string, max_fields> scratch_{};
+  std::size_t count_ = 0;
+  std::string error_;
+};
+
+/// True when `s` must be quoted to parse back to itself under the reader's dialect.
+[[nodiscard]] inline bool csv_needs_quotes(std::string_view s) noexcept {
+  for (const char c : s) {
+    if (c == ',' || c == '"' || c == '\n' || c == '\r') return true;
+  }
+  // A leading '#' would read as a comment if the field started a line.
+  return !s.empty() && s.front() == '#';
+}
+
+/// Appends `s` as one CSV field, quoted per RFC 4180 when needed.
+inline void append_csv_field(std::string& out, std::string_view s) {
+  if (!csv_needs_quotes(s)) {
+    out.append(s);
+    return;
+  }
+  out += '"';
+  for (const char c : s) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  out += '"';
+}
+
+}  // namespace ratelimit::replay

@@ -1,0 +1,233 @@
+// SPDX-License-Identifier: Apache-2.0
+// A seeded, deterministic generator of synthetic telephony logs in the replay format.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <ostream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "csv.hpp"
+#include "timestamp.hpp"
+
+namespace ratelimit::replay {
+
+/// What to generate. Defaults make the checked-in sample (about 30,000 calls).
+struct gen_options {
+  std::uint64_t seed = 1;
+  /// First day, microseconds since the Unix epoch (a midnight UTC); default 2026-11-30.
+  std::int64_t start_us = detail::days_from_civil(2026, 11, 30) * 86'400'000'000;
+  int days = 1;
+  std::size_t subscribers = 3000;  ///< normal callers (label 0)
+  double calls_per_day = 6;        ///< mean calls per normal subscriber per day
+  std::size_t call_centres = 8;    ///< legitimate heavy callers (label 0)
+  std::size_t robocallers = 12;    ///< abusive callers (label 1): bursts, some slow and steady
+  std::size_t edge_bursters = 4;   ///< abusive callers (label 1) bursting across window edges
+  std::int64_t window_us = 15 * 60'000'000;  ///< the window whose edges edge bursters straddle
+  int edge_burst = 10;             ///< calls on each side of a window edge
+  enum class time_format { us, seconds, iso } format = time_format::us;
+};
+
+/// One generated call.
+struct gen_event {
+  std::int64_t ts_us;
+  std::uint32_t key;
+  signed char label;
+  friend bool operator<(const gen_event& a, const gen_event& b) {
+    return a.ts_us != b.ts_us ? a.ts_us < b.ts_us : a.key < b.key;
+  }
+};
+
+/// A generated log: key names and events sorted by time.
+struct gen_trace {
+  std::vector<std::string> keys;
+  std::vector<gen_event> events;
+};
+
+namespace detail {
+
+/// splitmix64: small, fast, and the same on every platform (unlike the
+/// standard distributions, whose output is implementation-defined).
+class rng {
+ public:
+  explicit rng(std::uint64_t seed) : s_(seed) {}
+  std::uint64_t next() noexcept {
+    std::uint64_t z = (s_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  /// Uniform in [0, 1).
+  double uniform() noexcept { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+  /// Uniform integer in [lo, hi].
+  std::int64_t between(std::int64_t lo, std::int64_t hi) noexcept {
+    return lo + static_cast<std::int64_t>(next() % static_cast<std::uint64_t>(hi - lo + 1));
+  }
+  /// Exponential with the given mean.
+  double exponential(double mean) noexcept { return -std::log(1.0 - uniform()) * mean; }
+
+ private:
+  std::uint64_t s_;
+};
+
+inline constexpr std::int64_t us_per_s = 1'000'000;
+inline constexpr std::int64_t us_per_h = 3600 * us_per_s;
+
+/// Relative call volume per hour of day (UTC): quiet nights, a morning and a late-afternoon peak.
+inline constexpr double hour_weight[24] = {0.2, 0.1, 0.1, 0.1, 0.1, 0.2, 0.5, 1.2,
+                                           2.0, 2.6, 2.8, 2.7, 2.2, 2.3, 2.5, 2.6,
+                                           2.7, 2.9, 2.6, 2.1, 1.6, 1.1, 0.7, 0.4};
+
+[[nodiscard]] inline std::int64_t daily_time(rng& r) {
+  double total = 0;
+  for (const double w : hour_weight) total += w;
+  double u = r.uniform() * total;
+  int h = 0;
+  while (h < 23 && u >= hour_weight[h]) u -= hour_weight[h++];
+  return h * us_per_h + static_cast<std::int64_t>(r.uniform() * static_cast<double>(us_per_h));
+}
+
+}  // namespace detail
+
+/// Generates a log. Deterministic for given options on every platform.
+[[nodiscard]] inline gen_trace generate_trace(const gen_options& o) {
+  using namespace detail;
+  rng r(o.seed);
+  gen_trace t;
+  std::set<std::string> used;
+  const auto new_key = [&](const std::string& prefix, int digits) {
+    for (;;) {
+      std::string k = prefix;
+      for (int i = 0; i < digits; ++i) k += static_cast<char>('0' + r.between(0, 9));
+      if (used.insert(k).second) {
+        t.keys.push_back(k);
+        return static_cast<std::uint32_t>(t.keys.size() - 1);
+      }
+    }
+  };
+  const std::int64_t day_us = 24 * us_per_h;
+  const std::int64_t end = o.start_us + o.days * day_us;
+  const auto add = [&](std::int64_t ts, std::uint32_t k, signed char label) {
+    if (ts >= o.start_us && ts < end) t.events.push_back({ts, k, label});
+  };
+  const char* mobile[] = {"+49151", "+49160", "+49170", "+49176"};
+
+  // Normal subscribers: a personal level of activity, calls spread over the
+  // day, and now and then a redial run when the other side is busy.
+  for (std::size_t i = 0; i < o.subscribers; ++i) {
+    const std::uint32_t k = new_key(mobile[r.between(0, 3)], 8);
+    const bool chatty = r.uniform() < 0.01;  // small businesses run from a mobile
+    const double level = chatty ? o.calls_per_day * 6 : r.exponential(o.calls_per_day);
+    for (int d = 0; d < o.days; ++d) {
+      double clock = r.exponential(1.0);
+      while (clock < level) {
+        std::int64_t ts = o.start_us + d * day_us + daily_time(r);
+        add(ts, k, 0);
+        if (r.uniform() < 0.12) {
+          const auto redials = r.between(1, 5);
+          for (std::int64_t j = 0; j < redials; ++j) {
+            ts += static_cast<std::int64_t>((15 + r.exponential(60)) * us_per_s);
+            add(ts, k, 0);
+          }
+        }
+        clock += r.exponential(1.0);
+      }
+    }
+  }
+  // Call centres: legitimate, steady, heavy during business hours.
+  for (std::size_t i = 0; i < o.call_centres; ++i) {
+    const std::uint32_t k = new_key("+49800", 7);
+    const double mean_gap_s = 25 + r.uniform() * 95;
+    for (int d = 0; d < o.days; ++d) {
+      std::int64_t ts = o.start_us + d * day_us + 8 * us_per_h + r.between(0, 30 * 60) * us_per_s;
+      const std::int64_t close = o.start_us + d * day_us + 18 * us_per_h;
+      while (ts < close) {
+        add(ts, k, 0);
+        ts += static_cast<std::int64_t>((3 + r.exponential(mean_gap_s)) * us_per_s);
+      }
+    }
+  }
+  // Robocallers: campaigns of rapid calls; a third of them slow and steady instead.
+  for (std::size_t i = 0; i < o.robocallers; ++i) {
+    const std::uint32_t k = new_key(r.uniform() < 0.5 ? "+1202" : "+44203", 7);
+    const bool slow = i % 3 == 2;
+    for (int d = 0; d < o.days; ++d) {
+      if (slow) {
+        std::int64_t ts = o.start_us + d * day_us + 9 * us_per_h + r.between(0, 3600) * us_per_s;
+        const std::int64_t stop = ts + r.between(6, 10) * us_per_h;
+        const double gap = 60 + r.uniform() * 40;
+        while (ts < stop) {
+          add(ts, k, 1);
+          ts += static_cast<std::int64_t>((5 + r.exponential(gap)) * us_per_s);
+        }
+        continue;
+      }
+      const auto campaigns = r.between(2, 6);
+      for (std::int64_t c = 0; c < campaigns; ++c) {
+        std::int64_t ts = o.start_us + d * day_us + r.between(7, 20) * us_per_h +
+                          r.between(0, 3599) * us_per_s;
+        const auto calls = r.between(30, 250);
+        const double gap = 2 + r.uniform() * 10;
+        for (std::int64_t j = 0; j < calls; ++j) {
+          add(ts, k, 1);
+          ts += static_cast<std::int64_t>((0.5 + r.exponential(gap)) * us_per_s);
+        }
+      }
+    }
+  }
+  // Edge bursters: `edge_burst` calls just before a window edge and as many
+  // just after: a fixed window admits both halves.
+  for (std::size_t i = 0; i < o.edge_bursters; ++i) {
+    const std::uint32_t k = new_key("+3375", 7);
+    for (int d = 0; d < o.days; ++d) {
+      const auto bursts = r.between(4, 10);
+      for (std::int64_t b = 0; b < bursts; ++b) {
+        const std::int64_t day0 = o.start_us + d * day_us;
+        const std::int64_t windows = day_us / o.window_us;
+        const std::int64_t edge = day0 + r.between(1, windows - 1) * o.window_us;
+        for (int j = 0; j < o.edge_burst; ++j) {
+          add(edge - 1 - r.between(0, 8 * us_per_s), k, 1);
+          add(edge + r.between(0, 8 * us_per_s), k, 1);
+        }
+      }
+    }
+  }
+  std::sort(t.events.begin(), t.events.end());
+  return t;
+}
+
+/// Writes a generated log as replay CSV: a comment, a header, then
+/// `timestamp,key,cost,label` rows.
+inline void write_trace_csv(std::ostream& out, const gen_trace& t, const gen_options& o,
+                            bool header = true) {
+  std::string buf;
+  if (header) {
+    buf += "# synthetic telephony log from ratelimit-gen-trace --seed " +
+           std::to_string(o.seed) + " (label 1 = abusive caller)\n";
+    buf += "timestamp,caller,cost,label\n";
+  }
+  for (const gen_event& e : t.events) {
+    switch (o.format) {
+      case gen_options::time_format::us: buf += std::to_string(e.ts_us); break;
+      case gen_options::time_format::seconds: {
+        std::string frac = std::to_string(1'000'000 + e.ts_us % 1'000'000).substr(1);
+        buf += std::to_string(e.ts_us / 1'000'000) + "." + frac;
+        break;
+      }
+      case gen_options::time_format::iso: buf += format_iso(e.ts_us); break;
+    }
+    buf += ',';
+    append_csv_field(buf, t.keys[e.key]);
+    buf += e.label == 1 ? ",1,1\n" : ",1,0\n";
+    if (buf.size() > (1u << 16)) {
+      out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+      buf.clear();
+    }
+  }
+  out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+}
+
+}  // namespace ratelimit::replay

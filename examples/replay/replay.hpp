@@ -1,0 +1,658 @@
+// SPDX-License-Identifier: Apache-2.0
+// The replay engine: one policy's decisions on a store, and the summary and sweep across policies.
+#pragma once
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <ctime>
+#include <functional>
+#include <istream>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "ratelimit/concepts.hpp"
+#include "ratelimit/decision.hpp"
+#include "ratelimit/policy/fixed_window.hpp"
+#include "ratelimit/policy/gcra.hpp"
+#include "ratelimit/policy/sliding_window_counter.hpp"
+#include "ratelimit/policy/sliding_window_log.hpp"
+#include "ratelimit/policy/token_bucket.hpp"
+#include "ratelimit/rate.hpp"
+#include "ratelimit/store/memory_store.hpp"
+#include "trace.hpp"
+
+namespace ratelimit::replay {
+
+// ---------------------------------------------------------------------------
+// Policies and their configuration
+
+/// The five policies, in the order every table lists them.
+enum class policy_id : unsigned char { fixed_window, sliding_log, sliding_counter, token_bucket, gcra };
+inline constexpr std::size_t policy_count = 5;
+inline constexpr policy_id all_policies[policy_count] = {
+    policy_id::fixed_window, policy_id::sliding_log, policy_id::sliding_counter,
+    policy_id::token_bucket, policy_id::gcra};
+
+[[nodiscard]] constexpr std::string_view policy_name(policy_id p) noexcept {
+  switch (p) {
+    case policy_id::fixed_window: return "fixed_window";
+    case policy_id::sliding_log: return "sliding_log";
+    case policy_id::sliding_counter: return "sliding_counter";
+    case policy_id::token_bucket: return "token_bucket";
+    case policy_id::gcra: return "gcra";
+  }
+  return "?";
+}
+
+/// Parses a policy name exactly as the tool contract spells it.
+[[nodiscard]] inline std::optional<policy_id> parse_policy(std::string_view s) noexcept {
+  for (const policy_id p : all_policies) {
+    if (policy_name(p) == s) return p;
+  }
+  return std::nullopt;
+}
+
+[[nodiscard]] constexpr bool is_window_policy(policy_id p) noexcept {
+  return p == policy_id::fixed_window || p == policy_id::sliding_log ||
+         p == policy_id::sliding_counter;
+}
+
+/// Calls `f.template operator()<P>()` with the policy type named by `id`.
+template <class F>
+decltype(auto) with_policy(policy_id id, F&& f) {
+  switch (id) {
+    case policy_id::fixed_window: return f.template operator()<fixed_window>();
+    case policy_id::sliding_log: return f.template operator()<sliding_window_log>();
+    case policy_id::sliding_counter: return f.template operator()<sliding_window_counter>();
+    case policy_id::token_bucket: return f.template operator()<token_bucket>();
+    case policy_id::gcra: break;
+  }
+  return f.template operator()<gcra>();
+}
+
+template <class P>
+inline constexpr bool is_bucket_v = std::is_same_v<P, token_bucket> || std::is_same_v<P, gcra>;
+
+/// What the user asked for: one rate, a burst for bucket/GCRA, count_rejected for windows.
+struct limiter_settings {
+  rate r{1, std::chrono::microseconds{1}};
+  std::optional<units> burst;  ///< token_bucket and gcra only; unset = the limit
+  bool count_rejected = false;  ///< window policies only
+};
+
+/// Builds P's configuration; options that do not apply to P are ignored.
+/// @throws std::invalid_argument for a bad combination (e.g. a burst over 2^50)
+template <class P>
+[[nodiscard]] typename P::config make_config(const limiter_settings& s) {
+  if constexpr (is_bucket_v<P>) {
+    return typename P::config(s.r, bucket_options{s.burst});
+  } else {
+    return typename P::config(s.r, window_options{s.count_rejected});
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Decisions mode (the stable machine-readable interface)
+
+inline constexpr std::string_view decisions_header =
+    "ts_us,key,cost,allowed,remaining,retry_after_us,reset_after_us\n";
+
+namespace detail {
+inline void append_int(std::string& out, std::int64_t v) {
+  char buf[24];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, r.ptr);
+}
+}  // namespace detail
+
+/// Appends one decisions row for `e`.
+inline void append_decision(std::string& out, const event& e, const decision& d) {
+  detail::append_int(out, e.ts_us);
+  out += ',';
+  append_csv_field(out, e.key);
+  out += ',';
+  detail::append_int(out, e.cost);
+  out += d.allowed ? ",1," : ",0,";
+  detail::append_int(out, d.remaining);
+  out += ',';
+  detail::append_int(out, d.retry_after == never ? -1 : d.retry_after.count());
+  out += ',';
+  detail::append_int(out, d.reset_after.count());
+  out += '\n';
+}
+
+/// Replays every event of `in` through `store` with policy P and appends one
+/// row per event to `out`; when `sink` is given, `out` is written to it and
+/// cleared whenever it passes `flush_bytes`. Store is any `store_for<P>`: the
+/// in-process `memory_store<P>` or a Redis store with caller-supplied time.
+/// @return the number of events replayed
+/// @throws input_error for a bad line (unless the reader skips them), and
+///         whatever the store throws (ratelimit::store_error)
+template <class P, class Store>
+  requires store_for<Store, P>
+std::size_t replay_decisions(trace_reader& in, const typename P::config& cfg, Store& store,
+                             std::string& out, std::ostream* sink = nullptr,
+                             std::size_t flush_bytes = std::size_t{1} << 16) {
+  event e;
+  std::size_t n = 0;
+  while (in.next(e)) {
+    const decision d = store.apply(cfg, e.key, timestamp{e.ts_us}, e.cost, access::consume);
+    append_decision(out, e, d);
+    ++n;
+    if (sink != nullptr && out.size() >= flush_bytes) {
+      sink->write(out.data(), static_cast<std::streamsize>(out.size()));
+      out.clear();
+    }
+  }
+  return n;
+}
+
+/// Reads the whole trace once, validating every line (the first pass that
+/// lets decisions mode refuse a bad file before writing anything).
+/// @throws input_error for the first bad line
+inline std::size_t validate_trace(std::istream& in) {
+  trace_reader reader(in);
+  event e;
+  std::size_t n = 0;
+  while (reader.next(e)) ++n;
+  return n;
+}
+
+// ---------------------------------------------------------------------------
+// Summary and sweep
+
+/// Interns keys into dense ids. Memory: the key bytes, 8 bytes of offset and
+/// about 16 bytes of open-addressing slots per key.
+class key_table {
+ public:
+  key_table() { slots_.assign(1024, 0); }
+
+  /// The id of `key`, adding it if new (`fresh` says which).
+  std::uint32_t intern(std::string_view key, bool& fresh) {
+    const auto h = static_cast<std::uint64_t>(std::hash<std::string_view>{}(key));
+    const std::uint64_t tag = h & ~std::uint64_t{0xffffffff};
+    std::size_t mask = slots_.size() - 1;
+    for (std::size_t i = static_cast<std::size_t>(h) & mask;; i = (i + 1) & mask) {
+      const std::uint64_t s = slots_[i];
+      if (s == 0) {
+        const auto id = static_cast<std::uint32_t>(ends_.size() - 1);
+        bytes_.append(key);
+        ends_.push_back(bytes_.size());
+        slots_[i] = tag | (std::uint64_t{id} + 1);
+        fresh = true;
+        if (2 * size() > slots_.size()) grow();
+        return id;
+      }
+      if ((s & ~std::uint64_t{0xffffffff}) == tag) {
+        const auto id = static_cast<std::uint32_t>((s & 0xffffffff) - 1);
+        if (get(id) == key) {
+          fresh = false;
+          return id;
+        }
+      }
+    }
+  }
+  [[nodiscard]] std::string_view get(std::uint32_t id) const noexcept {
+    return std::string_view(bytes_).substr(ends_[id], ends_[id + 1] - ends_[id]);
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return ends_.size() - 1; }
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return bytes_.capacity() + ends_.capacity() * sizeof(std::size_t) +
+           slots_.capacity() * sizeof(std::uint64_t);
+  }
+
+ private:
+  void grow() {
+    std::vector<std::uint64_t> next(slots_.size() * 2, 0);
+    const std::size_t mask = next.size() - 1;
+    for (const std::uint64_t s : slots_) {
+      if (s == 0) continue;
+      const auto id = static_cast<std::uint32_t>((s & 0xffffffff) - 1);
+      const auto h = static_cast<std::uint64_t>(std::hash<std::string_view>{}(get(id)));
+      std::size_t i = static_cast<std::size_t>(h) & mask;
+      while (next[i] != 0) i = (i + 1) & mask;
+      next[i] = s;
+    }
+    slots_.swap(next);
+  }
+
+  std::string bytes_;
+  std::vector<std::size_t> ends_{0};
+  std::vector<std::uint64_t> slots_;
+};
+
+/// Rings of recent timestamps, one per (key, counter) while it has any in the
+/// window, to find the most calls in any window (t - W, t]. Handles are
+/// 1-based; 0 = no ring. Rings whose newest entry has left the window go back
+/// to a free list, so memory follows the calls inside one window, not the trace.
+class window_counter_pool {
+ public:
+  /// Adds a call at `t` and returns the calls in (t - W, t] (t is clamped to the newest entry).
+  std::uint32_t add(std::uint32_t& handle, std::int64_t t, std::int64_t w) {
+    if (handle == 0) handle = acquire();
+    ring& r = rings_[handle - 1];
+    if (r.size != 0 && t < r.newest()) t = r.newest();
+    while (r.size != 0 && r.buf[r.head] <= t - w) {
+      r.head = (r.head + 1) & (r.capacity() - 1);
+      --r.size;
+    }
+    if (r.size == r.capacity()) r.grow();
+    r.buf[(r.head + r.size) & (r.capacity() - 1)] = t;
+    ++r.size;
+    return r.size;
+  }
+  /// Frees the ring if everything in it has left the window at `now`.
+  void release_if_stale(std::uint32_t& handle, std::int64_t now, std::int64_t w) {
+    if (handle == 0) return;
+    ring& r = rings_[handle - 1];
+    if (r.size != 0 && r.newest() > now - w) return;
+    r.size = 0;
+    r.head = 0;
+    free_.push_back(handle);
+    handle = 0;
+  }
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    std::size_t n = rings_.capacity() * sizeof(ring) + free_.capacity() * sizeof(std::uint32_t);
+    for (const ring& r : rings_) n += r.buf.capacity() * sizeof(std::int64_t);
+    return n;
+  }
+
+ private:
+  struct ring {
+    std::vector<std::int64_t> buf;
+    std::uint32_t head = 0;
+    std::uint32_t size = 0;
+    [[nodiscard]] std::uint32_t capacity() const noexcept {
+      return static_cast<std::uint32_t>(buf.size());
+    }
+    [[nodiscard]] std::int64_t newest() const noexcept {
+      return buf[(head + size - 1) & (capacity() - 1)];
+    }
+    void grow() {
+      std::vector<std::int64_t> next(buf.empty() ? 4 : buf.size() * 2);
+      for (std::uint32_t i = 0; i < size; ++i) next[i] = buf[(head + i) & (capacity() - 1)];
+      buf.swap(next);
+      head = 0;
+    }
+  };
+  std::uint32_t acquire() {
+    if (!free_.empty()) {
+      const std::uint32_t h = free_.back();
+      free_.pop_back();
+      return h;
+    }
+    rings_.emplace_back();
+    return static_cast<std::uint32_t>(rings_.size());
+  }
+  std::vector<ring> rings_;
+  std::vector<std::uint32_t> free_;
+};
+
+/// What the tool remembers per key besides the policies' states.
+struct key_info {
+  signed char label = -1;      ///< 1 if any event of the key is labelled 1, else 0 if labelled
+  std::uint8_t blocked = 0;    ///< bit i: summary policy i rejected the key at least once
+  std::uint32_t raw_peak = 0;  ///< most calls (attempts) in any window
+  std::uint32_t raw_ring = 0;  ///< window_counter_pool handle for raw_peak
+  std::uint32_t peak[policy_count] = {};  ///< most admitted calls in any window, per policy
+  std::uint32_t ring[policy_count] = {};  ///< handles for `peak`
+};
+
+/// One policy's figures in the summary.
+struct policy_summary {
+  policy_id id = policy_id::fixed_window;
+  units limit = 0;                ///< the limit (burst for bucket/GCRA)
+  std::uint64_t admitted = 0;     ///< calls admitted
+  std::uint64_t rejected = 0;     ///< calls rejected
+  std::size_t keys_blocked = 0;   ///< keys rejected at least once
+  std::uint32_t max_in_window = 0;  ///< most calls one key got through in any (t - W, t]
+  double state_bytes_per_key = 0;   ///< policy state per key held at the end (mean)
+  std::size_t state_peak_bytes = 0;  ///< state of the non-idle keys at the sampled peak
+  double seconds = 0;               ///< CPU time in this policy's steps
+};
+
+/// One (policy, limit) point of the sweep.
+struct sweep_point {
+  policy_id id = policy_id::fixed_window;
+  units limit = 0;
+  std::uint64_t rejected = 0;      ///< calls rejected
+  std::size_t keys_blocked = 0;    ///< keys rejected at least once
+  std::size_t abusive_caught = 0;  ///< keys labelled 1 rejected at least once
+  std::size_t normal_blocked = 0;  ///< keys labelled 0 rejected at least once (false rejects)
+};
+
+/// Everything the summary and sweep print.
+struct analysis_result {
+  std::uint64_t events = 0;
+  std::size_t keys = 0;
+  std::size_t abusive_keys = 0;  ///< keys labelled 1
+  std::size_t normal_keys = 0;   ///< keys labelled 0 only
+  bool labelled = false;         ///< any event carried a label
+  std::int64_t first_ts = 0;
+  std::int64_t last_ts = 0;
+  std::size_t skipped = 0;
+  std::string first_skipped;
+  double parse_seconds = 0;  ///< CPU time reading, parsing and interning
+  std::vector<policy_summary> policies;
+  std::vector<sweep_point> sweep;
+  /// Per key: most calls in any window and the key's label (-1, 0, 1).
+  std::vector<std::pair<std::uint32_t, signed char>> key_peaks;
+  std::size_t tool_bytes = 0;  ///< key table, per-key info, window counters (peak)
+  std::int64_t window_us = 0;
+};
+
+/// What to analyse.
+struct analysis_options {
+  limiter_settings settings;
+  bool summary = true;            ///< the five policies at the given rate
+  std::vector<units> sweep_limits;  ///< empty = no sweep
+  std::vector<policy_id> sweep_policies;
+  bool skip_bad_lines = false;
+  std::size_t sample_every = std::size_t{1} << 16;  ///< events between memory samples
+};
+
+namespace detail {
+
+/// A batch of parsed events: keys interned, so the policies never see text.
+struct batch {
+  std::vector<std::int64_t> ts;
+  std::vector<std::uint32_t> id;
+  std::vector<units> cost;
+  void clear() {
+    ts.clear();
+    id.clear();
+    cost.clear();
+  }
+};
+
+template <class P>
+[[nodiscard]] std::size_t state_bytes(const typename P::state& s) noexcept {
+  if constexpr (std::is_same_v<P, sliding_window_log>) {
+    return sizeof(s) + s.capacity() * sizeof(sliding_window_log::entry);
+  } else {
+    return sizeof(s);
+  }
+}
+
+/// One policy at one configuration over every key.
+class lane {
+ public:
+  virtual ~lane() = default;
+  virtual void run(const batch& b, std::vector<key_info>& info, window_counter_pool* pool,
+                   std::int64_t w) = 0;
+  virtual void resize(std::size_t keys) = 0;
+  /// Bytes of state of the keys not idle at `now`.
+  [[nodiscard]] virtual std::size_t live_bytes(std::int64_t now) const = 0;
+  [[nodiscard]] virtual std::size_t total_bytes() const = 0;
+  [[nodiscard]] virtual units limit() const = 0;
+  policy_id id = policy_id::fixed_window;
+  int summary_slot = -1;  ///< index in key_info::peak for summary lanes, -1 for sweep lanes
+  std::uint64_t admitted = 0;
+  std::uint64_t rejected = 0;
+  std::vector<std::uint8_t> blocked;  ///< sweep lanes: per key
+  double seconds = 0;
+  std::size_t peak_bytes = 0;
+};
+
+template <class P>
+class policy_lane final : public lane {
+ public:
+  explicit policy_lane(typename P::config cfg) : cfg_(std::move(cfg)) {}
+
+  void run(const batch& b, std::vector<key_info>& info, window_counter_pool* pool,
+           std::int64_t w) override {
+    const std::size_t n = b.ts.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t k = b.id[i];
+      const decision d = P::step(cfg_, states_[k], timestamp{b.ts[i]}, b.cost[i]);
+      if (d.allowed) {
+        ++admitted;
+        if (summary_slot >= 0) {
+          const auto s = static_cast<std::size_t>(summary_slot);
+          key_info& ki = info[k];
+          const std::uint32_t c = pool->add(ki.ring[s], b.ts[i], w);
+          if (c > ki.peak[s]) ki.peak[s] = c;
+        }
+      } else {
+        ++rejected;
+        if (summary_slot >= 0) {
+          info[k].blocked = static_cast<std::uint8_t>(info[k].blocked | (1u << summary_slot));
+        } else {
+          blocked[k] = 1;
+        }
+      }
+    }
+  }
+  void resize(std::size_t keys) override {
+    states_.resize(keys);
+    if (summary_slot < 0) blocked.resize(keys, 0);
+  }
+  [[nodiscard]] std::size_t live_bytes(std::int64_t now) const override {
+    std::size_t bytes = 0;
+    for (const auto& s : states_) {
+      if (!P::idle(cfg_, s, timestamp{now})) bytes += state_bytes<P>(s);
+    }
+    return bytes;
+  }
+  [[nodiscard]] std::size_t total_bytes() const override {
+    std::size_t bytes = 0;
+    for (const auto& s : states_) bytes += state_bytes<P>(s);
+    return bytes;
+  }
+  [[nodiscard]] units limit() const override { return cfg_.limit(); }
+
+ private:
+  typename P::config cfg_;
+  std::vector<typename P::state> states_;
+};
+
+[[nodiscard]] inline std::unique_ptr<lane> make_lane(policy_id id, const limiter_settings& s) {
+  return with_policy(id, [&]<class P>() -> std::unique_ptr<lane> {
+    auto l = std::make_unique<policy_lane<P>>(make_config<P>(s));
+    l->id = id;
+    return l;
+  });
+}
+
+[[nodiscard]] inline double cpu_seconds() noexcept {
+  // The process's own CPU time: what one core spends, not wall time.
+  return static_cast<double>(std::clock()) / CLOCKS_PER_SEC;
+}
+
+}  // namespace detail
+
+/// Reads the trace once and runs the five policies (summary) and every sweep
+/// configuration side by side, in batches. Memory: per key, the policies'
+/// states plus `key_info` and the key's bytes; window counters hold only the
+/// calls inside one window. Nothing grows with the number of events.
+/// @throws input_error for a bad line (unless skipping), std::invalid_argument for a bad config
+[[nodiscard]] inline analysis_result analyse(std::istream& in, const analysis_options& opt) {
+  analysis_result res;
+  const std::int64_t w = opt.settings.r.period().count();
+  res.window_us = w;
+
+  std::vector<std::unique_ptr<detail::lane>> lanes;
+  if (opt.summary) {
+    for (const policy_id p : all_policies) {
+      auto l = detail::make_lane(p, opt.settings);
+      l->summary_slot = static_cast<int>(p);
+      lanes.push_back(std::move(l));
+    }
+  }
+  for (const policy_id p : opt.sweep_policies) {
+    for (const units limit : opt.sweep_limits) {
+      limiter_settings s = opt.settings;
+      s.r = rate(limit, opt.settings.r.period());
+      s.burst.reset();  // each swept limit is also its own burst
+      lanes.push_back(detail::make_lane(p, s));
+    }
+  }
+
+  trace_reader reader(in, opt.skip_bad_lines);
+  key_table keys;
+  std::vector<key_info> info;
+  window_counter_pool pool;
+  detail::batch b;
+  constexpr std::size_t batch_size = 4096;
+  b.ts.reserve(batch_size);
+  b.id.reserve(batch_size);
+  b.cost.reserve(batch_size);
+  std::int64_t now = 0;
+  std::size_t since_sample = 0;
+  bool more = true;
+
+  const auto sample = [&] {
+    for (auto& l : lanes) {
+      if (l->summary_slot >= 0) l->peak_bytes = std::max(l->peak_bytes, l->live_bytes(now));
+    }
+    for (key_info& ki : info) {
+      pool.release_if_stale(ki.raw_ring, now, w);
+      for (auto& r : ki.ring) pool.release_if_stale(r, now, w);
+    }
+  };
+
+  while (more) {
+    const double t0 = detail::cpu_seconds();
+    b.clear();
+    event e;
+    while (b.ts.size() < batch_size && (more = reader.next(e))) {
+      bool fresh = false;
+      const std::uint32_t id = keys.intern(e.key, fresh);
+      if (fresh) info.emplace_back();
+      key_info& ki = info[id];
+      if (e.label >= 0) {
+        res.labelled = true;
+        if (e.label > ki.label) ki.label = e.label;
+      }
+      const std::uint32_t c = pool.add(ki.raw_ring, e.ts_us, w);
+      if (c > ki.raw_peak) ki.raw_peak = c;
+      if (res.events == 0) res.first_ts = e.ts_us;
+      res.first_ts = std::min(res.first_ts, e.ts_us);
+      res.last_ts = std::max(res.last_ts, e.ts_us);
+      now = std::max(now, e.ts_us);
+      ++res.events;
+      b.ts.push_back(e.ts_us);
+      b.id.push_back(id);
+      b.cost.push_back(e.cost);
+    }
+    const double t1 = detail::cpu_seconds();
+    res.parse_seconds += t1 - t0;
+    for (auto& l : lanes) {
+      const double s0 = detail::cpu_seconds();
+      l->resize(keys.size());
+      l->run(b, info, &pool, w);
+      l->seconds += detail::cpu_seconds() - s0;
+    }
+    since_sample += b.ts.size();
+    if (since_sample >= opt.sample_every || !more) {
+      since_sample = 0;
+      res.tool_bytes = std::max(res.tool_bytes, keys.memory_bytes() +
+                                                    info.capacity() * sizeof(key_info) +
+                                                    pool.memory_bytes());
+      sample();
+    }
+  }
+
+  res.keys = keys.size();
+  res.skipped = reader.skipped();
+  res.first_skipped = reader.first_skipped();
+  for (const key_info& ki : info) {
+    if (ki.label == 1) ++res.abusive_keys;
+    if (ki.label == 0) ++res.normal_keys;
+    res.key_peaks.emplace_back(ki.raw_peak, ki.label);
+  }
+  for (const auto& l : lanes) {
+    if (l->summary_slot >= 0) {
+      policy_summary s;
+      s.id = l->id;
+      s.limit = l->limit();
+      s.admitted = l->admitted;
+      s.rejected = l->rejected;
+      const auto slot = static_cast<std::size_t>(l->summary_slot);
+      for (const key_info& ki : info) {
+        if ((ki.blocked >> slot) & 1u) ++s.keys_blocked;
+        s.max_in_window = std::max(s.max_in_window, ki.peak[slot]);
+      }
+      s.state_bytes_per_key =
+          res.keys == 0 ? 0.0 : static_cast<double>(l->total_bytes()) / static_cast<double>(res.keys);
+      s.state_peak_bytes = l->peak_bytes;
+      s.seconds = l->seconds;
+      res.policies.push_back(s);
+    } else {
+      sweep_point p;
+      p.id = l->id;
+      p.limit = l->limit();
+      p.rejected = l->rejected;
+      for (std::size_t k = 0; k < info.size(); ++k) {
+        if (l->blocked[k] == 0) continue;
+        ++p.keys_blocked;
+        if (info[k].label == 1) ++p.abusive_caught;
+        if (info[k].label == 0) ++p.normal_blocked;
+      }
+      res.sweep.push_back(p);
+    }
+  }
+  return res;
+}
+
+/// Nearest-rank percentile (q in [0, 1]) of sorted values; 0 for none.
+[[nodiscard]] inline std::uint32_t percentile(const std::vector<std::uint32_t>& sorted,
+                                              double q) noexcept {
+  if (sorted.empty()) return 0;
+  auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(sorted.size())));
+  if (rank < 1) rank = 1;
+  return sorted[std::min(rank, sorted.size()) - 1];
+}
+
+/// Parses a sweep specification: "5..30" (every integer), "5..30/5" (step),
+/// or "5,10,20". Limits must be 1..2^50, at most 1000 of them.
+/// @throws std::invalid_argument quoting the text
+[[nodiscard]] inline std::vector<units> parse_sweep(std::string_view text) {
+  const auto fail = [&]() -> std::vector<units> {
+    throw std::invalid_argument("invalid --sweep \"" + std::string(text) +
+                                "\" (expected e.g. 5..30, 5..60/5 or 5,10,20)");
+  };
+  const auto number = [&](std::string_view s, units& out) {
+    std::size_t i = 0;
+    return ratelimit::detail::parse_digits(s, i, max_units, out) && i == s.size() && out >= 1;
+  };
+  std::vector<units> out;
+  if (const auto dots = text.find(".."); dots != std::string_view::npos) {
+    units lo = 0, hi = 0, step = 1;
+    std::string_view rest = text.substr(dots + 2);
+    if (const auto slash = rest.find('/'); slash != std::string_view::npos) {
+      if (!number(rest.substr(slash + 1), step)) return fail();
+      rest = rest.substr(0, slash);
+    }
+    if (!number(text.substr(0, dots), lo) || !number(rest, hi) || hi < lo) return fail();
+    if ((hi - lo) / step >= 1000) return fail();
+    for (units v = lo; v <= hi; v += step) out.push_back(v);
+  } else {
+    std::size_t start = 0;
+    for (;;) {
+      const std::size_t comma = text.find(',', start);
+      units v = 0;
+      if (!number(text.substr(start, comma - start), v)) return fail();
+      out.push_back(v);
+      if (comma == std::string_view::npos) break;
+      start = comma + 1;
+    }
+    if (out.size() > 1000) return fail();
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+  }
+  return out;
+}
+
+}  // namespace ratelimit::replay

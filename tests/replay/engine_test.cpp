@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests of replay.hpp: decisions at the window edges computed by hand, and the sweep's figures.
+#include "replay.hpp"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+
+#include "ratelimit/store/memory_store.hpp"
+
+namespace {
+
+using namespace ratelimit;
+using namespace ratelimit::replay;
+
+template <class P>
+std::string decisions(const std::string& trace, const std::string& rate_text,
+                      bool count_rejected = false) {
+  std::istringstream in(trace);
+  trace_reader reader(in);
+  const auto cfg = make_config<P>(limiter_settings{rate::parse(rate_text), {}, count_rejected});
+  memory_store<P> store;
+  std::string out(decisions_header);
+  replay_decisions<P>(reader, cfg, store, out);
+  return out;
+}
+
+// W = 10 s; the first call is at 1000 s, a multiple of W, so the fixed window starts there too.
+const std::string edge_trace =
+    "1000000000,a\n"   // first
+    "1000000001,a\n"   // second: the limit of 2 is reached
+    "1009999999,a\n"   // 1 us before the first leaves the window (t - W, t]
+    "1010000000,a\n"   // exactly W after the first: it has left
+    "1010000001,a,3\n";  // cost above the limit: never
+
+TEST(ReplayDecisions, SlidingLogAtTheWindowEdge) {
+  EXPECT_EQ(decisions<sliding_window_log>(edge_trace, "2/10s"),
+            "ts_us,key,cost,allowed,remaining,retry_after_us,reset_after_us\n"
+            "1000000000,a,1,1,1,0,10000000\n"
+            "1000000001,a,1,1,0,0,10000000\n"
+            "1009999999,a,1,0,0,1,2\n"
+            "1010000000,a,1,1,0,0,10000000\n"
+            "1010000001,a,3,0,1,-1,9999999\n");
+}
+
+TEST(ReplayDecisions, FixedWindowAtTheWindowEdge) {
+  EXPECT_EQ(decisions<fixed_window>(edge_trace, "2/10s"),
+            "ts_us,key,cost,allowed,remaining,retry_after_us,reset_after_us\n"
+            "1000000000,a,1,1,1,0,10000000\n"
+            "1000000001,a,1,1,0,0,9999999\n"
+            "1009999999,a,1,0,0,1,1\n"
+            "1010000000,a,1,1,1,0,10000000\n"
+            "1010000001,a,3,0,1,-1,9999999\n");
+}
+
+// Verifies the fixed window's edge burst: 2 just before an edge and 2 just after all pass,
+// while the sliding log holds the second pair back.
+TEST(ReplayDecisions, FixedWindowEdgeBurst) {
+  const std::string t = "1009999998,k\n1009999999,k\n1010000000,k\n1010000001,k\n";
+  const std::string fw = decisions<fixed_window>(t, "2/10s");
+  const std::string sl = decisions<sliding_window_log>(t, "2/10s");
+  EXPECT_NE(fw.find("1010000001,k,1,1,"), std::string::npos) << fw;
+  EXPECT_NE(sl.find("1010000000,k,1,0,0,9999998,"), std::string::npos) << sl;
+  EXPECT_NE(sl.find("1010000001,k,1,0,0,9999997,"), std::string::npos) << sl;
+}
+
+TEST(ReplayDecisions, CountRejectedKeepsACallerBlocked) {
+  // 1/10s: calls every 6 s. Not counted: every other call passes. Counted: only the first.
+  const std::string t = "0,k\n6000000,k\n12000000,k\n18000000,k\n24000000,k\n";
+  const std::string plain = decisions<sliding_window_log>(t, "1/10s");
+  const std::string counted = decisions<sliding_window_log>(t, "1/10s", true);
+  EXPECT_NE(plain.find("12000000,k,1,1,"), std::string::npos) << plain;
+  EXPECT_NE(counted.find("12000000,k,1,0,"), std::string::npos) << counted;
+  EXPECT_NE(counted.find("24000000,k,1,0,"), std::string::npos) << counted;
+}
+
+TEST(ReplayDecisions, KeysAreQuotedToParseBack) {
+  const std::string out =
+      decisions<gcra>("1,\"a,b\"\n2,\"x\"\"y\"\n3,\"two\nlines\"\n4,plain\n", "5/s");
+  EXPECT_EQ(out,
+            "ts_us,key,cost,allowed,remaining,retry_after_us,reset_after_us\n"
+            "1,\"a,b\",1,1,4,0,200000\n"
+            "2,\"x\"\"y\",1,1,4,0,200000\n"
+            "3,\"two\nlines\",1,1,4,0,200000\n"
+            "4,plain,1,1,4,0,200000\n");
+}
+
+// Verifies the sweep on a small labelled trace, computed by hand:
+// normal n1 calls twice in 10 s (peak 2), normal n2 once (peak 1), abusive ab three times (peak 3).
+TEST(Analyse, SweepFiguresByHand) {
+  const std::string trace =
+      "ts,key,cost,label\n"
+      "1000000000000000,n1,1,0\n1000000001000000,n1,1,0\n"
+      "1000000000000000,n2,1,0\n"
+      "1000000000000000,ab,1,1\n1000000001000000,ab,1,1\n1000000002000000,ab,1,1\n";
+  std::istringstream in(trace);
+  analysis_options o;
+  o.settings.r = rate::parse("2/10s");
+  o.sweep_limits = {1, 2, 3};
+  o.sweep_policies = {policy_id::sliding_log};
+  const analysis_result r = analyse(in, o);
+  EXPECT_EQ(r.events, 6u);
+  EXPECT_EQ(r.keys, 3u);
+  EXPECT_EQ(r.abusive_keys, 1u);
+  EXPECT_EQ(r.normal_keys, 2u);
+  ASSERT_EQ(r.sweep.size(), 3u);
+  // limit 1: n1's 2nd call and ab's 2nd and 3rd are rejected.
+  EXPECT_EQ(r.sweep[0].limit, 1);
+  EXPECT_EQ(r.sweep[0].rejected, 3u);
+  EXPECT_EQ(r.sweep[0].keys_blocked, 2u);
+  EXPECT_EQ(r.sweep[0].abusive_caught, 1u);
+  EXPECT_EQ(r.sweep[0].normal_blocked, 1u);
+  // limit 2: only ab's 3rd call.
+  EXPECT_EQ(r.sweep[1].rejected, 1u);
+  EXPECT_EQ(r.sweep[1].keys_blocked, 1u);
+  EXPECT_EQ(r.sweep[1].abusive_caught, 1u);
+  EXPECT_EQ(r.sweep[1].normal_blocked, 0u);
+  // limit 3: nothing.
+  EXPECT_EQ(r.sweep[2].rejected, 0u);
+  EXPECT_EQ(r.sweep[2].keys_blocked, 0u);
+  // Peaks per key, and the summary at 2/10s.
+  std::vector<std::uint32_t> normal, abusive;
+  for (const auto& [peak, label] : r.key_peaks) (label == 1 ? abusive : normal).push_back(peak);
+  std::sort(normal.begin(), normal.end());
+  EXPECT_EQ(normal, (std::vector<std::uint32_t>{1, 2}));
+  EXPECT_EQ(abusive, (std::vector<std::uint32_t>{3}));
+  ASSERT_EQ(r.policies.size(), 5u);
+  const policy_summary& log = r.policies[static_cast<std::size_t>(policy_id::sliding_log)];
+  EXPECT_EQ(log.admitted, 5u);
+  EXPECT_EQ(log.rejected, 1u);
+  EXPECT_EQ(log.keys_blocked, 1u);
+  EXPECT_EQ(log.max_in_window, 2u);
+}
+
+// Verifies "most calls in any window": a fixed window lets 2 x limit through across an edge.
+TEST(Analyse, MaxInWindowShowsTheFixedWindowEdgeBurst) {
+  std::istringstream in("1009999998,k\n1009999999,k\n1010000000,k\n1010000001,k\n");
+  analysis_options o;
+  o.settings.r = rate::parse("2/10s");
+  const analysis_result r = analyse(in, o);
+  EXPECT_EQ(r.policies[static_cast<std::size_t>(policy_id::fixed_window)].max_in_window, 4u);
+  EXPECT_EQ(r.policies[static_cast<std::size_t>(policy_id::sliding_log)].max_in_window, 2u);
+}
+
+TEST(Analyse, Percentiles) {
+  const std::vector<std::uint32_t> v{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  EXPECT_EQ(percentile(v, 0.5), 5u);
+  EXPECT_EQ(percentile(v, 0.9), 9u);
+  EXPECT_EQ(percentile(v, 0.99), 10u);
+  EXPECT_EQ(percentile({}, 0.5), 0u);
+}
+
+TEST(Analyse, ParsesSweeps) {
+  EXPECT_EQ(parse_sweep("5..8"), (std::vector<units>{5, 6, 7, 8}));
+  EXPECT_EQ(parse_sweep("5..20/5"), (std::vector<units>{5, 10, 15, 20}));
+  EXPECT_EQ(parse_sweep("20,5,10,5"), (std::vector<units>{5, 10, 20}));
+  for (const char* bad : {"", "0..5", "5..", "..5", "9..5", "5,,6", "a", "1..5000", "5..10/0"}) {
+    EXPECT_THROW((void)parse_sweep(bad), std::invalid_argument) << bad;
+  }
+}
+
+}  // namespace
