@@ -1,0 +1,157 @@
+// SPDX-License-Identifier: Apache-2.0
+// Checks per second of the Redis store: sequential, pooled threads, batched;
+// plus `--memory` (MEMORY USAGE per key) and `--print-script POLICY`.
+//
+// The server comes from $RATELIMIT_BENCH_REDIS_URL (default redis://127.0.0.1:6379);
+// benchmarks/redis/run.sh starts a throwaway one and compares with redis-benchmark.
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "ratelimit/ratelimit.hpp"
+#include "ratelimit/redis.hpp"
+
+namespace {
+
+using namespace ratelimit;
+
+redis::options bench_options(std::size_t pool) {
+  const char* url = std::getenv("RATELIMIT_BENCH_REDIS_URL");
+  redis::options o = redis::parse_url(url != nullptr ? url : "redis://127.0.0.1:6379");
+  o.pool_size = pool;
+  o.command_timeout = std::chrono::milliseconds(2000);
+  o.prefix = "bench:";
+  return o;
+}
+
+/// 10,000 phone-number keys, 16 bytes each.
+const std::vector<std::string>& phones() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (int i = 0; i < 10'000; ++i) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "+1555%011d", i);
+      k.emplace_back(buf);
+    }
+    return k;
+  }();
+  return keys;
+}
+
+template <class P>
+typename P::config bench_config() {
+  return typename P::config("10/15min");
+}
+
+template <class P>
+void sequential(benchmark::State& state) {
+  redis::redis_store store(bench_options(1));
+  const auto cfg = bench_config<P>();
+  const auto& keys = phones();
+  std::size_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(store.apply(cfg, keys[i++ % keys.size()], store_time, 1, access::consume));
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+}
+
+redis::redis_store& shared_pool() {
+  static redis::redis_store store(bench_options(16));
+  return store;
+}
+
+void BM_Gcra_RedisStore_Pool(benchmark::State& state) {
+  redis::redis_store store = shared_pool();
+  const auto cfg = bench_config<gcra>();
+  const auto& keys = phones();
+  std::size_t i = static_cast<std::size_t>(state.thread_index()) * 997;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(store.apply(cfg, keys[i++ % keys.size()], store_time, 1, access::consume));
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+}
+
+template <class P>
+void batched(benchmark::State& state) {
+  redis::redis_store store = shared_pool();
+  const auto cfg = bench_config<P>();
+  const auto& keys = phones();
+  std::vector<redis::batch_item> items(100);
+  std::size_t i = static_cast<std::size_t>(state.thread_index()) * 3331;
+  for (auto _ : state) {
+    for (auto& it : items) it.key = keys[i++ % keys.size()];
+    benchmark::DoNotOptimize(
+        store.apply_batch(cfg, std::span<const redis::batch_item>(items), store_time));
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * 100);
+}
+
+void BM_FixedWindow_RedisStore_Sequential(benchmark::State& s) { sequential<fixed_window>(s); }
+void BM_SlidingLog_RedisStore_Sequential(benchmark::State& s) { sequential<sliding_window_log>(s); }
+void BM_SlidingCounter_RedisStore_Sequential(benchmark::State& s) {
+  sequential<sliding_window_counter>(s);
+}
+void BM_TokenBucket_RedisStore_Sequential(benchmark::State& s) { sequential<token_bucket>(s); }
+void BM_Gcra_RedisStore_Sequential(benchmark::State& s) { sequential<gcra>(s); }
+void BM_Gcra_RedisStore_Batch100(benchmark::State& s) { batched<gcra>(s); }
+void BM_FixedWindow_RedisStore_Batch100(benchmark::State& s) { batched<fixed_window>(s); }
+
+BENCHMARK(BM_FixedWindow_RedisStore_Sequential)->UseRealTime();
+BENCHMARK(BM_SlidingLog_RedisStore_Sequential)->UseRealTime();
+BENCHMARK(BM_SlidingCounter_RedisStore_Sequential)->UseRealTime();
+BENCHMARK(BM_TokenBucket_RedisStore_Sequential)->UseRealTime();
+BENCHMARK(BM_Gcra_RedisStore_Sequential)->UseRealTime();
+BENCHMARK(BM_Gcra_RedisStore_Pool)->ThreadRange(1, 16)->UseRealTime();
+BENCHMARK(BM_Gcra_RedisStore_Batch100)->ThreadRange(1, 4)->UseRealTime();
+BENCHMARK(BM_FixedWindow_RedisStore_Batch100)->ThreadRange(1, 4)->UseRealTime();
+
+/// MEMORY USAGE of one key per policy at 10/15min with a 16-byte phone key.
+template <class P>
+void memory_of(redis::redis_store& store, const redis::options& o, units calls) {
+  const auto cfg = bench_config<P>();
+  const std::string phone = "+15551234567890x";  // 16 bytes
+  store.reset(cfg, phone);
+  for (units i = 0; i < calls; ++i) (void)store.apply(cfg, phone, store_time, 1, access::consume);
+  redis::connection c(o);
+  const std::string key = store.key_for<P>(phone);
+  const std::string_view args[] = {"MEMORY", "USAGE", key, "SAMPLES", "0"};
+  auto r = c.command(args, 5, redis::deadline_clock::now() + std::chrono::seconds(2));
+  std::cout << P::name << " after " << calls << " checks: key \"" << key << "\" "
+            << (r->type == REDIS_REPLY_INTEGER ? r->integer : -1) << " bytes\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "--memory") == 0) {
+    const auto o = bench_options(1);
+    redis::redis_store store(o);
+    memory_of<fixed_window>(store, o, 3);
+    memory_of<token_bucket>(store, o, 3);
+    memory_of<gcra>(store, o, 3);
+    memory_of<sliding_window_counter>(store, o, 3);
+    memory_of<sliding_window_log>(store, o, 3);
+    memory_of<sliding_window_log>(store, o, 10);
+    return 0;
+  }
+  if (argc >= 3 && std::strcmp(argv[1], "--print-script") == 0) {
+    const std::string_view p = argv[2];
+    if (p == "gcra") std::cout << redis::script_for<gcra>::text;
+    else if (p == "fixed_window") std::cout << redis::script_for<fixed_window>::text;
+    else if (p == "token_bucket") std::cout << redis::script_for<token_bucket>::text;
+    else if (p == "sliding_counter") std::cout << redis::script_for<sliding_window_counter>::text;
+    else if (p == "sliding_log") std::cout << redis::script_for<sliding_window_log>::text;
+    else return 2;
+    return 0;
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
