@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <istream>
 #include <string>
@@ -192,7 +194,7 @@ class csv_reader {
         }
       } else {
         const std::size_t start = p;
-        while (p < end_ && b[p] != ',' && b[p] != '\n' && b[p] != '"' && b[p] != '\0') ++p;
+        p = find_special(b, p, end_);
         if (p == end_ && !eof_) return parse_result::need_more;
         if (p < end_ && b[p] == '"') {
           err_line_ = line;
@@ -224,6 +226,28 @@ class csv_reader {
       line_ = line;
       return parse_result::record;
     }
+  }
+
+  /// First position at or after p holding ',', LF, '"' or NUL (end if none).
+  /// Eight bytes at a time on little-endian machines: each test flags the
+  /// lowest matching byte exactly (false flags can only sit above a true one),
+  /// so the lowest flag of their union is the first special byte.
+  static std::size_t find_special(const char* b, std::size_t p, std::size_t end) noexcept {
+    if constexpr (std::endian::native == std::endian::little) {
+      constexpr std::uint64_t ones = 0x0101010101010101u;
+      constexpr std::uint64_t highs = 0x8080808080808080u;
+      const auto zero = [](std::uint64_t v) noexcept { return (v - ones) & ~v & highs; };
+      while (end - p >= 8) {
+        std::uint64_t x = 0;
+        std::memcpy(&x, b + p, 8);
+        const std::uint64_t m =
+            zero(x ^ (ones * ',')) | zero(x ^ (ones * '\n')) | zero(x ^ (ones * '"')) | zero(x);
+        if (m != 0) return p + static_cast<std::size_t>(std::countr_zero(m)) / 8;
+        p += 8;
+      }
+    }
+    while (p < end && b[p] != ',' && b[p] != '\n' && b[p] != '"' && b[p] != '\0') ++p;
+    return p;
   }
 
   static std::string nul_message() {

@@ -3,12 +3,14 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <ctime>
 #include <functional>
 #include <istream>
@@ -172,18 +174,51 @@ inline std::size_t validate_trace(std::istream& in) {
 // ---------------------------------------------------------------------------
 // Summary and sweep
 
-/// Interns keys into dense ids. Memory: the key bytes, 8 bytes of offset and
-/// about 16 bytes of open-addressing slots per key.
+/// A fast 64-bit hash of a key (8 bytes at a time, multiply-xorshift mixing).
+/// Not a cryptographic hash: the table below only needs a good spread.
+[[nodiscard]] inline std::uint64_t hash_key(std::string_view s) noexcept {
+  constexpr std::uint64_t k1 = 0x9e3779b97f4a7c15u;
+  constexpr std::uint64_t k2 = 0xbf58476d1ce4e5b9u;
+  std::uint64_t h = k1 ^ (s.size() * k2);
+  const char* p = s.data();
+  std::size_t n = s.size();
+  while (n >= 8) {
+    std::uint64_t w = 0;
+    std::memcpy(&w, p, 8);
+    h = (h ^ w) * k2;
+    h ^= h >> 31;
+    p += 8;
+    n -= 8;
+  }
+  if (n != 0) {
+    std::uint64_t w = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      w |= std::uint64_t{static_cast<unsigned char>(p[i])} << (8 * i);
+    }
+    h = (h ^ w) * k2;
+    h ^= h >> 31;
+  }
+  h *= k1;
+  return h ^ (h >> 29);
+}
+
+/// Interns keys into dense ids 0, 1, 2, ... in order of first appearance.
+/// Memory per key: its bytes, 8 bytes of end offset, and 8-byte open-addressing
+/// slots at a load factor between 3/8 and 3/4 (11 to 21 bytes), all in
+/// geometrically grown arrays.
 class key_table {
  public:
   key_table() { slots_.assign(1024, 0); }
 
   /// The id of `key`, adding it if new (`fresh` says which).
   std::uint32_t intern(std::string_view key, bool& fresh) {
-    const auto h = static_cast<std::uint64_t>(std::hash<std::string_view>{}(key));
+    return intern(key, hash_key(key), fresh);
+  }
+  /// The same, with `h == hash_key(key)` already computed.
+  std::uint32_t intern(std::string_view key, std::uint64_t h, bool& fresh) {
     const std::uint64_t tag = h & ~std::uint64_t{0xffffffff};
-    std::size_t mask = slots_.size() - 1;
-    for (std::size_t i = static_cast<std::size_t>(h) & mask;; i = (i + 1) & mask) {
+    const std::size_t mask = slots_.size() - 1;
+    for (std::size_t i = static_cast<std::size_t>(h >> 7) & mask;; i = (i + 1) & mask) {
       const std::uint64_t s = slots_[i];
       if (s == 0) {
         const auto id = static_cast<std::uint32_t>(ends_.size() - 1);
@@ -191,7 +226,7 @@ class key_table {
         ends_.push_back(bytes_.size());
         slots_[i] = tag | (std::uint64_t{id} + 1);
         fresh = true;
-        if (2 * size() > slots_.size()) grow();
+        if (4 * size() > 3 * slots_.size()) grow();
         return id;
       }
       if ((s & ~std::uint64_t{0xffffffff}) == tag) {
@@ -202,6 +237,29 @@ class key_table {
         }
       }
     }
+  }
+  /// A hint that the key hashed `h` is about to be interned. Stage 0 fetches
+  /// its home slot, stage 1 (later) its end offset, stage 2 its bytes; each
+  /// stage reads only what the previous one fetched. No effect on results.
+  void prefetch(std::uint64_t h, int stage) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    const std::uint64_t* slot = slots_.data() + (static_cast<std::size_t>(h >> 7) & (slots_.size() - 1));
+    if (stage == 0) {
+      __builtin_prefetch(slot);
+      return;
+    }
+    const std::uint64_t s = *slot;
+    if (s == 0 || (s & ~std::uint64_t{0xffffffff}) != (h & ~std::uint64_t{0xffffffff})) return;
+    const std::size_t id = static_cast<std::size_t>(s & 0xffffffff) - 1;
+    if (stage == 1) {
+      __builtin_prefetch(ends_.data() + id);
+    } else {
+      __builtin_prefetch(bytes_.data() + ends_[id]);
+    }
+#else
+    (void)h;
+    (void)stage;
+#endif
   }
   [[nodiscard]] std::string_view get(std::uint32_t id) const noexcept {
     return std::string_view(bytes_).substr(ends_[id], ends_[id + 1] - ends_[id]);
@@ -219,8 +277,7 @@ class key_table {
     for (const std::uint64_t s : slots_) {
       if (s == 0) continue;
       const auto id = static_cast<std::uint32_t>((s & 0xffffffff) - 1);
-      const auto h = static_cast<std::uint64_t>(std::hash<std::string_view>{}(get(id)));
-      std::size_t i = static_cast<std::size_t>(h) & mask;
+      std::size_t i = static_cast<std::size_t>(hash_key(get(id)) >> 7) & mask;
       while (next[i] != 0) i = (i + 1) & mask;
       next[i] = s;
     }
@@ -232,81 +289,137 @@ class key_table {
   std::vector<std::uint64_t> slots_;
 };
 
-/// Rings of recent timestamps, one per (key, counter) while it has any in the
-/// window, to find the most calls in any window (t - W, t]. Handles are
-/// 1-based; 0 = no ring. Rings whose newest entry has left the window go back
-/// to a free list, so memory follows the calls inside one window, not the trace.
-class window_counter_pool {
+/// Number of summary policies a window ring counts admitted calls for.
+inline constexpr std::size_t ring_policies = policy_count;
+
+/// Rings of each key's recent calls, to find the most calls in any window
+/// (t - W, t]: all attempts (each key's peak) and, per summary policy, the
+/// calls it admitted (the largest over all keys). One ring per key that called
+/// in the last window, shared by the six counts: an entry is a call's time and
+/// a bit per policy that admitted it, and the ring keeps a running count per
+/// policy. A call stamped earlier than its key's newest call counts at that
+/// newest time (time never runs backwards inside a key). Rings whose newest
+/// entry has left the window go back to a free list (`release_stale`), so
+/// memory follows the calls inside one window, not the trace. Handles are
+/// 1-based; 0 = no ring.
+class window_rings {
  public:
-  /// Adds a call at `t` and returns the calls in (t - W, t] (t is clamped to the newest entry).
-  std::uint32_t add(std::uint32_t& handle, std::int64_t t, std::int64_t w) {
-    if (handle == 0) handle = acquire();
+  /// Adds a call of key `owner` at `t`, admitted by the summary policies in
+  /// `admitted` (bit p = policy p); raises `max_admitted[p]` to the calls policy
+  /// p admitted in (t - W, t] and returns the attempts in (t - W, t].
+  std::uint32_t add(std::uint32_t& handle, std::uint32_t owner, std::int64_t t,
+                    std::uint32_t admitted, std::int64_t w,
+                    std::uint32_t (&max_admitted)[ring_policies]) {
+    if (handle == 0) handle = acquire(owner);
     ring& r = rings_[handle - 1];
-    if (r.size != 0 && t < r.newest()) t = r.newest();
-    while (r.size != 0 && r.buf[r.head] <= t - w) {
-      r.head = (r.head + 1) & (r.capacity() - 1);
-      --r.size;
+    if (r.size != 0) {
+      const std::int64_t newest = r.buf[(r.head + r.size - 1) & (r.capacity() - 1)].ts;
+      if (t < newest) t = newest;
+      const std::int64_t cut = t - w;
+      while (r.size != 0 && r.buf[r.head].ts <= cut) {
+        const std::uint32_t m = r.buf[r.head].admitted;
+        for (std::size_t p = 0; p < ring_policies; ++p) r.count[p] -= (m >> p) & 1u;
+        r.head = (r.head + 1) & (r.capacity() - 1);
+        --r.size;
+      }
     }
     if (r.size == r.capacity()) r.grow();
-    r.buf[(r.head + r.size) & (r.capacity() - 1)] = t;
+    r.buf[(r.head + r.size) & (r.capacity() - 1)] = entry{t, admitted};
     ++r.size;
+    for (std::size_t p = 0; p < ring_policies; ++p) {
+      r.count[p] += (admitted >> p) & 1u;
+      if (r.count[p] > max_admitted[p]) max_admitted[p] = r.count[p];
+    }
     return r.size;
   }
-  /// Frees the ring if everything in it has left the window at `now`.
-  void release_if_stale(std::uint32_t& handle, std::int64_t now, std::int64_t w) {
-    if (handle == 0) return;
-    ring& r = rings_[handle - 1];
-    if (r.size != 0 && r.newest() > now - w) return;
-    r.size = 0;
-    r.head = 0;
-    free_.push_back(handle);
-    handle = 0;
+
+  /// A hint that the ring `handle` will be used soon.
+  void prefetch(std::uint32_t handle) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    if (handle != 0) __builtin_prefetch(rings_.data() + (handle - 1));
+#else
+    (void)handle;
+#endif
+  }
+
+  /// A hint that the entries of ring `handle` will be used soon (after `prefetch`).
+  void prefetch_entries(std::uint32_t handle) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    if (handle != 0) {
+      const ring& r = rings_[handle - 1];
+      if (!r.buf.empty()) __builtin_prefetch(r.buf.data() + r.head);
+    }
+#else
+    (void)handle;
+#endif
+  }
+
+  /// Frees every ring whose newest call has left the window at `now`, and
+  /// clears its owner's handle in `handles` (indexed by owner).
+  template <class Handle>
+  void release_stale(std::vector<Handle>& handles, std::int64_t now, std::int64_t w) {
+    for (std::size_t i = 0; i < rings_.size(); ++i) {
+      ring& r = rings_[i];
+      if (r.owner == no_owner) continue;
+      if (r.size != 0 && r.buf[(r.head + r.size - 1) & (r.capacity() - 1)].ts > now - w) continue;
+      handles[r.owner].ring = 0;
+      r.owner = no_owner;
+      r.size = 0;
+      r.head = 0;
+      r.count = {};
+      free_.push_back(static_cast<std::uint32_t>(i + 1));
+    }
   }
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
     std::size_t n = rings_.capacity() * sizeof(ring) + free_.capacity() * sizeof(std::uint32_t);
-    for (const ring& r : rings_) n += r.buf.capacity() * sizeof(std::int64_t);
+    for (const ring& r : rings_) n += r.buf.capacity() * sizeof(entry);
     return n;
   }
 
  private:
+  static constexpr std::uint32_t no_owner = 0xffffffff;
+  struct entry {
+    std::int64_t ts;
+    std::uint32_t admitted;
+  };
   struct ring {
-    std::vector<std::int64_t> buf;
+    std::vector<entry> buf;
     std::uint32_t head = 0;
     std::uint32_t size = 0;
+    std::uint32_t owner = no_owner;
+    std::array<std::uint32_t, ring_policies> count{};
     [[nodiscard]] std::uint32_t capacity() const noexcept {
       return static_cast<std::uint32_t>(buf.size());
     }
-    [[nodiscard]] std::int64_t newest() const noexcept {
-      return buf[(head + size - 1) & (capacity() - 1)];
-    }
     void grow() {
-      std::vector<std::int64_t> next(buf.empty() ? 4 : buf.size() * 2);
+      std::vector<entry> next(buf.empty() ? 4 : buf.size() * 2);
       for (std::uint32_t i = 0; i < size; ++i) next[i] = buf[(head + i) & (capacity() - 1)];
       buf.swap(next);
       head = 0;
     }
   };
-  std::uint32_t acquire() {
+  std::uint32_t acquire(std::uint32_t owner) {
+    std::uint32_t h = 0;
     if (!free_.empty()) {
-      const std::uint32_t h = free_.back();
+      h = free_.back();
       free_.pop_back();
-      return h;
+    } else {
+      rings_.emplace_back();
+      h = static_cast<std::uint32_t>(rings_.size());
     }
-    rings_.emplace_back();
-    return static_cast<std::uint32_t>(rings_.size());
+    rings_[h - 1].owner = owner;
+    return h;
   }
   std::vector<ring> rings_;
   std::vector<std::uint32_t> free_;
 };
 
-/// What the tool remembers per key besides the policies' states.
+/// What the tool remembers per key besides the policies' states: 12 bytes.
 struct key_info {
-  signed char label = -1;      ///< 1 if any event of the key is labelled 1, else 0 if labelled
-  std::uint8_t blocked = 0;    ///< bit i: summary policy i rejected the key at least once
   std::uint32_t raw_peak = 0;  ///< most calls (attempts) in any window
-  std::uint32_t raw_ring = 0;  ///< window_counter_pool handle for raw_peak
-  std::uint32_t peak[policy_count] = {};  ///< most admitted calls in any window, per policy
-  std::uint32_t ring[policy_count] = {};  ///< handles for `peak`
+  std::uint32_t ring = 0;      ///< window_rings handle, 0 = none
+  signed char label = -1;      ///< 1 if any event of the key is labelled 1, else 0 if labelled
+  std::uint8_t blocked = 0;    ///< bit p: summary policy p rejected the key at least once
 };
 
 /// One policy's figures in the summary.
@@ -319,7 +432,7 @@ struct policy_summary {
   std::uint32_t max_in_window = 0;  ///< most calls one key got through in any (t - W, t]
   double state_bytes_per_key = 0;   ///< policy state per key held at the end (mean)
   std::size_t state_peak_bytes = 0;  ///< state of the non-idle keys at the sampled peak
-  double seconds = 0;               ///< CPU time in this policy's steps
+  double seconds = 0;               ///< CPU time of this policy's own work (steps, state sampling)
 };
 
 /// One (policy, limit) point of the sweep.
@@ -343,12 +456,17 @@ struct analysis_result {
   std::int64_t last_ts = 0;
   std::size_t skipped = 0;
   std::string first_skipped;
-  double parse_seconds = 0;  ///< CPU time reading, parsing and interning
+  /// CPU time shared by every policy: reading, parsing, interning, labels,
+  /// the window rings ("max in W" and per-key peaks) and the tool's sampling.
+  double shared_seconds = 0;
+  double total_seconds = 0;  ///< CPU time of the whole pass (shared + every policy)
   std::vector<policy_summary> policies;
   std::vector<sweep_point> sweep;
   /// Per key: most calls in any window and the key's label (-1, 0, 1).
   std::vector<std::pair<std::uint32_t, signed char>> key_peaks;
-  std::size_t tool_bytes = 0;  ///< key table, per-key info, window counters (peak)
+  /// Peak bytes of the tool's own bookkeeping (key bytes and index, key_info,
+  /// window rings, sweep bits), sampled with the policies' state.
+  std::size_t tool_bytes = 0;
   std::int64_t window_us = 0;
 };
 
@@ -369,12 +487,33 @@ struct batch {
   std::vector<std::int64_t> ts;
   std::vector<std::uint32_t> id;
   std::vector<units> cost;
+  std::vector<std::uint8_t> admitted;  ///< bit p: summary policy p admitted the event
+  std::vector<signed char> label;
+  std::string key_bytes;               ///< the batch's keys, back to back
+  std::vector<std::uint32_t> key_end;  ///< end of each key in key_bytes
+  std::vector<std::uint64_t> hash;     ///< hash_key of each key
   void clear() {
     ts.clear();
     id.clear();
     cost.clear();
+    label.clear();
+    key_bytes.clear();
+    key_end.clear();
+    hash.clear();
   }
 };
+
+/// How many events ahead the per-key loops fetch the state they will need.
+inline constexpr std::size_t prefetch_distance = 12;
+
+/// A hint that `p` will be read soon (no effect on results).
+inline void prefetch(const void* p) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(p);
+#else
+  (void)p;
+#endif
+}
 
 template <class P>
 [[nodiscard]] std::size_t state_bytes(const typename P::state& s) noexcept {
@@ -385,24 +524,29 @@ template <class P>
   }
 }
 
-/// One policy at one configuration over every key.
+/// One policy at one configuration over every key, its states in a dense
+/// vector indexed by key id (the policy's own `P::step`, no store).
 class lane {
  public:
   virtual ~lane() = default;
-  virtual void run(const batch& b, std::vector<key_info>& info, window_counter_pool* pool,
-                   std::int64_t w) = 0;
+  /// Decides every event of `b`; a summary lane sets its bit in `b.admitted`,
+  /// a sweep lane records the keys it rejected.
+  virtual void run(batch& b) = 0;
   virtual void resize(std::size_t keys) = 0;
   /// Bytes of state of the keys not idle at `now`.
   [[nodiscard]] virtual std::size_t live_bytes(std::int64_t now) const = 0;
   [[nodiscard]] virtual std::size_t total_bytes() const = 0;
   [[nodiscard]] virtual units limit() const = 0;
   policy_id id = policy_id::fixed_window;
-  int summary_slot = -1;  ///< index in key_info::peak for summary lanes, -1 for sweep lanes
+  int summary_slot = -1;  ///< bit in batch::admitted for summary lanes, -1 for sweep lanes
   std::uint64_t admitted = 0;
   std::uint64_t rejected = 0;
-  std::vector<std::uint8_t> blocked;  ///< sweep lanes: per key
+  std::vector<std::uint64_t> blocked;  ///< sweep lanes: bit per key, set when rejected
   double seconds = 0;
   std::size_t peak_bytes = 0;
+  [[nodiscard]] bool was_blocked(std::size_t k) const noexcept {
+    return ((blocked[k / 64] >> (k % 64)) & 1u) != 0;
+  }
 };
 
 template <class P>
@@ -410,33 +554,45 @@ class policy_lane final : public lane {
  public:
   explicit policy_lane(typename P::config cfg) : cfg_(std::move(cfg)) {}
 
-  void run(const batch& b, std::vector<key_info>& info, window_counter_pool* pool,
-           std::int64_t w) override {
+  void run(batch& b) override {
     const std::size_t n = b.ts.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::uint32_t k = b.id[i];
-      const decision d = P::step(cfg_, states_[k], timestamp{b.ts[i]}, b.cost[i]);
-      if (d.allowed) {
-        ++admitted;
-        if (summary_slot >= 0) {
-          const auto s = static_cast<std::size_t>(summary_slot);
-          key_info& ki = info[k];
-          const std::uint32_t c = pool->add(ki.ring[s], b.ts[i], w);
-          if (c > ki.peak[s]) ki.peak[s] = c;
-        }
-      } else {
-        ++rejected;
-        if (summary_slot >= 0) {
-          info[k].blocked = static_cast<std::uint8_t>(info[k].blocked | (1u << summary_slot));
+    const std::int64_t* ts = b.ts.data();
+    const std::uint32_t* id = b.id.data();
+    const units* cost = b.cost.data();
+    typename P::state* states = states_.data();
+    std::uint64_t ok = 0;
+    if (summary_slot >= 0) {
+      std::uint8_t* mask = b.admitted.data();
+      const int bit = summary_slot;
+      for (std::size_t i = 0; i < n; ++i) {
+        // Keys are in trace order, so states are touched at random: fetch ahead.
+        if (i + prefetch_distance < n) prefetch(states + id[i + prefetch_distance]);
+        const bool allowed = P::step(cfg_, states[id[i]], timestamp{ts[i]}, cost[i]).allowed;
+        ok += allowed ? 1u : 0u;
+        mask[i] = static_cast<std::uint8_t>(mask[i] | (static_cast<unsigned>(allowed) << bit));
+      }
+    } else {
+      std::uint64_t* bits = blocked.data();
+      for (std::size_t i = 0; i < n; ++i) {
+        if (i + prefetch_distance < n) prefetch(states + id[i + prefetch_distance]);
+        const std::uint32_t k = id[i];
+        if (P::step(cfg_, states[k], timestamp{ts[i]}, cost[i]).allowed) {
+          ++ok;
         } else {
-          blocked[k] = 1;
+          bits[k / 64] |= std::uint64_t{1} << (k % 64);
         }
       }
     }
+    admitted += ok;
+    rejected += n - ok;
   }
   void resize(std::size_t keys) override {
-    states_.resize(keys);
-    if (summary_slot < 0) blocked.resize(keys, 0);
+    if (states_.size() < keys) {
+      // Grow geometrically (resize alone may allocate exactly) and account the capacity.
+      if (states_.capacity() < keys) states_.reserve(std::max(keys, 2 * states_.capacity()));
+      states_.resize(keys);
+    }
+    if (summary_slot < 0) blocked.resize((keys + 63) / 64, 0);
   }
   [[nodiscard]] std::size_t live_bytes(std::int64_t now) const override {
     std::size_t bytes = 0;
@@ -473,11 +629,19 @@ class policy_lane final : public lane {
 }  // namespace detail
 
 /// Reads the trace once and runs the five policies (summary) and every sweep
-/// configuration side by side, in batches. Memory: per key, the policies'
-/// states plus `key_info` and the key's bytes; window counters hold only the
-/// calls inside one window. Nothing grows with the number of events.
+/// configuration side by side, in batches of 4,096 events. Each key is
+/// interned once into a dense id; every policy keeps its states in a vector
+/// indexed by that id. Memory: per key, the policies' states, `key_info` and
+/// the key's bytes and index; window rings hold only the calls inside one
+/// window. Nothing grows with the number of events.
+///
+/// CPU time (std::clock, the process's own) is split into `shared_seconds`
+/// (reading, parsing, interning, labels, the window rings of every count, the
+/// tool's memory sampling) and each policy's own `seconds` (its steps, its
+/// state vector, its memory sampling); `total_seconds` is the whole pass.
 /// @throws input_error for a bad line (unless skipping), std::invalid_argument for a bad config
 [[nodiscard]] inline analysis_result analyse(std::istream& in, const analysis_options& opt) {
+  const double start = detail::cpu_seconds();
   analysis_result res;
   const std::int64_t w = opt.settings.r.period().count();
   res.window_us = w;
@@ -502,65 +666,104 @@ class policy_lane final : public lane {
   trace_reader reader(in, opt.skip_bad_lines);
   key_table keys;
   std::vector<key_info> info;
-  window_counter_pool pool;
+  window_rings rings;
+  std::uint32_t max_admitted[ring_policies] = {};
   detail::batch b;
   constexpr std::size_t batch_size = 4096;
   b.ts.reserve(batch_size);
   b.id.reserve(batch_size);
   b.cost.reserve(batch_size);
+  b.admitted.assign(batch_size, 0);
   std::int64_t now = 0;
   std::size_t since_sample = 0;
   bool more = true;
-
-  const auto sample = [&] {
-    for (auto& l : lanes) {
-      if (l->summary_slot >= 0) l->peak_bytes = std::max(l->peak_bytes, l->live_bytes(now));
-    }
-    for (key_info& ki : info) {
-      pool.release_if_stale(ki.raw_ring, now, w);
-      for (auto& r : ki.ring) pool.release_if_stale(r, now, w);
-    }
+  double clock = detail::cpu_seconds();
+  res.shared_seconds = clock - start;
+  // Charges the CPU time since the last call to `slot`.
+  const auto charge = [&clock](double& slot) {
+    const double t = detail::cpu_seconds();
+    slot += t - clock;
+    clock = t;
   };
 
   while (more) {
-    const double t0 = detail::cpu_seconds();
     b.clear();
     event e;
     while (b.ts.size() < batch_size && (more = reader.next(e))) {
-      bool fresh = false;
-      const std::uint32_t id = keys.intern(e.key, fresh);
-      if (fresh) info.emplace_back();
-      key_info& ki = info[id];
-      if (e.label >= 0) {
-        res.labelled = true;
-        if (e.label > ki.label) ki.label = e.label;
-      }
-      const std::uint32_t c = pool.add(ki.raw_ring, e.ts_us, w);
-      if (c > ki.raw_peak) ki.raw_peak = c;
+      if (e.label >= 0) res.labelled = true;
       if (res.events == 0) res.first_ts = e.ts_us;
       res.first_ts = std::min(res.first_ts, e.ts_us);
       res.last_ts = std::max(res.last_ts, e.ts_us);
-      now = std::max(now, e.ts_us);
       ++res.events;
       b.ts.push_back(e.ts_us);
-      b.id.push_back(id);
       b.cost.push_back(e.cost);
+      b.label.push_back(e.label);
+      b.key_bytes.append(e.key);
+      b.key_end.push_back(static_cast<std::uint32_t>(b.key_bytes.size()));
+      b.hash.push_back(hash_key(e.key));
     }
-    const double t1 = detail::cpu_seconds();
-    res.parse_seconds += t1 - t0;
+    const std::size_t n = b.ts.size();
+    // Intern the batch's keys, one table lookup per event for every policy,
+    // fetching the slots and key bytes a few events ahead.
+    b.id.resize(n);
+    for (std::size_t i = 0, start = 0; i < n; ++i) {
+      if (i + 16 < n) keys.prefetch(b.hash[i + 16], 0);
+      if (i + 8 < n) keys.prefetch(b.hash[i + 8], 1);
+      if (i + 4 < n) keys.prefetch(b.hash[i + 4], 2);
+      const std::string_view key(b.key_bytes.data() + start, b.key_end[i] - start);
+      start = b.key_end[i];
+      bool fresh = false;
+      b.id[i] = keys.intern(key, b.hash[i], fresh);
+      if (fresh) info.emplace_back();
+    }
+    std::fill_n(b.admitted.begin(), n, std::uint8_t{0});
+    charge(res.shared_seconds);
     for (auto& l : lanes) {
-      const double s0 = detail::cpu_seconds();
       l->resize(keys.size());
-      l->run(b, info, &pool, w);
-      l->seconds += detail::cpu_seconds() - s0;
+      l->run(b);
+      charge(l->seconds);
     }
-    since_sample += b.ts.size();
+    // The window rings: every attempt, and per summary policy the admitted calls.
+    const std::uint8_t rejected_mask = opt.summary ? std::uint8_t{(1u << policy_count) - 1} : 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (i + 2 * detail::prefetch_distance < n) {
+        detail::prefetch(info.data() + b.id[i + 2 * detail::prefetch_distance]);
+      }
+      if (i + detail::prefetch_distance < n) {
+        rings.prefetch(info[b.id[i + detail::prefetch_distance]].ring);
+      }
+      if (i + detail::prefetch_distance / 2 < n) {
+        rings.prefetch_entries(info[b.id[i + detail::prefetch_distance / 2]].ring);
+      }
+      const std::uint32_t k = b.id[i];
+      key_info& ki = info[k];
+      if (b.label[i] > ki.label) ki.label = b.label[i];
+      const std::uint32_t m = b.admitted[i];
+      const std::uint32_t c = rings.add(ki.ring, k, b.ts[i], m, w, max_admitted);
+      if (c > ki.raw_peak) ki.raw_peak = c;
+      ki.blocked = static_cast<std::uint8_t>(ki.blocked | (~m & rejected_mask));
+      now = std::max(now, b.ts[i]);
+    }
+    since_sample += n;
     if (since_sample >= opt.sample_every || !more) {
       since_sample = 0;
+      std::size_t sweep_bits = 0;
+      for (const auto& l : lanes) sweep_bits += l->blocked.capacity() * sizeof(std::uint64_t);
       res.tool_bytes = std::max(res.tool_bytes, keys.memory_bytes() +
                                                     info.capacity() * sizeof(key_info) +
-                                                    pool.memory_bytes());
-      sample();
+                                                    rings.memory_bytes() + sweep_bits);
+      rings.release_stale(info, now, w);
+      charge(res.shared_seconds);
+      for (auto& l : lanes) {
+        if (l->summary_slot >= 0) {
+          l->peak_bytes = std::max(l->peak_bytes, l->live_bytes(now));
+          charge(l->seconds);
+        }
+      }
+    } else {
+      // Rings are freed after every batch; memory is sampled less often.
+      rings.release_stale(info, now, w);
+      charge(res.shared_seconds);
     }
   }
 
@@ -582,8 +785,8 @@ class policy_lane final : public lane {
       const auto slot = static_cast<std::size_t>(l->summary_slot);
       for (const key_info& ki : info) {
         if ((ki.blocked >> slot) & 1u) ++s.keys_blocked;
-        s.max_in_window = std::max(s.max_in_window, ki.peak[slot]);
       }
+      s.max_in_window = max_admitted[slot];
       s.state_bytes_per_key =
           res.keys == 0 ? 0.0 : static_cast<double>(l->total_bytes()) / static_cast<double>(res.keys);
       s.state_peak_bytes = l->peak_bytes;
@@ -595,7 +798,7 @@ class policy_lane final : public lane {
       p.limit = l->limit();
       p.rejected = l->rejected;
       for (std::size_t k = 0; k < info.size(); ++k) {
-        if (l->blocked[k] == 0) continue;
+        if (!l->was_blocked(k)) continue;
         ++p.keys_blocked;
         if (info[k].label == 1) ++p.abusive_caught;
         if (info[k].label == 0) ++p.normal_blocked;
@@ -603,6 +806,7 @@ class policy_lane final : public lane {
       res.sweep.push_back(p);
     }
   }
+  res.total_seconds = detail::cpu_seconds() - start;
   return res;
 }
 

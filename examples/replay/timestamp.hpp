@@ -90,6 +90,30 @@ namespace detail {
 /// @return nullptr on success (and `out` set), otherwise a static message saying what is wrong.
 /// Thread safety: pure function.
 [[nodiscard]] constexpr const char* parse_timestamp(std::string_view s, std::int64_t& out) noexcept {
+  // Fast path for the common forms: up to 18 digits of microseconds, or up to
+  // 12 digits of seconds with 1 to 6 fractional digits. Neither can exceed
+  // 2^62 (10^18 - 1 < 2^62), so no overflow check is needed per digit; any
+  // other shape falls through to the general parser below, which gives the
+  // same value for these and the error message for the rest.
+  if (!s.empty() && s.size() <= 19) {
+    std::int64_t v = 0;
+    std::size_t i = 0;
+    while (i < s.size() && detail::is_digit(s[i])) v = v * 10 + (s[i++] - '0');
+    if (i == s.size() && i <= 18) {
+      out = v;
+      return nullptr;
+    }
+    if (i >= 1 && i <= 12 && s[i] == '.' && s.size() - i - 1 >= 1 && s.size() - i - 1 <= 6) {
+      std::int64_t f = 0;
+      std::size_t j = i + 1;
+      while (j < s.size() && detail::is_digit(s[j])) f = f * 10 + (s[j++] - '0');
+      if (j == s.size()) {
+        for (std::size_t n = s.size() - i - 1; n < 6; ++n) f *= 10;
+        out = v * 1'000'000 + f;
+        return nullptr;
+      }
+    }
+  }
   if (s.empty()) return "empty timestamp";
   if (s.find('T') != std::string_view::npos || s.find('-') != std::string_view::npos) {
     return detail::parse_iso(s, out);

@@ -4,8 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <random>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "ratelimit/store/memory_store.hpp"
 
@@ -141,6 +147,88 @@ TEST(Analyse, MaxInWindowShowsTheFixedWindowEdgeBurst) {
   const analysis_result r = analyse(in, o);
   EXPECT_EQ(r.policies[static_cast<std::size_t>(policy_id::fixed_window)].max_in_window, 4u);
   EXPECT_EQ(r.policies[static_cast<std::size_t>(policy_id::sliding_log)].max_in_window, 2u);
+}
+
+// The summary's figures on the sample, as printed before the engine was
+// restructured (interned keys, dense state vectors, shared window rings):
+// everything but events/s must stay the same.
+TEST(Analyse, SampleSummaryIsUnchanged) {
+  std::ifstream in(RATELIMIT_REPLAY_SAMPLE, std::ios::binary);
+  ASSERT_TRUE(in) << RATELIMIT_REPLAY_SAMPLE;
+  analysis_options o;
+  o.settings.r = rate::parse("10/15min");
+  const analysis_result r = analyse(in, o);
+  EXPECT_EQ(r.events, 34'807u);
+  EXPECT_EQ(r.keys, 2'605u);
+  EXPECT_EQ(r.abusive_keys, 16u);
+  EXPECT_EQ(r.normal_keys, 2'589u);
+  struct row {
+    std::uint64_t admitted, rejected;
+    std::size_t blocked;
+    std::uint32_t max_in_w;
+    std::size_t peak_bytes;
+  };
+  // fixed_window, sliding_log, sliding_counter, token_bucket, gcra
+  const row want[] = {{30'147, 4'660, 22, 20, 768},
+                      {29'467, 5'340, 31, 10, 0},
+                      {29'416, 5'391, 29, 17, 0},
+                      {30'181, 4'626, 20, 19, 96},
+                      {30'181, 4'626, 20, 19, 48}};
+  ASSERT_EQ(r.policies.size(), 5u);
+  for (std::size_t i = 0; i < 5; ++i) {
+    const policy_summary& p = r.policies[i];
+    EXPECT_EQ(p.admitted, want[i].admitted) << i;
+    EXPECT_EQ(p.rejected, want[i].rejected) << i;
+    EXPECT_EQ(p.keys_blocked, want[i].blocked) << i;
+    EXPECT_EQ(p.max_in_window, want[i].max_in_w) << i;
+    if (want[i].peak_bytes != 0) {
+      EXPECT_EQ(p.state_peak_bytes, want[i].peak_bytes) << i;
+    }
+  }
+  EXPECT_NEAR(r.policies[1].state_bytes_per_key, 139.0, 1.0);
+  EXPECT_NEAR(static_cast<double>(r.policies[1].state_peak_bytes) / 1024.0, 7.5, 0.05);
+  EXPECT_NEAR(static_cast<double>(r.policies[2].state_peak_bytes) / 1024.0, 2.2, 0.05);
+  EXPECT_GT(r.total_seconds, 0.0);
+}
+
+// Every count of the shared window rings against a brute force over the
+// admitted calls (per-key time order, random costs, several keys interleaved).
+TEST(Analyse, WindowCountsMatchBruteForce) {
+  std::mt19937_64 rng(7);
+  for (int round = 0; round < 20; ++round) {
+    std::string trace;
+    std::vector<std::pair<std::int64_t, std::string>> events;
+    std::int64_t t = 1'000'000'000;
+    for (int i = 0; i < 400; ++i) {
+      t += static_cast<std::int64_t>(rng() % 3'000'000);
+      std::string key(1, 'k');
+      key += std::to_string(rng() % 5);
+      events.emplace_back(t, key);
+      trace += std::to_string(t) + "," + key + "," + std::to_string(1 + rng() % 2) + "\n";
+    }
+    analysis_options o;
+    o.settings.r = rate::parse("4/10s");
+    o.sample_every = 1 + rng() % 64;
+    std::istringstream in(trace);
+    const analysis_result r = analyse(in, o);
+    // Attempts: each key's peak in any (t - W, t].
+    std::map<std::string, std::uint32_t> peak;
+    for (std::size_t i = 0; i < events.size(); ++i) {
+      std::uint32_t c = 0;
+      for (std::size_t j = 0; j <= i; ++j) {
+        if (events[j].second == events[i].second && events[j].first > events[i].first - 10'000'000) ++c;
+      }
+      peak[events[i].second] = std::max(peak[events[i].second], c);
+    }
+    std::vector<std::uint32_t> want, got;
+    for (const auto& [k, p] : peak) want.push_back(p);
+    for (const auto& [p, label] : r.key_peaks) got.push_back(p);
+    std::sort(want.begin(), want.end());
+    std::sort(got.begin(), got.end());
+    EXPECT_EQ(got, want) << round;
+    // Admitted calls of the sliding log never exceed the limit in a window.
+    EXPECT_LE(r.policies[1].max_in_window, 4u);
+  }
 }
 
 TEST(Analyse, Percentiles) {
