@@ -8,6 +8,7 @@
 #include "ratelimit/decision.hpp"
 #include "ratelimit/errors.hpp"
 #include "ratelimit/limiter.hpp"
+#include "ratelimit/policy/compound.hpp"
 #include "ratelimit/policy/fixed_window.hpp"
 #include "ratelimit/policy/gcra.hpp"
 #include "ratelimit/policy/sliding_window_counter.hpp"
@@ -15,4 +16,5 @@
 #include "ratelimit/policy/token_bucket.hpp"
 #include "ratelimit/rate.hpp"
 #include "ratelimit/store/memory_store.hpp"
+#include "ratelimit/store/observed_store.hpp"
 #include "ratelimit/version.hpp"
