@@ -24,26 +24,36 @@ struct window_options {
   bool count_rejected = false;
 };
 
+namespace detail {
+
+/// Validated configuration shared by the three window policies.
+/// Thread safety: immutable.
+template <class Policy>
+class window_config {
+ public:
+  using policy_type = Policy;
+  /// @throws std::invalid_argument (via rate) for a bad limit or period
+  explicit window_config(rate r, window_options o = {}) : rate_(r), options_(o) {}
+  explicit window_config(std::string_view r, window_options o = {})
+      : window_config(rate::parse(r), o) {}
+  [[nodiscard]] units limit() const noexcept { return rate_.limit(); }
+  [[nodiscard]] std::int64_t period_us() const noexcept { return rate_.period().count(); }
+  [[nodiscard]] const rate& get_rate() const noexcept { return rate_; }
+  [[nodiscard]] bool count_rejected() const noexcept { return options_.count_rejected; }
+
+ private:
+  rate rate_;
+  window_options options_;
+};
+
+}  // namespace detail
+
 /// Fixed-window policy (see file comment).
 struct fixed_window {
   static constexpr std::string_view name = "fixed_window";
 
-  /// Validated configuration. Thread safety: immutable.
-  class config {
-   public:
-    using policy_type = fixed_window;
-    /// @throws std::invalid_argument (via rate) for a bad limit or period
-    explicit config(rate r, window_options o = {}) : rate_(r), options_(o) {}
-    explicit config(std::string_view r, window_options o = {}) : config(rate::parse(r), o) {}
-    [[nodiscard]] units limit() const noexcept { return rate_.limit(); }
-    [[nodiscard]] std::int64_t period_us() const noexcept { return rate_.period().count(); }
-    [[nodiscard]] const rate& get_rate() const noexcept { return rate_; }
-    [[nodiscard]] bool count_rejected() const noexcept { return options_.count_rejected; }
-
-   private:
-    rate rate_;
-    window_options options_;
-  };
+  /// Validated configuration: a rate and window_options.
+  using config = detail::window_config<fixed_window>;
 
   /// Value-initialised = key never seen.
   struct state {

@@ -25,21 +25,8 @@ namespace ratelimit {
 struct sliding_window_counter {
   static constexpr std::string_view name = "sliding_counter";
 
-  /// Validated configuration. Thread safety: immutable.
-  class config {
-   public:
-    using policy_type = sliding_window_counter;
-    explicit config(rate r, window_options o = {}) : rate_(r), options_(o) {}
-    explicit config(std::string_view r, window_options o = {}) : config(rate::parse(r), o) {}
-    [[nodiscard]] units limit() const noexcept { return rate_.limit(); }
-    [[nodiscard]] std::int64_t period_us() const noexcept { return rate_.period().count(); }
-    [[nodiscard]] const rate& get_rate() const noexcept { return rate_; }
-    [[nodiscard]] bool count_rejected() const noexcept { return options_.count_rejected; }
-
-   private:
-    rate rate_;
-    window_options options_;
-  };
+  /// Validated configuration: a rate and window_options.
+  using config = detail::window_config<sliding_window_counter>;
 
   /// Value-initialised = key never seen.
   struct state {

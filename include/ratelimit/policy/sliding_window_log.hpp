@@ -26,21 +26,8 @@ namespace ratelimit {
 struct sliding_window_log {
   static constexpr std::string_view name = "sliding_log";
 
-  /// Validated configuration. Thread safety: immutable.
-  class config {
-   public:
-    using policy_type = sliding_window_log;
-    explicit config(rate r, window_options o = {}) : rate_(r), options_(o) {}
-    explicit config(std::string_view r, window_options o = {}) : config(rate::parse(r), o) {}
-    [[nodiscard]] units limit() const noexcept { return rate_.limit(); }
-    [[nodiscard]] std::int64_t period_us() const noexcept { return rate_.period().count(); }
-    [[nodiscard]] const rate& get_rate() const noexcept { return rate_; }
-    [[nodiscard]] bool count_rejected() const noexcept { return options_.count_rejected; }
-
-   private:
-    rate rate_;
-    window_options options_;
-  };
+  /// Validated configuration: a rate and window_options.
+  using config = detail::window_config<sliding_window_log>;
 
   /// One logged request: its time and the running total of costs up to and
   /// including it (so any range sum is a subtraction and retry_after a binary
