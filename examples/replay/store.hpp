@@ -29,7 +29,7 @@ class store_usage_error : public std::invalid_argument {
 /// - "" or "memory": a fresh in-process `memory_store<P>`.
 /// - "redis://[USER:PASSWORD@]HOST:PORT[/DB]", "redis-cluster://HOST:PORT[,HOST:PORT...]":
 ///   the Redis store with caller-supplied time, when built with RATELIMIT_REPLAY_HAVE_REDIS
-///   (see `open_redis_store` in redis_support.hpp).
+///   (see `open_redis_store` and `open_redis_cluster_store` in redis_support.hpp).
 /// @throws store_usage_error for an unusable URL
 template <class P, class F>
 decltype(auto) with_store(std::string_view url, F&& f) {
@@ -39,6 +39,10 @@ decltype(auto) with_store(std::string_view url, F&& f) {
   }
   if (is_redis_url(url)) {
 #ifdef RATELIMIT_REPLAY_HAVE_REDIS
+    if (url.starts_with("redis-cluster://")) {
+      auto store = open_redis_cluster_store(url);
+      return std::forward<F>(f)(store);
+    }
     auto store = open_redis_store(url);
     return std::forward<F>(f)(store);
 #else

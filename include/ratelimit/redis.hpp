@@ -6,6 +6,7 @@
 #include "ratelimit/redis/connection_pool.hpp"
 #include "ratelimit/redis/errors.hpp"
 #include "ratelimit/redis/options.hpp"
+#include "ratelimit/redis/cluster_store.hpp"
 #include "ratelimit/redis/redis_store.hpp"
 #include "ratelimit/redis/scripts/fixed_window.hpp"
 #include "ratelimit/redis/scripts/gcra.hpp"

@@ -120,6 +120,10 @@ class connection {
   /// True after any I/O error or timeout: the connection must be dropped.
   [[nodiscard]] bool broken() const noexcept { return broken_; }
 
+  /// Marks the connection broken, so the pool drops it: for a caller that
+  /// leaves replies unread (an exception between a pipelined send and its reads).
+  void mark_broken() noexcept { broken_ = true; }
+
   /// Writes all of `bytes` (one or more commands, see append_command).
   void send(std::string_view bytes, deadline until) {
     while (!bytes.empty()) {

@@ -155,6 +155,183 @@ struct fallback_limiter final : fallback_base {
   memory_store<P> store;
 };
 
+/// Validates a check's key and cost.
+/// @throws std::invalid_argument
+inline void check_input(std::string_view key, units cost) {
+  ratelimit::detail::check_key(key);
+  ratelimit::detail::check_cost(cost);
+}
+
+/// Validates a caller-supplied time for the scripts (see max_script_time).
+/// @throws std::invalid_argument
+inline void check_script_time(timestamp now) {
+  if (now.count() < 0 || now > max_script_time) {
+    throw std::invalid_argument("ratelimit: redis: time " + std::to_string(now.count()) +
+                                "us is outside 0.." + std::to_string(max_script_time.count()) +
+                                "us (Lua numbers are exact only below 2^53)");
+  }
+}
+
+/// The Redis key of `key` for policy P: `<prefix>{<key>}:<name>`.
+template <class P>
+[[nodiscard]] std::string redis_key(std::string_view prefix, std::string_view key) {
+  std::string k;
+  const std::string_view name = script_for<P>::name;
+  k.reserve(prefix.size() + key.size() + name.size() + 3);
+  k.append(prefix);
+  k += '{';
+  k.append(key);
+  k += "}:";
+  k.append(name);
+  return k;
+}
+
+/// The policy name and its script arguments: identifies one config.
+template <class Config>
+[[nodiscard]] std::string config_id(const Config& cfg) {
+  using P = typename Config::policy_type;
+  std::vector<std::string> args;
+  script_for<P>::append_args(cfg, args);
+  std::string id(script_for<P>::name);
+  for (const std::string& a : args) {
+    id += ':';
+    id += a;
+  }
+  return id;
+}
+
+/// Appends EVALSHA (or EVAL) of P's script for one check. `time` is empty for
+/// server time; `ttl_floor_ms` is "0" for server time.
+template <class P>
+void append_eval(std::string& out, bool with_text, std::string_view key, std::string_view time,
+                 std::string_view cost, access a, const std::vector<std::string>& policy_args,
+                 std::string_view ttl_floor_ms) {
+  std::string_view args[16];
+  std::size_t n = 0;
+  args[n++] = with_text ? "EVAL" : "EVALSHA";
+  args[n++] = with_text ? script_for<P>::text : std::string_view(script_sha<P>());
+  args[n++] = "1";
+  args[n++] = key;
+  args[n++] = time;
+  args[n++] = cost;
+  args[n++] = a == access::peek ? "1" : "0";
+  args[n++] = ttl_floor_ms;
+  for (const std::string& p : policy_args) args[n++] = p;
+  append_command(out, args, n);
+}
+
+[[nodiscard]] inline bool is_noscript(const redisReply& r) noexcept {
+  return r.type == REDIS_REPLY_ERROR && r.len >= 8 && std::string_view(r.str, 8) == "NOSCRIPT";
+}
+
+/// The decision in a script's reply.
+/// @throws script_error for an error reply or a malformed one
+template <class Config>
+[[nodiscard]] decision parse_reply(const Config& cfg, const redisReply& r) {
+  if (r.type == REDIS_REPLY_ERROR) {
+    throw script_error("ratelimit: redis: script failed: " + std::string(r.str, r.len));
+  }
+  if (r.type != REDIS_REPLY_ARRAY || r.elements != 5) {
+    throw script_error("ratelimit: redis: unexpected script reply");
+  }
+  long long v[5];
+  for (std::size_t i = 0; i < 5; ++i) {
+    if (r.element[i]->type != REDIS_REPLY_INTEGER) {
+      throw script_error("ratelimit: redis: unexpected script reply element");
+    }
+    v[i] = r.element[i]->integer;
+  }
+  decision d;
+  d.allowed = v[0] != 0;
+  d.counted = v[1] != 0;
+  d.limit = cfg.limit();
+  d.remaining = static_cast<units>(v[2]);
+  d.retry_after = v[3] < 0 ? never : std::chrono::microseconds{v[3]};
+  d.reset_after = std::chrono::microseconds{v[4]};
+  return d;
+}
+
+/// Counts one failed round trip (and whether it was a timeout).
+inline void count_error(counters& c, const std::exception_ptr& e) noexcept {
+  c.errors.fetch_add(1, std::memory_order_relaxed);
+  try {
+    std::rethrow_exception(e);
+  } catch (const timeout_error&) {
+    c.timeouts.fetch_add(1, std::memory_order_relaxed);
+  } catch (...) {
+  }
+}
+
+/// Applies the failure policy to checks that got no answer, with one
+/// in-process fallback limiter per config.
+/// Thread safety: any number of threads.
+class degrader {
+ public:
+  degrader(failure_policy p, units divisor) : policy_(p), divisor_(divisor) {}
+
+  /// The fallback limiter of `cfg`, or nullptr when none was made yet.
+  template <class P>
+  [[nodiscard]] fallback_limiter<P>* find(const typename P::config& cfg) {
+    const std::string id = config_id(cfg);
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = fallbacks_.find(id);
+    return it == fallbacks_.end() ? nullptr : static_cast<fallback_limiter<P>*>(it->second.get());
+  }
+
+  /// The decision of the failure policy for a check that got no answer.
+  /// @throws the `error` under failure_policy::throw_error
+  template <class Config>
+  decision degrade(counters& c, const Config& cfg, std::string_view key,
+                   std::optional<timestamp> now, units cost, access a,
+                   const std::exception_ptr& error) {
+    using P = typename Config::policy_type;
+    decision d;
+    d.limit = cfg.limit();
+    switch (policy_) {
+      case failure_policy::throw_error:
+        std::rethrow_exception(error);
+      case failure_policy::fail_open:
+        c.fail_open.fetch_add(1, std::memory_order_relaxed);
+        d.allowed = true;
+        d.source = decision_source::fail_open;
+        return d;
+      case failure_policy::fail_closed:
+        c.fail_closed.fetch_add(1, std::memory_order_relaxed);
+        d.source = decision_source::fail_closed;
+        return d;
+      case failure_policy::fallback: {
+        c.fallback.fetch_add(1, std::memory_order_relaxed);
+        auto& fb = fallback_for<P>(cfg);
+        const timestamp t =
+            now ? *now
+                : std::chrono::duration_cast<timestamp>(
+                      std::chrono::system_clock::now().time_since_epoch());
+        d = fb.store.apply(fb.cfg, key, t, cost, a);
+        d.source = decision_source::fallback;
+        return d;
+      }
+    }
+    std::rethrow_exception(error);
+  }
+
+ private:
+  template <class P>
+  [[nodiscard]] fallback_limiter<P>& fallback_for(const typename P::config& cfg) {
+    const std::string id = config_id(cfg);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& slot = fallbacks_[id];
+    if (slot == nullptr) {
+      slot = std::make_unique<fallback_limiter<P>>(script_for<P>::scaled(cfg, divisor_));
+    }
+    return static_cast<fallback_limiter<P>&>(*slot);
+  }
+
+  failure_policy policy_;
+  units divisor_;
+  std::mutex mutex_;
+  std::map<std::string, std::unique_ptr<fallback_base>, std::less<>> fallbacks_;
+};
+
 }  // namespace detail
 
 /// Stores the state of every policy in Redis: each check runs the policy's
@@ -227,7 +404,7 @@ class redis_store {
   void reset(const Config& cfg, std::string_view key) {
     using P = typename Config::policy_type;
     ratelimit::detail::check_key(key);
-    if (auto* fb = find_fallback<P>(cfg)) fb->store.reset(fb->cfg, key);
+    if (auto* fb = shared_->degrader.template find<P>(cfg)) fb->store.reset(fb->cfg, key);
     const std::string k = key_for<P>(key);
     const std::string_view args[] = {"DEL", k};
     auto lease = acquire();
@@ -247,16 +424,7 @@ class redis_store {
   /// The Redis key holding `key`'s state for policy P: `<prefix>{<key>}:<name>`.
   template <class P>
   [[nodiscard]] std::string key_for(std::string_view key) const {
-    std::string k;
-    const std::string& prefix = shared_->opts.prefix;
-    const std::string_view name = script_for<P>::name;
-    k.reserve(prefix.size() + key.size() + name.size() + 3);
-    k.append(prefix);
-    k += '{';
-    k.append(key);
-    k += "}:";
-    k.append(name);
-    return k;
+    return detail::redis_key<P>(shared_->opts.prefix, key);
   }
 
   /// Counters of decisions made without Redis, errors and breaker activity.
@@ -279,17 +447,17 @@ class redis_store {
   struct shared {
     explicit shared(options o)
         : opts(std::move(o)), pool(opts), breaker(opts),
+          degrader(opts.on_failure, opts.fallback_divisor),
           command_timeout(opts.command_timeout.count() > 0 ? opts.command_timeout
                                                             : std::chrono::milliseconds{100}),
           floor_ms(std::to_string(opts.caller_time_ttl_floor.count())) {}
     options opts;
     connection_pool pool;
     detail::breaker breaker;
+    detail::degrader degrader;
     detail::counters stats;
     std::chrono::milliseconds command_timeout;
     std::string floor_ms;
-    std::mutex fallback_mutex;
-    std::map<std::string, std::unique_ptr<detail::fallback_base>, std::less<>> fallbacks;
   };
 
   /// A key's reply slot in one round trip.
@@ -299,18 +467,9 @@ class redis_store {
     std::string cost;
   };
 
-  static void check_input(std::string_view key, units cost) {
-    ratelimit::detail::check_key(key);
-    ratelimit::detail::check_cost(cost);
-  }
+  static void check_input(std::string_view key, units cost) { detail::check_input(key, cost); }
 
-  static void check_script_time(timestamp now) {
-    if (now.count() < 0 || now > max_script_time) {
-      throw std::invalid_argument("ratelimit: redis: time " + std::to_string(now.count()) +
-                                  "us is outside 0.." + std::to_string(max_script_time.count()) +
-                                  "us (Lua numbers are exact only below 2^53)");
-    }
-  }
+  static void check_script_time(timestamp now) { detail::check_script_time(now); }
 
   [[nodiscard]] deadline command_deadline() const noexcept {
     return deadline_clock::now() + shared_->command_timeout;
@@ -321,132 +480,19 @@ class redis_store {
   }
 
   template <class Config>
-  [[nodiscard]] static std::string config_id(const Config& cfg) {
-    using P = typename Config::policy_type;
-    std::vector<std::string> args;
-    script_for<P>::append_args(cfg, args);
-    std::string id(script_for<P>::name);
-    for (const std::string& a : args) {
-      id += ':';
-      id += a;
-    }
-    return id;
-  }
-
-  template <class P>
-  [[nodiscard]] detail::fallback_limiter<P>* find_fallback(const typename P::config& cfg) {
-    const std::string id = config_id(cfg);
-    std::lock_guard<std::mutex> lock(shared_->fallback_mutex);
-    const auto it = shared_->fallbacks.find(id);
-    return it == shared_->fallbacks.end()
-               ? nullptr
-               : static_cast<detail::fallback_limiter<P>*>(it->second.get());
-  }
-
-  template <class P>
-  [[nodiscard]] detail::fallback_limiter<P>& fallback_for(const typename P::config& cfg) {
-    const std::string id = config_id(cfg);
-    std::lock_guard<std::mutex> lock(shared_->fallback_mutex);
-    auto& slot = shared_->fallbacks[id];
-    if (slot == nullptr) {
-      slot = std::make_unique<detail::fallback_limiter<P>>(
-          script_for<P>::scaled(cfg, shared_->opts.fallback_divisor));
-    }
-    return static_cast<detail::fallback_limiter<P>&>(*slot);
-  }
-
-  /// The decision of the failure policy for a check that got no answer.
-  template <class Config>
   decision degrade(const Config& cfg, std::string_view key, std::optional<timestamp> now,
                    units cost, access a, const std::exception_ptr& error) {
-    using P = typename Config::policy_type;
-    detail::counters& c = shared_->stats;
-    decision d;
-    d.limit = cfg.limit();
-    switch (shared_->opts.on_failure) {
-      case failure_policy::throw_error:
-        std::rethrow_exception(error);
-      case failure_policy::fail_open:
-        c.fail_open.fetch_add(1, std::memory_order_relaxed);
-        d.allowed = true;
-        d.source = decision_source::fail_open;
-        return d;
-      case failure_policy::fail_closed:
-        c.fail_closed.fetch_add(1, std::memory_order_relaxed);
-        d.source = decision_source::fail_closed;
-        return d;
-      case failure_policy::fallback: {
-        c.fallback.fetch_add(1, std::memory_order_relaxed);
-        auto& fb = fallback_for<P>(cfg);
-        const timestamp t =
-            now ? *now
-                : std::chrono::duration_cast<timestamp>(
-                      std::chrono::system_clock::now().time_since_epoch());
-        d = fb.store.apply(fb.cfg, key, t, cost, a);
-        d.source = decision_source::fallback;
-        return d;
-      }
-    }
-    std::rethrow_exception(error);
+    return shared_->degrader.degrade(shared_->stats, cfg, key, now, cost, a, error);
   }
 
-  void count_error(const std::exception_ptr& e) noexcept {
-    detail::counters& c = shared_->stats;
-    c.errors.fetch_add(1, std::memory_order_relaxed);
-    try {
-      std::rethrow_exception(e);
-    } catch (const timeout_error&) {
-      c.timeouts.fetch_add(1, std::memory_order_relaxed);
-    } catch (...) {
-    }
-  }
+  void count_error(const std::exception_ptr& e) noexcept { detail::count_error(shared_->stats, e); }
 
-  /// Appends EVALSHA (or EVAL) of P's script for one check.
   template <class P>
   void append_eval(std::string& out, bool with_text, const std::string& key,
                    const std::string& time, const std::string& cost, access a,
                    const std::vector<std::string>& policy_args, bool server_time) const {
-    std::string_view args[16];
-    std::size_t n = 0;
-    args[n++] = with_text ? "EVAL" : "EVALSHA";
-    args[n++] = with_text ? script_for<P>::text : std::string_view(detail::script_sha<P>());
-    args[n++] = "1";
-    args[n++] = key;
-    args[n++] = time;
-    args[n++] = cost;
-    args[n++] = a == access::peek ? "1" : "0";
-    args[n++] = server_time ? std::string_view("0") : std::string_view(shared_->floor_ms);
-    for (const std::string& p : policy_args) args[n++] = p;
-    append_command(out, args, n);
-  }
-
-  [[nodiscard]] static bool is_noscript(const redisReply& r) noexcept {
-    return r.type == REDIS_REPLY_ERROR && r.len >= 8 && std::string_view(r.str, 8) == "NOSCRIPT";
-  }
-
-  template <class Config>
-  [[nodiscard]] static decision parse(const Config& cfg, const redisReply& r) {
-    if (r.type == REDIS_REPLY_ERROR) {
-      throw script_error("ratelimit: redis: script failed: " + std::string(r.str, r.len));
-    }
-    if (r.type != REDIS_REPLY_ARRAY || r.elements != 5) {
-      throw script_error("ratelimit: redis: unexpected script reply");
-    }
-    long long v[5];
-    for (std::size_t i = 0; i < 5; ++i) {
-      if (r.element[i]->type != REDIS_REPLY_INTEGER) {
-        throw script_error("ratelimit: redis: unexpected script reply element");
-      }
-      v[i] = r.element[i]->integer;
-    }
-    decision d;
-    d.allowed = v[0] != 0;
-    d.counted = v[1] != 0;
-    d.limit = cfg.limit();
-    d.remaining = static_cast<units>(v[2]);
-    d.retry_after = v[3] < 0 ? never : std::chrono::microseconds{v[3]};
-    d.reset_after = std::chrono::microseconds{v[4]};
-    return d;
+    detail::append_eval<P>(out, with_text, key, time, cost, a, policy_args,
+                           server_time ? std::string_view("0") : std::string_view(shared_->floor_ms));
   }
 
   template <class Config>
@@ -517,9 +563,9 @@ class redis_store {
     std::exception_ptr failure;
     const auto read_into = [&](connection& conn, std::size_t i, deadline until) {
       reply_ptr r = conn.receive(until);
-      if (is_noscript(*r)) return false;
+      if (detail::is_noscript(*r)) return false;
       try {
-        out[i] = parse(cfg, *r);
+        out[i] = detail::parse_reply(cfg, *r);
         done[i] = 1;
       } catch (const script_error&) {
         item_errors[i] = std::current_exception();

@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: Apache-2.0
+// Checks per second of the cluster store against a 3-master Redis Cluster and
+// of redis_store against one Redis, same workload: sequential, pooled threads,
+// batches of 100.
+//
+// The cluster comes from $RATELIMIT_BENCH_CLUSTER_URL (redis-cluster://...),
+// the single server from $RATELIMIT_BENCH_REDIS_URL (redis://...);
+// benchmarks/redis/run_cluster.sh starts both and prints the medians.
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "ratelimit/ratelimit.hpp"
+#include "ratelimit/redis.hpp"
+#include "ratelimit/redis/cluster_store.hpp"
+
+namespace {
+
+using namespace ratelimit;
+
+constexpr std::size_t pool_per_node = 16;
+
+redis::redis_store& single() {
+  static redis::redis_store store([] {
+    const char* url = std::getenv("RATELIMIT_BENCH_REDIS_URL");
+    redis::options o = redis::parse_url(url != nullptr ? url : "redis://127.0.0.1:6379");
+    o.pool_size = pool_per_node;
+    o.command_timeout = std::chrono::milliseconds(2000);
+    o.prefix = "bench:";
+    return o;
+  }());
+  return store;
+}
+
+redis::cluster_store& cluster() {
+  static redis::cluster_store store([] {
+    const char* url = std::getenv("RATELIMIT_BENCH_CLUSTER_URL");
+    redis::cluster_options o =
+        redis::parse_cluster_url(url != nullptr ? url : "redis-cluster://127.0.0.1:7000");
+    o.node.pool_size = pool_per_node;
+    o.node.command_timeout = std::chrono::milliseconds(2000);
+    o.node.prefix = "bench:";
+    return o;
+  }());
+  return store;
+}
+
+/// 10,000 phone-number keys, 16 bytes each.
+const std::vector<std::string>& phones() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (int i = 0; i < 10'000; ++i) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "+1555%011d", i);
+      k.emplace_back(buf);
+    }
+    return k;
+  }();
+  return keys;
+}
+
+template <class Store>
+void checks(benchmark::State& state, Store& shared) {
+  Store store = shared;  // a copy per thread, as an application would hold
+  const gcra::config cfg("10/15min");
+  const auto& keys = phones();
+  std::size_t i = static_cast<std::size_t>(state.thread_index()) * 997;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(store.apply(cfg, keys[i++ % keys.size()], store_time, 1, access::consume));
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+}
+
+template <class Store>
+void batches(benchmark::State& state, Store& shared) {
+  Store store = shared;
+  const gcra::config cfg("10/15min");
+  const auto& keys = phones();
+  std::vector<redis::batch_item> items(100);
+  std::size_t i = static_cast<std::size_t>(state.thread_index()) * 3331;
+  for (auto _ : state) {
+    for (auto& it : items) it.key = keys[i++ % keys.size()];
+    benchmark::DoNotOptimize(store.apply_batch(cfg, std::span<const redis::batch_item>(items), store_time));
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * 100);
+}
+
+void BM_Gcra_RedisStore_Pool(benchmark::State& s) { checks(s, single()); }
+void BM_Gcra_ClusterStore_Pool(benchmark::State& s) { checks(s, cluster()); }
+void BM_Gcra_RedisStore_Batch100(benchmark::State& s) { batches(s, single()); }
+void BM_Gcra_ClusterStore_Batch100(benchmark::State& s) { batches(s, cluster()); }
+
+BENCHMARK(BM_Gcra_RedisStore_Pool)->ThreadRange(1, 16)->UseRealTime();
+BENCHMARK(BM_Gcra_ClusterStore_Pool)->ThreadRange(1, 16)->UseRealTime();
+BENCHMARK(BM_Gcra_RedisStore_Batch100)->ThreadRange(1, 4)->UseRealTime();
+BENCHMARK(BM_Gcra_ClusterStore_Batch100)->ThreadRange(1, 4)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,901 @@
+// SPDX-License-Identifier: Apache-2.0
+// The Redis Cluster store: each check runs its script on the master owning the key's slot.
+#pragma once
+
+#include <hiredis/hiredis.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ratelimit/concepts.hpp"
+#include "ratelimit/decision.hpp"
+#include "ratelimit/redis/cluster/hash_slot.hpp"
+#include "ratelimit/redis/connection_pool.hpp"
+#include "ratelimit/redis/errors.hpp"
+#include "ratelimit/redis/options.hpp"
+#include "ratelimit/redis/redis_store.hpp"
+#include "ratelimit/redis/scripts/script_for.hpp"
+
+namespace ratelimit::redis {
+
+/// A node's TCP address.
+struct node_address {
+  std::string host = "127.0.0.1";
+  int port = 6379;
+  friend bool operator==(const node_address&, const node_address&) = default;
+};
+
+/// Where the cluster is and how to talk to each of its nodes. An aggregate.
+struct cluster_options {
+  /// Nodes asked for the slot map (CLUSTER SLOTS) until one answers; any
+  /// node of the cluster will do, the others are discovered. At least one.
+  std::vector<node_address> seeds;
+  /// Settings applied to every node: user/password, connect and command
+  /// timeouts, pool size (per node), prefix, failure policy, fallback divisor,
+  /// TTL floor and circuit breaker (one breaker per node). `host` and `port`
+  /// are ignored; `unix_socket` must be empty and `database` 0 (a cluster has
+  /// only database 0).
+  options node;
+  /// Redirects (MOVED, ASK, TRYAGAIN) one check follows before it is given up
+  /// with a script_error; 0 = 5.
+  std::size_t max_redirects = 5;
+  /// Shortest interval between two background refreshes of the slot map; 0 = 100 ms.
+  std::chrono::milliseconds refresh_interval{100};
+};
+
+/// Parses `redis-cluster://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]`
+/// (port 6379 when omitted) into cluster_options with default node settings.
+/// @throws std::invalid_argument quoting the URL
+[[nodiscard]] inline cluster_options parse_cluster_url(std::string_view url) {
+  constexpr std::string_view scheme = "redis-cluster://";
+  if (!url.starts_with(scheme)) {
+    throw std::invalid_argument("ratelimit: redis cluster URL \"" + std::string(url) +
+                                "\" must start with redis-cluster://");
+  }
+  std::string_view rest = url.substr(scheme.size());
+  cluster_options o;
+  std::string cred;
+  if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
+    cred = std::string(rest.substr(0, at + 1));
+    rest = rest.substr(at + 1);
+  }
+  for (;;) {
+    const auto comma = rest.find(',');
+    const std::string_view part = rest.substr(0, comma);
+    if (part.empty() || part.find('/') != std::string_view::npos) {
+      throw std::invalid_argument("ratelimit: redis cluster URL \"" + std::string(url) +
+                                  "\" needs HOST[:PORT] items separated by commas (no /DB)");
+    }
+    options one;
+    try {
+      one = parse_url("redis://" + cred + std::string(part));
+    } catch (const std::invalid_argument&) {
+      throw std::invalid_argument("ratelimit: bad node \"" + std::string(part) +
+                                  "\" in redis cluster URL \"" + std::string(url) + "\"");
+    }
+    o.seeds.push_back(node_address{one.host, one.port});
+    o.node.user = one.user;
+    o.node.password = one.password;
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return o;
+}
+
+/// Counters of a cluster store (and its copies): those of store_stats summed
+/// over every node, plus the cluster's own. A snapshot.
+struct cluster_stats : store_stats {
+  std::uint64_t moved = 0;     ///< MOVED redirects followed (the slot map was updated)
+  std::uint64_t ask = 0;       ///< ASK redirects followed (ASKING sent to the importing node)
+  std::uint64_t tryagain = 0;  ///< TRYAGAIN answers retried
+  std::uint64_t topology_refreshes = 0;  ///< slot maps read with CLUSTER SLOTS
+};
+
+namespace detail {
+
+/// One cluster node: its connection pool and circuit breaker.
+struct cluster_node {
+  cluster_node(std::string n, options o) : name(std::move(n)), opts(std::move(o)), pool(opts), gate(opts) {}
+  std::string name;  ///< "host:port"
+  options opts;
+  connection_pool pool;
+  breaker gate;
+};
+
+/// `host:port` of an address.
+[[nodiscard]] inline std::string node_name(const node_address& a) {
+  return a.host + ":" + std::to_string(a.port);
+}
+
+/// Parses the `host:port` of a MOVED/ASK answer; an empty host means the
+/// host of the node that answered.
+[[nodiscard]] inline std::optional<node_address> parse_endpoint(std::string_view s,
+                                                               const std::string& asked_host) {
+  const auto colon = s.rfind(':');
+  if (colon == std::string_view::npos || colon + 1 >= s.size() || s.size() - colon > 6) {
+    return std::nullopt;
+  }
+  int port = 0;
+  for (const char c : s.substr(colon + 1)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    port = port * 10 + (c - '0');
+  }
+  std::string host(s.substr(0, colon));
+  if (host.empty() || host == "?") host = asked_host;
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return node_address{std::move(host), port};
+}
+
+/// A redirect in an error reply: `MOVED <slot> <host:port>` or `ASK <slot> <host:port>`.
+struct redirect {
+  bool ask = false;
+  std::uint16_t slot = 0;
+  node_address to;
+};
+
+[[nodiscard]] inline std::optional<redirect> parse_redirect(const redisReply& r,
+                                                            const std::string& asked_host) {
+  if (r.type != REDIS_REPLY_ERROR) return std::nullopt;
+  std::string_view s(r.str, r.len);
+  redirect d;
+  if (s.starts_with("MOVED ")) {
+    s.remove_prefix(6);
+  } else if (s.starts_with("ASK ")) {
+    d.ask = true;
+    s.remove_prefix(4);
+  } else {
+    return std::nullopt;
+  }
+  const auto space = s.find(' ');
+  if (space == std::string_view::npos || space == 0 || space > 5) return std::nullopt;
+  unsigned slot = 0;
+  for (const char c : s.substr(0, space)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    slot = slot * 10 + static_cast<unsigned>(c - '0');
+  }
+  if (slot >= cluster_slots) return std::nullopt;
+  auto to = parse_endpoint(s.substr(space + 1), asked_host);
+  if (!to) return std::nullopt;
+  d.slot = static_cast<std::uint16_t>(slot);
+  d.to = std::move(*to);
+  return d;
+}
+
+[[nodiscard]] inline bool error_starts(const redisReply& r, std::string_view word) noexcept {
+  return r.type == REDIS_REPLY_ERROR && std::string_view(r.str, r.len).starts_with(word);
+}
+
+}  // namespace detail
+
+/// Stores the state of every policy in a Redis Cluster: each check runs the
+/// policy's Lua script (as redis_store does, same keys, same replies) on the
+/// master that owns the hash slot of its key.
+///
+/// - The slot map is read with CLUSTER SLOTS from any known node (the seeds
+///   first time), on first use and then in a background thread whenever a
+///   check meets a MOVED, a broken connection, a timeout or an unknown slot
+///   (at most once per refresh_interval).
+/// - MOVED: the slot map is updated and the check resent to the new owner.
+///   ASK: the check is resent to the importing node after ASKING, without
+///   updating the map. TRYAGAIN: resent after 5 ms. These are safe because
+///   the script did not run; a timeout or broken connection is never retried
+///   (the script may have run): the failure policy decides that check.
+/// - Each node has its own connection pool and circuit breaker, so an
+///   unreachable master degrades only the checks of its slots.
+/// - A batch is split per node; every node's pipeline is written before any
+///   reply is read, so the nodes work in parallel without extra threads.
+///
+/// A cheap copyable handle: copies share the slot map, pools, breakers,
+/// fallback limiters, counters and the refresh thread (joined when the last
+/// copy goes).
+///
+/// Thread safety: all member functions may be called from any number of
+/// threads on one object or its copies.
+class cluster_store {
+ public:
+  /// Connects lazily: construction never touches the network.
+  /// @throws std::invalid_argument without seeds, with a unix socket or a database other than 0
+  explicit cluster_store(cluster_options o) : shared_(std::make_shared<shared>(std::move(o))) {}
+
+  /// Applies `Config::policy_type` to `key` at the caller's time `now`
+  /// (microseconds since the Unix epoch, 0 .. 2^52).
+  /// @throws std::invalid_argument for a bad key, cost or time; store_error
+  ///   subclasses only under failure_policy::throw_error
+  template <class Config>
+    requires policy<typename Config::policy_type>
+  decision apply(const Config& cfg, std::string_view key, timestamp now, units cost,
+                 access a = access::consume) {
+    detail::check_input(key, cost);
+    detail::check_script_time(now);
+    return run(cfg, std::span<const std::string_view>(&key, 1), std::span<const units>(&cost, 1),
+               std::span<const timestamp>(&now, 1), a)
+        .front();
+  }
+
+  /// As above, at the TIME of the Redis master owning the key.
+  template <class Config>
+    requires policy<typename Config::policy_type>
+  decision apply(const Config& cfg, std::string_view key, store_time_t, units cost,
+                 access a = access::consume) {
+    detail::check_input(key, cost);
+    return run(cfg, std::span<const std::string_view>(&key, 1), std::span<const units>(&cost, 1),
+               std::span<const timestamp>(), a)
+        .front();
+  }
+
+  /// Checks many keys: one pipeline per node, all nodes at once; results in
+  /// input order. Items of one key are applied in input order. The failure
+  /// policy is applied per item that got no answer.
+  template <class Config>
+    requires policy<typename Config::policy_type>
+  std::vector<decision> apply_batch(const Config& cfg, std::span<const batch_item> items,
+                                    access a = access::consume) {
+    for (const batch_item& it : items) {
+      detail::check_input(it.key, it.cost);
+      detail::check_script_time(it.now);
+    }
+    return run_items(cfg, items, false, a);
+  }
+
+  /// As above, every item at the TIME of the master owning its key.
+  template <class Config>
+    requires policy<typename Config::policy_type>
+  std::vector<decision> apply_batch(const Config& cfg, std::span<const batch_item> items,
+                                    store_time_t, access a = access::consume) {
+    for (const batch_item& it : items) detail::check_input(it.key, it.cost);
+    return run_items(cfg, items, true, a);
+  }
+
+  /// Forgets `key` (DEL on its master, following redirects; the fallback
+  /// limiter forgets it too).
+  /// @throws store_error when the cluster cannot be reached, whatever the failure policy
+  template <class Config>
+    requires policy<typename Config::policy_type>
+  void reset(const Config& cfg, std::string_view key) {
+    using P = typename Config::policy_type;
+    ratelimit::detail::check_key(key);
+    if (auto* fb = shared_->degrader.template find<P>(cfg)) fb->store.reset(fb->cfg, key);
+    const std::string k = key_for<P>(key);
+    const std::string_view args[] = {"DEL", k};
+    reply_ptr r = shared_->single(key_slot(k), args, 2);
+    if (r->type == REDIS_REPLY_ERROR) {
+      throw script_error("ratelimit: redis: DEL failed: " + std::string(r->str, r->len));
+    }
+  }
+
+  /// Reads the slot map now and PINGs every master.
+  /// @throws connection_error when no node answers or a master does not
+  void ping() {
+    if (!shared_->refresh(deadline_clock::now() + shared_->budget())) {
+      throw connection_error("ratelimit: redis: no cluster node answered CLUSTER SLOTS");
+    }
+    for (const auto& n : shared_->masters()) {
+      const std::string_view args[] = {"PING"};
+      auto lease = n->pool.acquire(deadline_clock::now() + shared_->command_timeout);
+      reply_ptr r = lease->command(args, 1, deadline_clock::now() + shared_->command_timeout);
+      if (r->type == REDIS_REPLY_ERROR) {
+        throw connection_error("ratelimit: redis: PING " + n->name + " failed: " +
+                               std::string(r->str, r->len));
+      }
+    }
+  }
+
+  /// Reads the slot map now (CLUSTER SLOTS), in the calling thread.
+  /// @throws connection_error when no known node answers
+  void refresh_topology() {
+    if (!shared_->refresh(deadline_clock::now() + shared_->budget())) {
+      throw connection_error("ratelimit: redis: no cluster node answered CLUSTER SLOTS");
+    }
+  }
+
+  /// `host:port` of the master this store believes owns `slot`; empty when unknown.
+  [[nodiscard]] std::string node_for_slot(std::uint16_t slot) const {
+    std::shared_lock<std::shared_mutex> lock(shared_->topo_mutex);
+    const auto& n = shared_->slots.at(slot);
+    return n == nullptr ? std::string() : n->name;
+  }
+
+  /// The Redis key holding `key`'s state for policy P: `<prefix>{<key>}:<name>`.
+  template <class P>
+  [[nodiscard]] std::string key_for(std::string_view key) const {
+    return detail::redis_key<P>(shared_->opts.node.prefix, key);
+  }
+
+  /// The hash slot of `key`'s Redis key for policy P (CLUSTER KEYSLOT of key_for<P>(key)).
+  template <class P>
+  [[nodiscard]] std::uint16_t slot_for(std::string_view key) const {
+    return key_slot(key_for<P>(key));
+  }
+
+  /// Counters of decisions, errors, breakers, redirects and refreshes.
+  [[nodiscard]] cluster_stats stats() const noexcept {
+    const detail::counters& c = shared_->stats;
+    const auto get = [](const std::atomic<std::uint64_t>& a) {
+      return a.load(std::memory_order_relaxed);
+    };
+    cluster_stats s;
+    s.store = get(c.store);
+    s.fail_open = get(c.fail_open);
+    s.fail_closed = get(c.fail_closed);
+    s.fallback = get(c.fallback);
+    s.errors = get(c.errors);
+    s.timeouts = get(c.timeouts);
+    s.short_circuited = get(c.short_circuited);
+    s.breaker_opened = get(c.breaker_opened);
+    s.script_reloads = get(c.script_reloads);
+    s.moved = get(shared_->moved);
+    s.ask = get(shared_->ask);
+    s.tryagain = get(shared_->tryagain);
+    s.topology_refreshes = get(shared_->refreshes);
+    return s;
+  }
+
+  [[nodiscard]] const cluster_options& get_options() const noexcept { return shared_->opts; }
+
+ private:
+  using node_ptr = std::shared_ptr<detail::cluster_node>;
+
+  struct shared {
+    explicit shared(cluster_options o)
+        : opts(validated(std::move(o))),
+          command_timeout(opts.node.command_timeout.count() > 0 ? opts.node.command_timeout
+                                                                : std::chrono::milliseconds{100}),
+          connect_timeout(opts.node.connect_timeout.count() > 0 ? opts.node.connect_timeout
+                                                                : std::chrono::milliseconds{200}),
+          refresh_interval(opts.refresh_interval.count() > 0 ? opts.refresh_interval
+                                                             : std::chrono::milliseconds{100}),
+          max_redirects(opts.max_redirects == 0 ? 5 : opts.max_redirects),
+          floor_ms(std::to_string(opts.node.caller_time_ttl_floor.count())),
+          degrader(opts.node.on_failure, opts.node.fallback_divisor),
+          slots(cluster_slots) {}
+
+    shared(const shared&) = delete;
+    shared& operator=(const shared&) = delete;
+
+    ~shared() {
+      {
+        std::lock_guard<std::mutex> lock(refresh_mutex);
+        stopping = true;
+      }
+      refresh_cv.notify_all();
+      if (refresher.joinable()) refresher.join();
+    }
+
+    static cluster_options validated(cluster_options o) {
+      if (o.seeds.empty()) {
+        throw std::invalid_argument("ratelimit: redis cluster: at least one seed node is needed");
+      }
+      if (!o.node.unix_socket.empty() || o.node.database != 0) {
+        throw std::invalid_argument(
+            "ratelimit: redis cluster: nodes are reached over TCP and have only database 0");
+      }
+      return o;
+    }
+
+    /// Time allowed to the first, synchronous read of the slot map.
+    [[nodiscard]] deadline_clock::duration budget() const noexcept {
+      return connect_timeout + command_timeout;
+    }
+
+    /// The node at `a`, made on first use. Caller holds topo_mutex exclusively.
+    node_ptr node_locked(const node_address& a) {
+      std::string name = detail::node_name(a);
+      auto& n = nodes[name];
+      if (n == nullptr) {
+        options o = opts.node;
+        o.host = a.host;
+        o.port = a.port;
+        n = std::make_shared<detail::cluster_node>(std::move(name), std::move(o));
+      }
+      return n;
+    }
+
+    [[nodiscard]] node_ptr owner(std::uint16_t slot) {
+      std::shared_lock<std::shared_mutex> lock(topo_mutex);
+      return slots[slot];
+    }
+
+    /// After MOVED: `slot` now lives on `a`.
+    node_ptr learn(std::uint16_t slot, const node_address& a) {
+      std::unique_lock<std::shared_mutex> lock(topo_mutex);
+      node_ptr n = node_locked(a);
+      slots[slot] = n;
+      return n;
+    }
+
+    node_ptr node_at(const node_address& a) {
+      std::unique_lock<std::shared_mutex> lock(topo_mutex);
+      return node_locked(a);
+    }
+
+    /// Distinct masters of the current slot map.
+    [[nodiscard]] std::vector<node_ptr> masters() {
+      std::shared_lock<std::shared_mutex> lock(topo_mutex);
+      std::vector<node_ptr> out;
+      for (const node_ptr& n : slots) {
+        if (n != nullptr && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+      }
+      return out;
+    }
+
+    /// Reads the slot map from the first node that answers, trying current
+    /// masters, other known nodes, then the seeds; gives up at `until`.
+    /// @return true when a slot map was read
+    bool refresh(deadline until) noexcept {
+      try {
+        std::vector<node_address> candidates;
+        const auto add = [&](const node_address& a) {
+          if (std::find(candidates.begin(), candidates.end(), a) == candidates.end()) {
+            candidates.push_back(a);
+          }
+        };
+        {
+          std::shared_lock<std::shared_mutex> lock(topo_mutex);
+          node_ptr last;
+          for (const node_ptr& n : slots) {
+            if (n != nullptr && n != last) add(node_address{n->opts.host, n->opts.port});
+            last = n;
+          }
+          for (const auto& [name, n] : nodes) add(node_address{n->opts.host, n->opts.port});
+        }
+        for (const node_address& s : opts.seeds) add(s);
+        for (const node_address& a : candidates) {
+          if (deadline_clock::now() >= until) return false;
+          try {
+            options o = opts.node;
+            o.host = a.host;
+            o.port = a.port;
+            connection c(o);
+            const std::string_view args[] = {"CLUSTER", "SLOTS"};
+            reply_ptr r = c.command(args, 2, std::min(until, deadline_clock::now() + command_timeout));
+            if (apply_slots(*r, a.host)) {
+              refreshes.fetch_add(1, std::memory_order_relaxed);
+              return true;
+            }
+          } catch (const store_error&) {
+            // try the next node
+          }
+        }
+      } catch (...) {
+        // allocation failure: keep the old map
+      }
+      return false;
+    }
+
+    /// Installs the map of a CLUSTER SLOTS reply:
+    /// [[start, end, [host, port, id, ...], replica...], ...].
+    bool apply_slots(const redisReply& r, const std::string& asked_host) {
+      if (r.type != REDIS_REPLY_ARRAY || r.elements == 0) return false;
+      struct range {
+        std::uint16_t first, last;
+        node_address at;
+      };
+      std::vector<range> ranges;
+      for (std::size_t i = 0; i < r.elements; ++i) {
+        const redisReply& e = *r.element[i];
+        if (e.type != REDIS_REPLY_ARRAY || e.elements < 3) return false;
+        const redisReply& lo = *e.element[0];
+        const redisReply& hi = *e.element[1];
+        const redisReply& m = *e.element[2];
+        if (lo.type != REDIS_REPLY_INTEGER || hi.type != REDIS_REPLY_INTEGER ||
+            m.type != REDIS_REPLY_ARRAY || m.elements < 2 ||
+            m.element[0]->type != REDIS_REPLY_STRING || m.element[1]->type != REDIS_REPLY_INTEGER ||
+            lo.integer < 0 || hi.integer < lo.integer || hi.integer >= cluster_slots) {
+          return false;
+        }
+        std::string host(m.element[0]->str, m.element[0]->len);
+        if (host.empty() || host == "?") host = asked_host;
+        ranges.push_back(range{static_cast<std::uint16_t>(lo.integer),
+                               static_cast<std::uint16_t>(hi.integer),
+                               node_address{std::move(host), static_cast<int>(m.element[1]->integer)}});
+      }
+      std::unique_lock<std::shared_mutex> lock(topo_mutex);
+      std::vector<node_ptr> fresh(cluster_slots);
+      for (const range& g : ranges) {
+        const node_ptr n = node_locked(g.at);
+        for (unsigned s = g.first; s <= g.last; ++s) fresh[s] = n;
+      }
+      slots.swap(fresh);
+      have_map = true;
+      return true;
+    }
+
+    /// Reads the slot map in the calling thread if none was read yet.
+    /// @throws connection_error when no node answers
+    void ensure_map() {
+      {
+        std::shared_lock<std::shared_mutex> lock(topo_mutex);
+        if (have_map) return;
+      }
+      std::lock_guard<std::mutex> once(first_map_mutex);
+      {
+        std::shared_lock<std::shared_mutex> lock(topo_mutex);
+        if (have_map) return;
+      }
+      if (!refresh(deadline_clock::now() + budget())) {
+        throw connection_error("ratelimit: redis: no cluster node answered CLUSTER SLOTS");
+      }
+    }
+
+    /// Asks the background thread to read the slot map again (throttled).
+    void request_refresh() noexcept {
+      try {
+        std::lock_guard<std::mutex> lock(refresh_mutex);
+        if (stopping) return;
+        refresh_wanted = true;
+        if (!refresher.joinable()) refresher = std::thread([this] { refresh_loop(); });
+      } catch (...) {
+        return;  // no thread: the next MOVED or failure asks again
+      }
+      refresh_cv.notify_one();
+    }
+
+    void refresh_loop() noexcept {
+      std::unique_lock<std::mutex> lock(refresh_mutex);
+      for (;;) {
+        refresh_cv.wait(lock, [&] { return stopping || refresh_wanted; });
+        if (stopping) return;
+        refresh_wanted = false;
+        lock.unlock();
+        (void)refresh(deadline_clock::now() + 4 * budget());
+        lock.lock();
+        refresh_cv.wait_for(lock, refresh_interval, [&] { return stopping; });
+      }
+    }
+
+    /// One command on the master of `slot`, following MOVED and ASK (reset).
+    /// @throws store_error
+    reply_ptr single(std::uint16_t slot, const std::string_view* args, std::size_t n) {
+      ensure_map();
+      node_ptr node = owner(slot);
+      bool asking = false;
+      for (std::size_t hop = 0;; ++hop) {
+        if (node == nullptr) {
+          request_refresh();
+          throw connection_error("ratelimit: redis: no known master for slot " + std::to_string(slot));
+        }
+        const deadline until = deadline_clock::now() + command_timeout;
+        reply_ptr r;
+        try {
+          auto lease = node->pool.acquire(until);
+          const deadline end = until + lease.connect_time();
+          if (asking) {
+            std::string buf;
+            const std::string_view ask_args[] = {"ASKING"};
+            append_command(buf, ask_args, 1);
+            append_command(buf, args, n);
+            lease->send(buf, end);
+            (void)lease->receive(end);
+            r = lease->receive(end);
+          } else {
+            r = lease->command(args, n, end);
+          }
+        } catch (const connection_error&) {
+          request_refresh();
+          throw;
+        }
+        const auto redirect = detail::parse_redirect(*r, node->opts.host);
+        if (!redirect || hop >= max_redirects) return r;
+        asking = redirect->ask;
+        if (asking) {
+          ask.fetch_add(1, std::memory_order_relaxed);
+          node = node_at(redirect->to);
+        } else {
+          moved.fetch_add(1, std::memory_order_relaxed);
+          node = learn(redirect->slot, redirect->to);
+          request_refresh();
+        }
+      }
+    }
+
+    cluster_options opts;
+    std::chrono::milliseconds command_timeout;
+    std::chrono::milliseconds connect_timeout;
+    std::chrono::milliseconds refresh_interval;
+    std::size_t max_redirects;
+    std::string floor_ms;
+    detail::degrader degrader;
+    detail::counters stats;
+    std::atomic<std::uint64_t> moved{0}, ask{0}, tryagain{0}, refreshes{0};
+
+    std::shared_mutex topo_mutex;
+    std::vector<node_ptr> slots;                ///< owner of each slot; null = unknown
+    std::map<std::string, node_ptr> nodes;      ///< every node met, by "host:port"
+    bool have_map = false;
+    std::mutex first_map_mutex;
+
+    std::mutex refresh_mutex;
+    std::condition_variable refresh_cv;
+    bool refresh_wanted = false;
+    bool stopping = false;
+    std::thread refresher;
+  };
+
+  /// What became of one check.
+  enum class fate : unsigned char {
+    pending,   ///< to be sent (again)
+    done,      ///< decided by Redis
+    failed,    ///< no answer: the failure policy decides; the error is not counted yet
+    degraded,  ///< no answer, error already counted (or none: breaker open)
+  };
+
+  struct item {
+    std::string key;
+    std::string time;
+    std::string cost;
+    node_ptr node;
+    std::size_t hops = 0;
+    bool asking = false;
+    bool with_text = false;
+    fate state = fate::pending;
+    std::exception_ptr error;
+  };
+
+  /// The items of one round trip to one node.
+  struct group {
+    detail::cluster_node* node = nullptr;
+    std::vector<std::size_t> items;
+    detail::breaker::verdict verdict = detail::breaker::verdict::go;
+    std::optional<connection_pool::lease> lease;
+    std::exception_ptr failure;
+    bool settled = false;  ///< the breaker was told the outcome
+  };
+
+  template <class Config>
+  std::vector<decision> run_items(const Config& cfg, std::span<const batch_item> items,
+                                  bool server_time, access a) {
+    std::vector<std::string_view> keys;
+    std::vector<units> costs;
+    std::vector<timestamp> times;
+    keys.reserve(items.size());
+    costs.reserve(items.size());
+    if (!server_time) times.reserve(items.size());
+    for (const batch_item& it : items) {
+      keys.push_back(it.key);
+      costs.push_back(it.cost);
+      if (!server_time) times.push_back(it.now);
+    }
+    return run(cfg, keys, costs, times, a);
+  }
+
+  void node_failed(group& g, std::exception_ptr e) {
+    shared& s = *shared_;
+    g.failure = e;
+    g.settled = true;
+    detail::count_error(s.stats, e);
+    if (g.node->gate.failure(g.verdict)) s.stats.breaker_opened.fetch_add(1, std::memory_order_relaxed);
+    s.request_refresh();
+  }
+
+  /// Rounds of pipelines, one per node, until every check is decided or given
+  /// up: redirects and NOSCRIPT go round again; a check whose round trip broke
+  /// or timed out is never sent again.
+  template <class Config>
+  std::vector<decision> run(const Config& cfg, std::span<const std::string_view> keys,
+                            std::span<const units> costs, std::span<const timestamp> times,
+                            access a) {
+    using P = typename Config::policy_type;
+    shared& s = *shared_;
+    detail::counters& c = s.stats;
+    const std::size_t n = keys.size();
+    std::vector<decision> out(n);
+    if (n == 0) return out;
+    const bool server_time = times.empty();
+    const std::string_view floor = server_time ? std::string_view("0") : std::string_view(s.floor_ms);
+    std::vector<item> items(n);
+    try {
+      s.ensure_map();
+      for (std::size_t i = 0; i < n; ++i) {
+        item& it = items[i];
+        it.key = key_for<P>(keys[i]);
+        if (!server_time) it.time = std::to_string(times[i].count());
+        it.cost = std::to_string(costs[i]);
+        it.node = s.owner(key_slot(it.key));
+        if (it.node == nullptr) {
+          it.state = fate::failed;
+          it.error = std::make_exception_ptr(connection_error(
+              "ratelimit: redis: no known master for slot " + std::to_string(key_slot(it.key))));
+          s.request_refresh();
+        }
+      }
+    } catch (const connection_error&) {
+      const std::exception_ptr e = std::current_exception();
+      detail::count_error(c, e);
+      for (std::size_t i = 0; i < n; ++i) {
+        items[i].state = fate::degraded;
+        items[i].error = e;
+      }
+    }
+
+    std::vector<std::string> policy_args;
+    script_for<P>::append_args(cfg, policy_args);
+    deadline until = deadline_clock::now() + s.command_timeout;
+    std::string buf;
+    for (;;) {
+      // Group what is left by node, in one global order (node address) so two
+      // threads never wait for each other's pooled connections.
+      std::map<detail::cluster_node*, group> groups;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (items[i].state != fate::pending) continue;
+        group& g = groups[items[i].node.get()];
+        g.node = items[i].node.get();
+        g.items.push_back(i);
+      }
+      if (groups.empty()) break;
+
+      // Write every node's pipeline, then read every node's replies.
+      bool wait_before_retry = false;
+      try {
+        for (auto& [node, g] : groups) {
+          g.verdict = node->gate.enter();
+          if (g.verdict == detail::breaker::verdict::refuse) {
+            g.settled = true;
+            c.short_circuited.fetch_add(g.items.size(), std::memory_order_relaxed);
+            g.failure = std::make_exception_ptr(connection_error(
+                "ratelimit: redis: circuit breaker of " + node->name + " open (it failed recently)"));
+            s.request_refresh();
+            continue;
+          }
+          try {
+            g.lease.emplace(node->pool.acquire(until));
+            // Making a connection (bounded by connect_timeout) does not eat
+            // into the round trip's command_timeout.
+            until += g.lease->connect_time();
+            buf.clear();
+            bool text_sent = false;
+            for (const std::size_t i : g.items) {
+              const item& it = items[i];
+              if (it.asking) {
+                const std::string_view ask_args[] = {"ASKING"};
+                append_command(buf, ask_args, 1);
+              }
+              // After NOSCRIPT one EVAL per node loads the script for the rest.
+              const bool text = it.with_text && !text_sent;
+              text_sent = text_sent || text;
+              detail::append_eval<P>(buf, text, it.key, it.time, it.cost, a, policy_args, floor);
+            }
+            (*g.lease)->send(buf, until);
+          } catch (const connection_error&) {
+            node_failed(g, std::current_exception());
+          }
+        }
+
+        for (auto& [node, g] : groups) {
+          if (g.failure) {
+            for (const std::size_t i : g.items) {
+              items[i].state = fate::degraded;
+              items[i].error = g.failure;
+            }
+            continue;
+          }
+          std::size_t next = 0;
+          bool noscript = false;
+          try {
+            for (; next < g.items.size(); ++next) {
+              item& it = items[g.items[next]];
+              if (it.asking) (void)(*g.lease)->receive(until);
+              reply_ptr r = (*g.lease)->receive(until);
+              classify(cfg, it, *r, node, out[g.items[next]], noscript, wait_before_retry);
+            }
+            g.settled = true;
+            node->gate.success(g.verdict);
+          } catch (const connection_error&) {
+            node_failed(g, std::current_exception());
+            // The checks without a reply may or may not have run: never resent.
+            for (; next < g.items.size(); ++next) {
+              items[g.items[next]].state = fate::degraded;
+              items[g.items[next]].error = g.failure;
+            }
+          }
+          if (noscript) c.script_reloads.fetch_add(1, std::memory_order_relaxed);
+        }
+      } catch (...) {
+        // Not an I/O error (e.g. bad_alloc): replies may be left unread, so
+        // no connection of this round goes back to a pool; no probe is left open.
+        for (auto& [node, g] : groups) {
+          if (g.lease) (*g.lease)->mark_broken();
+          if (!g.settled) node->gate.failure(g.verdict);
+        }
+        throw;
+      }
+      groups.clear();  // leases back to their pools before any wait
+      if (wait_before_retry) {
+        const auto pause = std::chrono::milliseconds(5);
+        if (deadline_clock::now() + pause < until) std::this_thread::sleep_for(pause);
+      }
+    }
+
+    for (std::size_t i = 0; i < n; ++i) {
+      item& it = items[i];
+      if (it.state == fate::done) {
+        c.store.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      if (it.state == fate::failed) detail::count_error(c, it.error);
+      out[i] = s.degrader.degrade(c, cfg, keys[i],
+                                  server_time ? std::optional<timestamp>{}
+                                              : std::optional<timestamp>{times[i]},
+                                  costs[i], a, it.error);
+    }
+    return out;
+  }
+
+  /// Decides what one reply means for its check.
+  template <class Config>
+  void classify(const Config& cfg, item& it, const redisReply& r, detail::cluster_node* node,
+                decision& out, bool& noscript, bool& wait) {
+    shared& s = *shared_;
+    if (r.type != REDIS_REPLY_ERROR) {
+      try {
+        out = detail::parse_reply(cfg, r);
+        it.state = fate::done;
+      } catch (const script_error&) {
+        it.state = fate::failed;
+        it.error = std::current_exception();
+      }
+      return;
+    }
+    // Every answer below means the script did not run, so resending is safe.
+    const bool again = ++it.hops <= s.max_redirects;
+    if (detail::is_noscript(r)) {
+      noscript = true;
+      it.with_text = true;
+      if (again) return;
+    } else if (auto d = detail::parse_redirect(r, node->opts.host)) {
+      if (d->ask) {
+        s.ask.fetch_add(1, std::memory_order_relaxed);
+        it.node = s.node_at(d->to);
+        it.asking = true;
+      } else {
+        s.moved.fetch_add(1, std::memory_order_relaxed);
+        it.node = s.learn(d->slot, d->to);
+        it.asking = false;
+        s.request_refresh();
+      }
+      if (again) return;
+    } else if (detail::error_starts(r, "TRYAGAIN")) {
+      s.tryagain.fetch_add(1, std::memory_order_relaxed);
+      wait = true;
+      if (again) return;
+    } else if (detail::error_starts(r, "CLUSTERDOWN") || detail::error_starts(r, "MASTERDOWN") ||
+               detail::error_starts(r, "LOADING")) {
+      // The node cannot serve the slot now (failover in progress): the
+      // failure policy decides, and the slot map is read again.
+      s.request_refresh();
+      it.state = fate::failed;
+      it.error = std::make_exception_ptr(connection_error(
+          "ratelimit: redis: " + node->name + " answered " + std::string(r.str, r.len)));
+      return;
+    } else {
+      it.state = fate::failed;
+      it.error = std::make_exception_ptr(
+          script_error("ratelimit: redis: script failed: " + std::string(r.str, r.len)));
+      return;
+    }
+    it.state = fate::failed;
+    it.error = std::make_exception_ptr(script_error(
+        "ratelimit: redis: more than " + std::to_string(s.max_redirects) +
+        " redirects for one check (last: " + std::string(r.str, r.len) + ")"));
+  }
+
+  std::shared_ptr<shared> shared_;
+};
+
+}  // namespace ratelimit::redis

@@ -1,0 +1,275 @@
+// SPDX-License-Identifier: Apache-2.0
+// Test helper: a throwaway 3-master, 3-replica Redis Cluster of child processes.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "../redis/redis_server.hpp"
+#include "ratelimit/redis/cluster_store.hpp"
+
+namespace rltest {
+
+/// Path of redis-cli, next to redis-server.
+inline std::string redis_cli_path() {
+  std::string p = redis_server_path();
+  const auto slash = p.rfind('/');
+  p = (slash == std::string::npos ? std::string() : p.substr(0, slash + 1)) + "redis-cli";
+  if (::access(p.c_str(), X_OK) != 0) {
+    throw std::runtime_error("redis-cli not found next to redis-server: apt-get install redis-tools");
+  }
+  return p;
+}
+
+/// Starts `argv` as a child with stdout/stderr to /dev/null, killed when this
+/// process dies. Call from the main thread (the death signal follows the
+/// thread that forked).
+inline pid_t spawn(std::vector<std::string> args) {
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    const int devnull = ::open("/dev/null", O_RDWR);
+    if (devnull >= 0) {
+      ::dup2(devnull, 0);
+      ::dup2(devnull, 1);
+      ::dup2(devnull, 2);
+    }
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+/// Waits for a child; returns its exit status (-1 when killed by a signal).
+inline int wait_exit(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/// Six redis-server processes on free 127.0.0.1 ports, joined with
+/// `redis-cli --cluster create --cluster-replicas 1` into 3 masters with one
+/// replica each, `--cluster-node-timeout 1000` so failover takes ~2 s,
+/// `--cluster-require-full-coverage no` so the other masters keep serving
+/// while one is down, and `--cluster-replica-validity-factor 0` so a replica
+/// always takes over. Every
+/// process is killed by PID in the destructor, and by the kernel when this
+/// process dies.
+class redis_cluster {
+ public:
+  static constexpr int size = 6;
+
+  redis_cluster() {
+    char tmpl[] = "/tmp/ratelimit-cluster-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
+    dir_ = tmpl;
+    try {
+      start();
+    } catch (...) {
+      stop_all();
+      throw;
+    }
+  }
+  redis_cluster(const redis_cluster&) = delete;
+  redis_cluster& operator=(const redis_cluster&) = delete;
+  ~redis_cluster() { stop_all(); }
+
+  [[nodiscard]] const std::vector<int>& ports() const noexcept { return ports_; }
+
+  /// Options reaching the cluster through one seed, with generous timeouts.
+  [[nodiscard]] ratelimit::redis::cluster_options options() const {
+    ratelimit::redis::cluster_options o;
+    o.seeds.push_back({"127.0.0.1", ports_.front()});
+    o.node.connect_timeout = std::chrono::milliseconds(1000);
+    o.node.command_timeout = std::chrono::milliseconds(2000);
+    return o;
+  }
+
+  /// Redis options of one node.
+  [[nodiscard]] static ratelimit::redis::options node(int port) {
+    ratelimit::redis::options o;
+    o.port = port;
+    o.connect_timeout = std::chrono::milliseconds(1000);
+    o.command_timeout = std::chrono::milliseconds(5000);
+    return o;
+  }
+
+  /// A command's reply as a string (status, bulk string or integer).
+  static std::string ask(int port, std::initializer_list<std::string_view> args) {
+    auto r = command(node(port), args);
+    if (r->type == REDIS_REPLY_INTEGER) return std::to_string(r->integer);
+    if (r->str == nullptr) return {};
+    return std::string(r->str, r->len);
+  }
+
+  /// Node id (CLUSTER MYID) of the node on `port`.
+  static std::string id_of(int port) { return ask(port, {"CLUSTER", "MYID"}); }
+
+  /// Port of the master owning `slot`, asked of a live node.
+  [[nodiscard]] int master_of(std::uint16_t slot) const {
+    for (const int p : live_ports()) {
+      try {
+        auto r = command(node(p), {"CLUSTER", "SLOTS"});
+        for (std::size_t i = 0; i < r->elements; ++i) {
+          const redisReply& e = *r->element[i];
+          if (e.element[0]->integer <= slot && slot <= e.element[1]->integer) {
+            return static_cast<int>(e.element[2]->element[1]->integer);
+          }
+        }
+        return -1;
+      } catch (const ratelimit::store_error&) {
+      }
+    }
+    return -1;
+  }
+
+  /// SIGKILL of the node on `port` (its replica takes over after ~2 s).
+  void kill(int port) {
+    const auto it = pids_.find(port);
+    if (it == pids_.end() || it->second <= 0) return;
+    ::kill(it->second, SIGKILL);
+    (void)wait_exit(it->second);
+    it->second = -1;
+  }
+
+  /// Ports of the processes still running.
+  [[nodiscard]] std::vector<int> live_ports() const {
+    std::vector<int> out;
+    for (const int p : ports_) {
+      if (pids_.at(p) > 0) out.push_back(p);
+    }
+    return out;
+  }
+
+  /// Waits until every live node reports cluster_state:ok.
+  bool wait_ok(std::chrono::milliseconds limit) const {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+      bool ok = true;
+      for (const int p : live_ports()) {
+        try {
+          ok = ok && ask(p, {"CLUSTER", "INFO"}).find("cluster_state:ok") != std::string::npos;
+        } catch (const ratelimit::store_error&) {
+          ok = false;
+        }
+      }
+      if (ok) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+
+  /// Runs redis-cli with `args` and waits; returns its exit status.
+  static int cli(std::vector<std::string> args) { return wait_exit(spawn_cli(std::move(args))); }
+
+  /// Starts redis-cli with `args` without waiting.
+  static pid_t spawn_cli(std::vector<std::string> args) {
+    args.insert(args.begin(), redis_cli_path());
+    return spawn(std::move(args));
+  }
+
+ private:
+  void start() {
+    const std::string exe = redis_server_path();
+    for (int i = 0; i < size; ++i) launch(exe);
+    std::vector<std::string> create = {"--cluster", "create"};
+    for (const int p : ports_) create.push_back("127.0.0.1:" + std::to_string(p));
+    create.insert(create.end(), {"--cluster-replicas", "1", "--cluster-yes"});
+    if (cli(create) != 0) throw std::runtime_error("redis-cli --cluster create failed");
+    if (!wait_ok(std::chrono::seconds(30))) throw std::runtime_error("cluster_state never became ok");
+    // A replica that never synced refuses to fail over: wait for every link.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      int masters = 0, linked = 0;
+      for (const int p : ports_) {
+        const std::string info = ask(p, {"INFO", "replication"});
+        if (info.find("role:master") != std::string::npos) ++masters;
+        if (info.find("master_link_status:up") != std::string::npos) ++linked;
+      }
+      if (masters == size / 2 && linked == size / 2) break;
+      if (std::chrono::steady_clock::now() > until) throw std::runtime_error("replicas never synced");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+
+  void launch(const std::string& exe) {
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      // The cluster bus listens on port + 10000, so the port must be <= 55535.
+      int port = free_port();
+      for (int i = 0; i < 100 && port > 55535; ++i) port = free_port();
+      const std::string ps = std::to_string(port);
+      const pid_t pid = spawn({exe, "--port", ps, "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                               "--cluster-config-file", dir_ + "/nodes-" + ps + ".conf",
+                               "--cluster-node-timeout", "1000",
+                               "--cluster-replica-validity-factor", "0",
+                               "--cluster-require-full-coverage", "no", "--save", "",
+                               "--appendonly", "no", "--dir", dir_, "--daemonize", "no",
+                               "--logfile", dir_ + "/" + ps + ".log"});
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      bool up = false;
+      while (!up && std::chrono::steady_clock::now() < until) {
+        int status = 0;
+        if (::waitpid(pid, &status, WNOHANG) == pid) break;  // exited: port taken?
+        try {
+          up = command(node(port), {"PING"})->type == REDIS_REPLY_STATUS;
+        } catch (const ratelimit::store_error&) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      }
+      if (up) {
+        ports_.push_back(port);
+        pids_[port] = pid;
+        return;
+      }
+      ::kill(pid, SIGKILL);
+      (void)wait_exit(pid);
+    }
+    throw std::runtime_error("redis-server (cluster node) did not start (tried 5 ports)");
+  }
+
+  void stop_all() noexcept {
+    for (auto& [port, pid] : pids_) {
+      if (pid > 0) {
+        ::kill(pid, SIGKILL);
+        (void)wait_exit(pid);
+        pid = -1;
+      }
+    }
+    std::error_code ec;
+    if (!dir_.empty() && std::getenv("RATELIMIT_KEEP_CLUSTER_DIR") == nullptr) {
+      std::filesystem::remove_all(dir_, ec);
+    }
+  }
+
+  std::string dir_;
+  std::vector<int> ports_;
+  std::map<int, pid_t> pids_;
+};
+
+/// The cluster shared by every test of this process, started on first use.
+inline redis_cluster& shared_cluster() {
+  static redis_cluster cluster;
+  return cluster;
+}
+
+}  // namespace rltest
