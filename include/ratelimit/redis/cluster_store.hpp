@@ -272,9 +272,10 @@ class cluster_store {
     using P = typename Config::policy_type;
     ratelimit::detail::check_key(key);
     if (auto* fb = shared_->degrader.template find<P>(cfg)) fb->store.reset(fb->cfg, key);
-    const std::string k = key_for<P>(key);
-    const std::string_view args[] = {"DEL", k};
-    reply_ptr r = shared_->single(key_slot(k), args, 2);
+    const std::vector<std::string> ks = detail::redis_keys(shared_->opts.node.prefix, cfg, key);
+    std::vector<std::string_view> args{"DEL"};
+    for (const std::string& k : ks) args.push_back(k);
+    reply_ptr r = shared_->single(key_slot(ks.front()), args.data(), args.size());
     if (r->type == REDIS_REPLY_ERROR) {
       throw script_error("ratelimit: redis: DEL failed: " + std::string(r->str, r->len));
     }
@@ -638,6 +639,7 @@ class cluster_store {
 
   struct item {
     std::string key;
+    std::vector<std::string> keys;
     std::string time;
     std::string cost;
     node_ptr node;
@@ -704,7 +706,8 @@ class cluster_store {
       s.ensure_map();
       for (std::size_t i = 0; i < n; ++i) {
         item& it = items[i];
-        it.key = key_for<P>(keys[i]);
+        it.keys = detail::redis_keys(shared_->opts.node.prefix, cfg, keys[i]);
+        it.key = it.keys.front();
         if (!server_time) it.time = std::to_string(times[i].count());
         it.cost = std::to_string(costs[i]);
         it.node = s.owner(key_slot(it.key));
@@ -769,7 +772,7 @@ class cluster_store {
               // After NOSCRIPT one EVAL per node loads the script for the rest.
               const bool text = it.with_text && !text_sent;
               text_sent = text_sent || text;
-              detail::append_eval<P>(buf, text, it.key, it.time, it.cost, a, policy_args, floor);
+              detail::append_eval<P>(buf, text, it.keys, it.time, it.cost, a, policy_args, floor);
             }
             (*g.lease)->send(buf, until);
           } catch (const connection_error&) {

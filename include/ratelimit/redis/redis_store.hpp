@@ -28,6 +28,7 @@
 #include "ratelimit/redis/connection_pool.hpp"
 #include "ratelimit/redis/errors.hpp"
 #include "ratelimit/redis/options.hpp"
+#include "ratelimit/redis/scripts/compound.hpp"
 #include "ratelimit/redis/scripts/fixed_window.hpp"
 #include "ratelimit/redis/scripts/gcra.hpp"
 #include "ratelimit/redis/scripts/script_for.hpp"
@@ -186,6 +187,24 @@ template <class P>
   return k;
 }
 
+/// The Redis keys of one check: `redis_key<P>` alone, or, when script_for<P>
+/// declares `append_keys(cfg, base, out)` (compound), the keys it derives from it.
+template <class Config>
+[[nodiscard]] std::vector<std::string> redis_keys(std::string_view prefix, const Config& cfg,
+                                                  std::string_view key) {
+  using P = typename Config::policy_type;
+  std::string base = redis_key<P>(prefix, key);
+  std::vector<std::string> out;
+  if constexpr (requires { script_for<P>::append_keys(cfg, base, out); }) {
+    script_for<P>::append_keys(cfg, base, out);
+  } else {
+    out.push_back(std::move(base));
+  }
+  return out;
+}
+
+#define RATELIMIT_REDIS_MULTI_KEY_SCRIPTS 1
+
 /// The policy name and its script arguments: identifies one config.
 template <class Config>
 [[nodiscard]] std::string config_id(const Config& cfg) {
@@ -203,21 +222,22 @@ template <class Config>
 /// Appends EVALSHA (or EVAL) of P's script for one check. `time` is empty for
 /// server time; `ttl_floor_ms` is "0" for server time.
 template <class P>
-void append_eval(std::string& out, bool with_text, std::string_view key, std::string_view time,
-                 std::string_view cost, access a, const std::vector<std::string>& policy_args,
-                 std::string_view ttl_floor_ms) {
-  std::string_view args[16];
-  std::size_t n = 0;
-  args[n++] = with_text ? "EVAL" : "EVALSHA";
-  args[n++] = with_text ? script_for<P>::text : std::string_view(script_sha<P>());
-  args[n++] = "1";
-  args[n++] = key;
-  args[n++] = time;
-  args[n++] = cost;
-  args[n++] = a == access::peek ? "1" : "0";
-  args[n++] = ttl_floor_ms;
-  for (const std::string& p : policy_args) args[n++] = p;
-  append_command(out, args, n);
+void append_eval(std::string& out, bool with_text, const std::vector<std::string>& keys,
+                 std::string_view time, std::string_view cost, access a,
+                 const std::vector<std::string>& policy_args, std::string_view ttl_floor_ms) {
+  const std::string nkeys = std::to_string(keys.size());
+  std::vector<std::string_view> args;
+  args.reserve(8 + keys.size() + policy_args.size());
+  args.push_back(with_text ? "EVAL" : "EVALSHA");
+  args.push_back(with_text ? script_for<P>::text : std::string_view(script_sha<P>()));
+  args.push_back(nkeys);
+  for (const std::string& k : keys) args.push_back(k);
+  args.push_back(time);
+  args.push_back(cost);
+  args.push_back(a == access::peek ? "1" : "0");
+  args.push_back(ttl_floor_ms);
+  for (const std::string& p : policy_args) args.push_back(p);
+  append_command(out, args.data(), args.size());
 }
 
 [[nodiscard]] inline bool is_noscript(const redisReply& r) noexcept {
@@ -231,11 +251,12 @@ template <class Config>
   if (r.type == REDIS_REPLY_ERROR) {
     throw script_error("ratelimit: redis: script failed: " + std::string(r.str, r.len));
   }
-  if (r.type != REDIS_REPLY_ARRAY || r.elements != 5) {
+  // Five integers, or six when the script reports the decision's limit (compound).
+  if (r.type != REDIS_REPLY_ARRAY || (r.elements != 5 && r.elements != 6)) {
     throw script_error("ratelimit: redis: unexpected script reply");
   }
-  long long v[5];
-  for (std::size_t i = 0; i < 5; ++i) {
+  long long v[6];
+  for (std::size_t i = 0; i < r.elements; ++i) {
     if (r.element[i]->type != REDIS_REPLY_INTEGER) {
       throw script_error("ratelimit: redis: unexpected script reply element");
     }
@@ -244,7 +265,7 @@ template <class Config>
   decision d;
   d.allowed = v[0] != 0;
   d.counted = v[1] != 0;
-  d.limit = cfg.limit();
+  d.limit = r.elements == 6 ? static_cast<units>(v[5]) : cfg.limit();
   d.remaining = static_cast<units>(v[2]);
   d.retry_after = v[3] < 0 ? never : std::chrono::microseconds{v[3]};
   d.reset_after = std::chrono::microseconds{v[4]};
@@ -405,10 +426,11 @@ class redis_store {
     using P = typename Config::policy_type;
     ratelimit::detail::check_key(key);
     if (auto* fb = shared_->degrader.template find<P>(cfg)) fb->store.reset(fb->cfg, key);
-    const std::string k = key_for<P>(key);
-    const std::string_view args[] = {"DEL", k};
+    const std::vector<std::string> ks = detail::redis_keys(shared_->opts.prefix, cfg, key);
+    std::vector<std::string_view> args{"DEL"};
+    for (const std::string& k : ks) args.push_back(k);
     auto lease = acquire();
-    reply_ptr r = lease->command(args, 2, command_deadline());
+    reply_ptr r = lease->command(args.data(), args.size(), command_deadline());
     if (r->type == REDIS_REPLY_ERROR) throw script_error("ratelimit: redis: DEL failed: " + std::string(r->str, r->len));
   }
 
@@ -462,7 +484,7 @@ class redis_store {
 
   /// A key's reply slot in one round trip.
   struct pending {
-    std::string key;
+    std::vector<std::string> keys;
     std::string time;
     std::string cost;
   };
@@ -488,7 +510,7 @@ class redis_store {
   void count_error(const std::exception_ptr& e) noexcept { detail::count_error(shared_->stats, e); }
 
   template <class P>
-  void append_eval(std::string& out, bool with_text, const std::string& key,
+  void append_eval(std::string& out, bool with_text, const std::vector<std::string>& key,
                    const std::string& time, const std::string& cost, access a,
                    const std::vector<std::string>& policy_args, bool server_time) const {
     detail::append_eval<P>(out, with_text, key, time, cost, a, policy_args,
@@ -551,10 +573,10 @@ class redis_store {
     std::vector<pending> items(n);
     std::string buf;
     for (std::size_t i = 0; i < n; ++i) {
-      items[i].key = key_for<P>(keys[i]);
+      items[i].keys = detail::redis_keys(shared_->opts.prefix, cfg, keys[i]);
       items[i].time = server_time ? std::string() : std::to_string(times[i].count());
       items[i].cost = std::to_string(costs[i]);
-      append_eval<P>(buf, false, items[i].key, items[i].time, items[i].cost, a, policy_args,
+      append_eval<P>(buf, false, items[i].keys, items[i].time, items[i].cost, a, policy_args,
                      server_time);
     }
 
@@ -590,7 +612,7 @@ class redis_store {
         buf.clear();
         for (std::size_t j = 0; j < retry.size(); ++j) {
           const pending& p = items[retry[j]];
-          append_eval<P>(buf, j == 0, p.key, p.time, p.cost, a, policy_args, server_time);
+          append_eval<P>(buf, j == 0, p.keys, p.time, p.cost, a, policy_args, server_time);
         }
         lease->send(buf, until);
         for (const std::size_t i : retry) {

@@ -15,34 +15,40 @@
 
 namespace ratelimit::redis {
 
-template <>
-struct script_for<fixed_window> {
-  static constexpr std::string_view name = fixed_window::name;
-  // ARGV[5] = period us, ARGV[6] = limit, ARGV[7] = count_rejected (0/1).
-  static constexpr std::string_view text = RATELIMIT_REDIS_LUA_PRELUDE R"lua(
-local W = tonumber(ARGV[5])
-local limit = tonumber(ARGV[6])
-local count_rejected = ARGV[7] == '1'
-local sw, sn = 0, 0
-local raw = redis.call('GET', key)
-if raw then
-  local p = string.find(raw, ':', 1, true)
-  sw = tonumber(string.sub(raw, 1, p - 1))
-  sn = tonumber(string.sub(raw, p + 1))
-end
-if sn > 0 and t < sw * W then t = sw * W end
-local k = fdiv(t, W)
-local stop = (k + 1) * W
-local same = sn > 0 and sw == k
-local n = 0
-if same then n = sn end
-local allowed = n + cost <= limit
-local counted = 0
-if allowed or count_rejected then
-  n = n + cost
-  if n > CEILING then n = CEILING end
-  counted = 1
-  if not peek then
+namespace detail {
+
+/// The policy as a Lua function `fixed_window(key, t, cost, W, limit,
+/// count_rejected)`: reads the key and decides, writing nothing; the result's
+/// `commit()` writes the new state with its TTL. Besides the script reply it
+/// gives `again` (when the same request is admitted on the state it leaves,
+/// absolute time; set when that state does not admit it) and `idle_at` (when
+/// the state read becomes empty), for the compound script.
+inline constexpr std::string_view fixed_window_lua = R"lua(
+local function fixed_window(key, t, cost, W, limit, count_rejected)
+  local sw, sn = 0, 0
+  local raw = redis.call('GET', key)
+  if raw then
+    local p = string.find(raw, ':', 1, true)
+    sw = tonumber(string.sub(raw, 1, p - 1))
+    sn = tonumber(string.sub(raw, p + 1))
+  end
+  local idle_at = 0
+  if sn > 0 then idle_at = (sw + 1) * W end
+  if sn > 0 and t < sw * W then t = sw * W end
+  local k = fdiv(t, W)
+  local stop = (k + 1) * W
+  local same = sn > 0 and sw == k
+  local n = 0
+  if same then n = sn end
+  local allowed = n + cost <= limit
+  local counted = 0
+  if allowed or count_rejected then
+    n = n + cost
+    if n > CEILING then n = CEILING end
+    counted = 1
+  end
+  local function commit()
+    if counted == 0 then return end
     local v = int(k) .. ':' .. int(n)
     if same then
       redis.call('SET', key, v, 'KEEPTTL')
@@ -50,17 +56,39 @@ if allowed or count_rejected then
       redis.call('SET', key, v, 'PX', ttl(stop - t))
     end
   end
+  local remaining = limit - n
+  if remaining < 0 then remaining = 0 end
+  local again = 0
+  if remaining < cost then
+    if cost > limit then again = -1 else again = stop end
+  end
+  local retry = 0
+  if not allowed then
+    if again < 0 then retry = -1 else retry = again - t end
+  end
+  local reset = 0
+  if n > 0 then reset = stop - t end
+  return {allowed = allowed, counted = counted, remaining = remaining, retry = retry,
+          reset = reset, again = again, idle_at = idle_at, commit = commit}
 end
-local remaining = limit - n
-if remaining < 0 then remaining = 0 end
-local retry = 0
-if not allowed then
-  if cost > limit then retry = -1 else retry = stop - t end
-end
-local reset = 0
-if n > 0 then reset = stop - t end
-return {allowed and 1 or 0, counted, remaining, retry, reset}
 )lua";
+
+/// The script of the policy alone: KEYS[1] and ARGV as documented in script_for.
+inline constexpr std::string_view fixed_window_main_lua = R"lua(
+local r = fixed_window(KEYS[1], t, cost, tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1')
+if not peek then r.commit() end
+return {r.allowed and 1 or 0, r.counted, r.remaining, r.retry, r.reset}
+)lua";
+
+}  // namespace detail
+
+
+template <>
+struct script_for<fixed_window> {
+  static constexpr std::string_view name = fixed_window::name;
+  // ARGV[5] = period us, ARGV[6] = limit, ARGV[7] = count_rejected (0/1).
+  static constexpr std::string_view text =
+      detail::lua_join<detail::lua_prelude, detail::fixed_window_lua, detail::fixed_window_main_lua>::value;
 
   static void append_args(const fixed_window::config& cfg, std::vector<std::string>& out) {
     out.push_back(std::to_string(cfg.period_us()));

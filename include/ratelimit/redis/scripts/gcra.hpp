@@ -14,38 +14,60 @@
 
 namespace ratelimit::redis {
 
+namespace detail {
+
+/// The policy as a Lua function `gcra(key, t, cost, T, burst)`: reads the
+/// key and decides, writing nothing; the result's `commit()` writes the new
+/// TAT with its TTL. `idle_at` as in detail::fixed_window_lua (GCRA
+/// records only admissions, so it needs no `again`).
+inline constexpr std::string_view gcra_lua = R"lua(
+local function gcra(key, t, cost, tv, burst)
+  local tol = burst * tv
+  local tat = 0
+  local raw = redis.call('GET', key)
+  if raw then tat = tonumber(raw) end
+  local idle_at = tat
+  local base = tat
+  if t > base then base = t end
+  local allowed = cost <= burst and (base - t) + cost * tv <= tol
+  local counted = 0
+  if allowed then
+    tat = base + cost * tv
+    counted = 1
+  end
+  local function commit()
+    if counted == 0 then return end
+    redis.call('SET', key, int(tat), 'PX', ttl(tat - t))
+  end
+  local debt = tat - t
+  if debt < 0 then debt = 0 end
+  local remaining = 0
+  if tol - debt > 0 then remaining = fdiv(tol - debt, tv) end
+  local retry = 0
+  if not allowed then
+    if cost > burst then retry = -1 else retry = (tat - t) + cost * tv - tol end
+  end
+  return {allowed = allowed, counted = counted, remaining = remaining, retry = retry,
+          reset = debt, again = 0, idle_at = idle_at, commit = commit}
+end
+)lua";
+
+/// The script of the policy alone: KEYS[1] and ARGV as documented in script_for.
+inline constexpr std::string_view gcra_main_lua = R"lua(
+local r = gcra(KEYS[1], t, cost, tonumber(ARGV[5]), tonumber(ARGV[6]))
+if not peek then r.commit() end
+return {r.allowed and 1 or 0, r.counted, r.remaining, r.retry, r.reset}
+)lua";
+
+}  // namespace detail
+
+
 template <>
 struct script_for<gcra> {
   static constexpr std::string_view name = gcra::name;
   // ARGV[5] = emission interval T us, ARGV[6] = burst.
-  static constexpr std::string_view text = RATELIMIT_REDIS_LUA_PRELUDE R"lua(
-local tv = tonumber(ARGV[5])
-local burst = tonumber(ARGV[6])
-local tol = burst * tv
-local tat = 0
-local raw = redis.call('GET', key)
-if raw then tat = tonumber(raw) end
-local base = tat
-if t > base then base = t end
-local allowed = cost <= burst and (base - t) + cost * tv <= tol
-local counted = 0
-if allowed then
-  tat = base + cost * tv
-  counted = 1
-  if not peek then
-    redis.call('SET', key, int(tat), 'PX', ttl(tat - t))
-  end
-end
-local debt = tat - t
-if debt < 0 then debt = 0 end
-local remaining = 0
-if tol - debt > 0 then remaining = fdiv(tol - debt, tv) end
-local retry = 0
-if not allowed then
-  if cost > burst then retry = -1 else retry = (tat - t) + cost * tv - tol end
-end
-return {allowed and 1 or 0, counted, remaining, retry, debt}
-)lua";
+  static constexpr std::string_view text =
+      detail::lua_join<detail::lua_prelude, detail::gcra_lua, detail::gcra_main_lua>::value;
 
   static void append_args(const gcra::config& cfg, std::vector<std::string>& out) {
     out.push_back(std::to_string(cfg.interval_us()));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <initializer_list>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -49,7 +50,6 @@ inline constexpr timestamp max_script_time{std::int64_t{1} << 52};
   "  if q * b < a then q = q + 1 end\n"                                               \
   "  return q\n"                                                                      \
   "end\n"                                                                             \
-  "local key = KEYS[1]\n"                                                             \
   "local t\n"                                                                         \
   "if ARGV[1] == '' then\n"                                                           \
   "  local tm = redis.call('TIME')\n"                                                 \
@@ -68,6 +68,26 @@ inline constexpr timestamp max_script_time{std::int64_t{1} << 52};
   "end\n"
 
 namespace detail {
+
+/// The prelude as a string_view, for lua_join.
+inline constexpr std::string_view lua_prelude = RATELIMIT_REDIS_LUA_PRELUDE;
+
+/// Several Lua fragments joined at compile time into one constant script
+/// (`value`), so that a script assembled from shared functions is still one
+/// constant text per type, and EVALSHA caching works as for any script.
+template <const std::string_view&... Parts>
+struct lua_join {
+  static constexpr std::size_t size = (Parts.size() + ... + 0);
+  static constexpr std::array<char, size + 1> chars = [] {
+    std::array<char, size + 1> out{};
+    std::size_t i = 0;
+    for (const std::string_view part : {Parts...}) {
+      for (const char c : part) out[i++] = c;
+    }
+    return out;
+  }();
+  static constexpr std::string_view value{chars.data(), size};
+};
 
 /// SHA-1 of a script, as the 40 lower-case hex digits EVALSHA expects.
 [[nodiscard]] inline std::string sha1_hex(std::string_view data) {

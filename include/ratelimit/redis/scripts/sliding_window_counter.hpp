@@ -16,93 +16,120 @@
 
 namespace ratelimit::redis {
 
+namespace detail {
+
+/// The policy as a Lua function `sliding_window_counter(key, t, cost, W,
+/// limit, count_rejected)`: reads the key and decides, writing nothing; the
+/// result's `commit()` writes the new state with its TTL. `again` and
+/// `idle_at` as in detail::fixed_window_lua.
+inline constexpr std::string_view sliding_window_counter_lua = R"lua(
+local function sliding_window_counter(key, t, cost, W, limit, count_rejected)
+  local sk, scur, sprev = 0, 0, 0
+  local raw = redis.call('GET', key)
+  if raw then
+    local a = string.find(raw, ':', 1, true)
+    local b = string.find(raw, ':', a + 1, true)
+    sk = tonumber(string.sub(raw, 1, a - 1))
+    scur = tonumber(string.sub(raw, a + 1, b - 1))
+    sprev = tonumber(string.sub(raw, b + 1))
+  end
+  local seen = scur > 0 or sprev > 0
+  local idle_at = 0
+  if scur > 0 then idle_at = (sk + 2) * W elseif sprev > 0 then idle_at = (sk + 1) * W end
+  if seen and t < sk * W then t = sk * W end
+  local k = fdiv(t, W)
+  local e = t - k * W
+  local cur, prev = 0, 0
+  if seen and k == sk then
+    cur = scur
+    prev = sprev
+  elseif seen and k == sk + 1 then
+    prev = scur
+  end
+  local function estimate(p, c, off, m)
+    local weight = (W - off) / W
+    local weighted = p * weight
+    local with_current = weighted + c
+    return with_current + m
+  end
+  local function passes(p, c, off, m)
+    return estimate(p, c, off, m) <= limit
+  end
+  local function first_passing(p, c, lo)
+    local hi = W - 1
+    if lo > hi or not passes(p, c, hi, cost) then return -1 end
+    while lo < hi do
+      local mid = lo + math.floor((hi - lo) / 2)
+      if passes(p, c, mid, cost) then hi = mid else lo = mid + 1 end
+    end
+    return lo
+  end
+  local allowed = passes(prev, cur, e, cost)
+  local counted = 0
+  if allowed or count_rejected then
+    cur = cur + cost
+    if cur > CEILING then cur = CEILING end
+    counted = 1
+  end
+  local function commit()
+    if counted == 0 then return end
+    redis.call('SET', key, int(k) .. ':' .. int(cur) .. ':' .. int(prev), 'PX', ttl((k + 2) * W - t))
+  end
+  local room = limit - estimate(prev, cur, e, 0)
+  local remaining = 0
+  if room >= 1.0 then remaining = math.floor(room) end
+  while remaining > 0 and not passes(prev, cur, e, remaining) do remaining = remaining - 1 end
+  while passes(prev, cur, e, remaining + 1) do remaining = remaining + 1 end
+  local again = 0
+  if not passes(prev, cur, e, cost) then
+    if cost > limit then
+      again = -1
+    else
+      local in_k = first_passing(prev, cur, e + 1)
+      if in_k >= 0 then
+        again = k * W + in_k
+      else
+        local in_next = first_passing(cur, 0, 0)
+        if in_next >= 0 then
+          again = (k + 1) * W + in_next
+        else
+          again = (k + 2) * W
+        end
+      end
+    end
+  end
+  local retry = 0
+  if not allowed then
+    if again < 0 then retry = -1 else retry = again - t end
+  end
+  local reset = 0
+  if cur > 0 then
+    reset = (k + 2) * W - t
+  elseif prev > 0 then
+    reset = (k + 1) * W - t
+  end
+  return {allowed = allowed, counted = counted, remaining = remaining, retry = retry,
+          reset = reset, again = again, idle_at = idle_at, commit = commit}
+end
+)lua";
+
+/// The script of the policy alone: KEYS[1] and ARGV as documented in script_for.
+inline constexpr std::string_view sliding_window_counter_main_lua = R"lua(
+local r = sliding_window_counter(KEYS[1], t, cost, tonumber(ARGV[5]), tonumber(ARGV[6]),
+                                 ARGV[7] == '1')
+if not peek then r.commit() end
+return {r.allowed and 1 or 0, r.counted, r.remaining, r.retry, r.reset}
+)lua";
+
+}  // namespace detail
+
+
 template <>
 struct script_for<sliding_window_counter> {
   static constexpr std::string_view name = sliding_window_counter::name;
   // ARGV[5] = period us, ARGV[6] = limit, ARGV[7] = count_rejected (0/1).
-  static constexpr std::string_view text = RATELIMIT_REDIS_LUA_PRELUDE R"lua(
-local W = tonumber(ARGV[5])
-local limit = tonumber(ARGV[6])
-local count_rejected = ARGV[7] == '1'
-local sk, scur, sprev = 0, 0, 0
-local raw = redis.call('GET', key)
-if raw then
-  local a = string.find(raw, ':', 1, true)
-  local b = string.find(raw, ':', a + 1, true)
-  sk = tonumber(string.sub(raw, 1, a - 1))
-  scur = tonumber(string.sub(raw, a + 1, b - 1))
-  sprev = tonumber(string.sub(raw, b + 1))
-end
-local seen = scur > 0 or sprev > 0
-if seen and t < sk * W then t = sk * W end
-local k = fdiv(t, W)
-local e = t - k * W
-local cur, prev = 0, 0
-if seen and k == sk then
-  cur = scur
-  prev = sprev
-elseif seen and k == sk + 1 then
-  prev = scur
-end
-local function estimate(p, c, off, m)
-  local weight = (W - off) / W
-  local weighted = p * weight
-  local with_current = weighted + c
-  return with_current + m
-end
-local function passes(p, c, off, m)
-  return estimate(p, c, off, m) <= limit
-end
-local function first_passing(p, c, lo)
-  local hi = W - 1
-  if lo > hi or not passes(p, c, hi, cost) then return -1 end
-  while lo < hi do
-    local mid = lo + math.floor((hi - lo) / 2)
-    if passes(p, c, mid, cost) then hi = mid else lo = mid + 1 end
-  end
-  return lo
-end
-local allowed = passes(prev, cur, e, cost)
-local counted = 0
-if allowed or count_rejected then
-  cur = cur + cost
-  if cur > CEILING then cur = CEILING end
-  counted = 1
-  if not peek then
-    redis.call('SET', key, int(k) .. ':' .. int(cur) .. ':' .. int(prev), 'PX', ttl((k + 2) * W - t))
-  end
-end
-local room = limit - estimate(prev, cur, e, 0)
-local remaining = 0
-if room >= 1.0 then remaining = math.floor(room) end
-while remaining > 0 and not passes(prev, cur, e, remaining) do remaining = remaining - 1 end
-while passes(prev, cur, e, remaining + 1) do remaining = remaining + 1 end
-local retry = 0
-if not allowed then
-  if cost > limit then
-    retry = -1
-  else
-    local in_k = first_passing(prev, cur, e + 1)
-    if in_k >= 0 then
-      retry = in_k - e
-    else
-      local in_next = first_passing(cur, 0, 0)
-      if in_next >= 0 then
-        retry = (k + 1) * W + in_next - t
-      else
-        retry = (k + 2) * W - t
-      end
-    end
-  end
-end
-local reset = 0
-if cur > 0 then
-  reset = (k + 2) * W - t
-elseif prev > 0 then
-  reset = (k + 1) * W - t
-end
-return {allowed and 1 or 0, counted, remaining, retry, reset}
-)lua";
+  static constexpr std::string_view text =
+      detail::lua_join<detail::lua_prelude, detail::sliding_window_counter_lua, detail::sliding_window_counter_main_lua>::value;
 
   static void append_args(const sliding_window_counter::config& cfg,
                           std::vector<std::string>& out) {

@@ -14,44 +14,66 @@
 
 namespace ratelimit::redis {
 
+namespace detail {
+
+/// The policy as a Lua function `token_bucket(key, t, cost, L, P, burst)`:
+/// reads the key and decides, writing nothing; the result's `commit()` writes
+/// the new state with its TTL. `idle_at` as in detail::fixed_window_lua
+/// (a bucket records only admissions, so it needs no `again`).
+inline constexpr std::string_view token_bucket_lua = R"lua(
+local function token_bucket(key, t, cost, L, P, burst)
+  local cap = burst * P
+  local sd, sl = 0, 0
+  local raw = redis.call('GET', key)
+  if raw then
+    local p = string.find(raw, ':', 1, true)
+    sd = tonumber(string.sub(raw, 1, p - 1))
+    sl = tonumber(string.sub(raw, p + 1))
+  end
+  local idle_at = 0
+  if sd > 0 then idle_at = sl + cdiv(sd, L) end
+  if sd > 0 and t < sl then t = sl end
+  local deficit = 0
+  if sd > 0 then
+    local elapsed = t - sl
+    if elapsed < cdiv(sd, L) then deficit = sd - elapsed * L end
+  end
+  local allowed = cost <= burst and deficit + cost * P <= cap
+  local counted = 0
+  if allowed then
+    deficit = deficit + cost * P
+    counted = 1
+  end
+  local function commit()
+    if counted == 0 then return end
+    redis.call('SET', key, int(deficit) .. ':' .. int(t), 'PX', ttl(cdiv(deficit, L)))
+  end
+  local remaining = fdiv(cap - deficit, P)
+  local retry = 0
+  if not allowed then
+    if cost > burst then retry = -1 else retry = cdiv(deficit + cost * P - cap, L) end
+  end
+  return {allowed = allowed, counted = counted, remaining = remaining, retry = retry,
+          reset = cdiv(deficit, L), again = 0, idle_at = idle_at, commit = commit}
+end
+)lua";
+
+/// The script of the policy alone: KEYS[1] and ARGV as documented in script_for.
+inline constexpr std::string_view token_bucket_main_lua = R"lua(
+local r = token_bucket(KEYS[1], t, cost, tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]))
+if not peek then r.commit() end
+return {r.allowed and 1 or 0, r.counted, r.remaining, r.retry, r.reset}
+)lua";
+
+}  // namespace detail
+
+
 template <>
 struct script_for<token_bucket> {
   static constexpr std::string_view name = token_bucket::name;
   // ARGV[5] = ticks per us (L), ARGV[6] = ticks per token (P), ARGV[7] = burst.
-  static constexpr std::string_view text = RATELIMIT_REDIS_LUA_PRELUDE R"lua(
-local L = tonumber(ARGV[5])
-local P = tonumber(ARGV[6])
-local burst = tonumber(ARGV[7])
-local cap = burst * P
-local sd, sl = 0, 0
-local raw = redis.call('GET', key)
-if raw then
-  local p = string.find(raw, ':', 1, true)
-  sd = tonumber(string.sub(raw, 1, p - 1))
-  sl = tonumber(string.sub(raw, p + 1))
-end
-if sd > 0 and t < sl then t = sl end
-local deficit = 0
-if sd > 0 then
-  local elapsed = t - sl
-  if elapsed < cdiv(sd, L) then deficit = sd - elapsed * L end
-end
-local allowed = cost <= burst and deficit + cost * P <= cap
-local counted = 0
-if allowed then
-  deficit = deficit + cost * P
-  counted = 1
-  if not peek then
-    redis.call('SET', key, int(deficit) .. ':' .. int(t), 'PX', ttl(cdiv(deficit, L)))
-  end
-end
-local remaining = fdiv(cap - deficit, P)
-local retry = 0
-if not allowed then
-  if cost > burst then retry = -1 else retry = cdiv(deficit + cost * P - cap, L) end
-end
-return {allowed and 1 or 0, counted, remaining, retry, cdiv(deficit, L)}
-)lua";
+  static constexpr std::string_view text =
+      detail::lua_join<detail::lua_prelude, detail::token_bucket_lua, detail::token_bucket_main_lua>::value;
 
   static void append_args(const token_bucket::config& cfg, std::vector<std::string>& out) {
     out.push_back(std::to_string(cfg.ticks_per_us()));
