@@ -144,7 +144,8 @@ struct outcome {
 template <class P>
 outcome play(const traffic& t) {
   rl::manual_clock clock;
-  rl::limiter<P, rl::memory_store<P>, rl::manual_clock> lim{typename P::config{rule}, rl::memory_store<P>{}, clock};
+  rl::limiter<P, rl::memory_store<P>, rl::manual_clock> lim{typename P::config{rule},
+                                                            rl::memory_store<P>{}, clock};
   const rl::units limit = lim.config().get_rate().limit();
 
   outcome out;
@@ -162,7 +163,8 @@ outcome play(const traffic& t) {
     }
   }
   for (std::size_t who = 0; who < t.numbers.size(); ++who) {
-    if (blocked[who]) ++(who < t.numbers.size() - t.abusive ? out.blocked_normal : out.blocked_abusive);
+    if (blocked[who])
+      ++(who < t.numbers.size() - t.abusive ? out.blocked_normal : out.blocked_abusive);
     // Largest number of admitted calls in any (t - 15 min, t]: slide over the
     // number's admitted calls (already in time order).
     const auto& times = admitted_at[who];
@@ -209,8 +211,8 @@ std::uint64_t parse_number(std::string_view flag, std::string_view text, std::ui
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (text.empty() || ec != std::errc{} || end != text.data() + text.size() || value < min ||
       value > max) {
-    usage_error(std::string(flag) + " expects a whole number from " + std::to_string(min) +
-                " to " + std::to_string(max) + ", got '" + std::string(text) + "'");
+    usage_error(std::string(flag) + " expects a whole number from " + std::to_string(min) + " to " +
+                std::to_string(max) + ", got '" + std::string(text) + "'");
   }
   return value;
 }
@@ -246,10 +248,11 @@ int main(int argc, char** argv) {
   try {
     const traffic t = generate(o);
     std::printf("rule: more than 10 calls in 15 minutes is rejected (rate %s)\n", rule);
-    std::printf("day: %zu calls from %zu numbers (%zu abusive, %zu of them bursting across "
-                "quarter-hour edges), seed %llu\n\n",
-                t.calls.size(), t.numbers.size(), t.abusive, (t.abusive + 2) / 3,
-                static_cast<unsigned long long>(o.seed));
+    std::printf(
+        "day: %zu calls from %zu numbers (%zu abusive, %zu of them bursting across "
+        "quarter-hour edges), seed %llu\n\n",
+        t.calls.size(), t.numbers.size(), t.abusive, (t.abusive + 2) / 3,
+        static_cast<unsigned long long>(o.seed));
 
     const outcome results[] = {play<rl::fixed_window>(t), play<rl::sliding_window_log>(t),
                                play<rl::sliding_window_counter>(t), play<rl::token_bucket>(t),

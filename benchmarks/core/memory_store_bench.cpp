@@ -209,8 +209,8 @@ void measure_memory() {
   const std::size_t after = heap_in_use();
   lim.reset();
   fresh_heap();
-  bytes_per_key()[std::string(P::name)] =
-      static_cast<double>(after - before) / static_cast<double>(keys.size());
+  bytes_per_key()[std::string(P::name)] = static_cast<double>(after - before) /
+                                          static_cast<double>(keys.size());
 }
 
 void measure_floor_memory() {
@@ -221,8 +221,8 @@ void measure_floor_memory() {
   const std::size_t after = heap_in_use();
   counts.reset();
   fresh_heap();
-  bytes_per_key()["unordered_map"] =
-      static_cast<double>(after - before) / static_cast<double>(keys.size());
+  bytes_per_key()["unordered_map"] = static_cast<double>(after - before) /
+                                     static_cast<double>(keys.size());
 }
 
 void add_memory_counters(benchmark::State& state, std::string_view name) {
@@ -316,14 +316,14 @@ constexpr scenario many_keys_now{many_keys, time_source::passed, traffic::admitt
 constexpr scenario many_keys_clock{many_keys, time_source::steady, traffic::admitted};
 constexpr scenario many_keys_rejected{many_keys, time_source::passed, traffic::rejected};
 
-#define RATELIMIT_POLICY_BENCHMARKS(fn)                                                         \
-  BENCHMARK_CAPTURE(fn, hot_key_now, hot_key_now)->Threads(1)->Threads(2)->UseRealTime();       \
-  BENCHMARK_CAPTURE(fn, hot_key_clock, hot_key_clock)->Threads(1)->Threads(2)->UseRealTime();   \
-  BENCHMARK_CAPTURE(fn, many_keys_now, many_keys_now)->Threads(1)->Threads(2)->UseRealTime();   \
+#define RATELIMIT_POLICY_BENCHMARKS(fn)                                                           \
+  BENCHMARK_CAPTURE(fn, hot_key_now, hot_key_now)->Threads(1)->Threads(2)->UseRealTime();         \
+  BENCHMARK_CAPTURE(fn, hot_key_clock, hot_key_clock)->Threads(1)->Threads(2)->UseRealTime();     \
+  BENCHMARK_CAPTURE(fn, many_keys_now, many_keys_now)->Threads(1)->Threads(2)->UseRealTime();     \
   BENCHMARK_CAPTURE(fn, many_keys_clock, many_keys_clock)->Threads(1)->Threads(2)->UseRealTime(); \
-  BENCHMARK_CAPTURE(fn, many_keys_rejected, many_keys_rejected)                                 \
-      ->Threads(1)                                                                              \
-      ->Threads(2)                                                                              \
+  BENCHMARK_CAPTURE(fn, many_keys_rejected, many_keys_rejected)                                   \
+      ->Threads(1)                                                                                \
+      ->Threads(2)                                                                                \
       ->UseRealTime()
 
 BENCHMARK_CAPTURE(BM_Floor_UnorderedMap, hot_key, std::size_t{1})->Threads(1)->UseRealTime();

@@ -38,8 +38,8 @@ redis::redis_store& single() {
 redis::cluster_store& cluster() {
   static redis::cluster_store store([] {
     const char* url = std::getenv("RATELIMIT_BENCH_CLUSTER_URL");
-    redis::cluster_options o =
-        redis::parse_cluster_url(url != nullptr ? url : "redis-cluster://127.0.0.1:7000");
+    redis::cluster_options o = redis::parse_cluster_url(
+        url != nullptr ? url : "redis-cluster://127.0.0.1:7000");
     o.node.pool_size = pool_per_node;
     o.node.command_timeout = std::chrono::milliseconds(2000);
     o.node.prefix = "bench:";
@@ -69,7 +69,8 @@ void checks(benchmark::State& state, Store& shared) {
   const auto& keys = phones();
   std::size_t i = static_cast<std::size_t>(state.thread_index()) * 997;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(store.apply(cfg, keys[i++ % keys.size()], store_time, 1, access::consume));
+    benchmark::DoNotOptimize(
+        store.apply(cfg, keys[i++ % keys.size()], store_time, 1, access::consume));
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
 }
@@ -83,15 +84,24 @@ void batches(benchmark::State& state, Store& shared) {
   std::size_t i = static_cast<std::size_t>(state.thread_index()) * 3331;
   for (auto _ : state) {
     for (auto& it : items) it.key = keys[i++ % keys.size()];
-    benchmark::DoNotOptimize(store.apply_batch(cfg, std::span<const redis::batch_item>(items), store_time));
+    benchmark::DoNotOptimize(
+        store.apply_batch(cfg, std::span<const redis::batch_item>(items), store_time));
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * 100);
 }
 
-void BM_Gcra_RedisStore_Pool(benchmark::State& s) { checks(s, single()); }
-void BM_Gcra_ClusterStore_Pool(benchmark::State& s) { checks(s, cluster()); }
-void BM_Gcra_RedisStore_Batch100(benchmark::State& s) { batches(s, single()); }
-void BM_Gcra_ClusterStore_Batch100(benchmark::State& s) { batches(s, cluster()); }
+void BM_Gcra_RedisStore_Pool(benchmark::State& s) {
+  checks(s, single());
+}
+void BM_Gcra_ClusterStore_Pool(benchmark::State& s) {
+  checks(s, cluster());
+}
+void BM_Gcra_RedisStore_Batch100(benchmark::State& s) {
+  batches(s, single());
+}
+void BM_Gcra_ClusterStore_Batch100(benchmark::State& s) {
+  batches(s, cluster());
+}
 
 BENCHMARK(BM_Gcra_RedisStore_Pool)->ThreadRange(1, 16)->UseRealTime();
 BENCHMARK(BM_Gcra_ClusterStore_Pool)->ThreadRange(1, 16)->UseRealTime();

@@ -55,7 +55,8 @@ void sequential(benchmark::State& state) {
   const auto& keys = phones();
   std::size_t i = 0;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(store.apply(cfg, keys[i++ % keys.size()], store_time, 1, access::consume));
+    benchmark::DoNotOptimize(
+        store.apply(cfg, keys[i++ % keys.size()], store_time, 1, access::consume));
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
 }
@@ -71,7 +72,8 @@ void BM_Gcra_RedisStore_Pool(benchmark::State& state) {
   const auto& keys = phones();
   std::size_t i = static_cast<std::size_t>(state.thread_index()) * 997;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(store.apply(cfg, keys[i++ % keys.size()], store_time, 1, access::consume));
+    benchmark::DoNotOptimize(
+        store.apply(cfg, keys[i++ % keys.size()], store_time, 1, access::consume));
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
 }
@@ -91,15 +93,27 @@ void batched(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * 100);
 }
 
-void BM_FixedWindow_RedisStore_Sequential(benchmark::State& s) { sequential<fixed_window>(s); }
-void BM_SlidingLog_RedisStore_Sequential(benchmark::State& s) { sequential<sliding_window_log>(s); }
+void BM_FixedWindow_RedisStore_Sequential(benchmark::State& s) {
+  sequential<fixed_window>(s);
+}
+void BM_SlidingLog_RedisStore_Sequential(benchmark::State& s) {
+  sequential<sliding_window_log>(s);
+}
 void BM_SlidingCounter_RedisStore_Sequential(benchmark::State& s) {
   sequential<sliding_window_counter>(s);
 }
-void BM_TokenBucket_RedisStore_Sequential(benchmark::State& s) { sequential<token_bucket>(s); }
-void BM_Gcra_RedisStore_Sequential(benchmark::State& s) { sequential<gcra>(s); }
-void BM_Gcra_RedisStore_Batch100(benchmark::State& s) { batched<gcra>(s); }
-void BM_FixedWindow_RedisStore_Batch100(benchmark::State& s) { batched<fixed_window>(s); }
+void BM_TokenBucket_RedisStore_Sequential(benchmark::State& s) {
+  sequential<token_bucket>(s);
+}
+void BM_Gcra_RedisStore_Sequential(benchmark::State& s) {
+  sequential<gcra>(s);
+}
+void BM_Gcra_RedisStore_Batch100(benchmark::State& s) {
+  batched<gcra>(s);
+}
+void BM_FixedWindow_RedisStore_Batch100(benchmark::State& s) {
+  batched<fixed_window>(s);
+}
 
 BENCHMARK(BM_FixedWindow_RedisStore_Sequential)->UseRealTime();
 BENCHMARK(BM_SlidingLog_RedisStore_Sequential)->UseRealTime();
@@ -141,12 +155,18 @@ int main(int argc, char** argv) {
   }
   if (argc >= 3 && std::strcmp(argv[1], "--print-script") == 0) {
     const std::string_view p = argv[2];
-    if (p == "gcra") std::cout << redis::script_for<gcra>::text;
-    else if (p == "fixed_window") std::cout << redis::script_for<fixed_window>::text;
-    else if (p == "token_bucket") std::cout << redis::script_for<token_bucket>::text;
-    else if (p == "sliding_counter") std::cout << redis::script_for<sliding_window_counter>::text;
-    else if (p == "sliding_log") std::cout << redis::script_for<sliding_window_log>::text;
-    else return 2;
+    if (p == "gcra")
+      std::cout << redis::script_for<gcra>::text;
+    else if (p == "fixed_window")
+      std::cout << redis::script_for<fixed_window>::text;
+    else if (p == "token_bucket")
+      std::cout << redis::script_for<token_bucket>::text;
+    else if (p == "sliding_counter")
+      std::cout << redis::script_for<sliding_window_counter>::text;
+    else if (p == "sliding_log")
+      std::cout << redis::script_for<sliding_window_log>::text;
+    else
+      return 2;
     return 0;
   }
   benchmark::Initialize(&argc, argv);

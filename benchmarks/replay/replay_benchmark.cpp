@@ -86,23 +86,36 @@ void BM_Replay_Summary_AllPolicies(benchmark::State& state) {
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(r.events * state.iterations()));
   state.counters["keys"] = static_cast<double>(r.keys);
-  state.counters["tool_bytes_per_key"] =
-      static_cast<double>(r.tool_bytes) / static_cast<double>(r.keys);
+  state.counters["tool_bytes_per_key"] = static_cast<double>(r.tool_bytes) /
+                                         static_cast<double>(r.keys);
   for (const policy_summary& p : r.policies) {
-    state.counters[std::string(policy_name(p.id)) + "_Mev_s"] =
-        static_cast<double>(r.events) / (r.shared_seconds + p.seconds) / 1e6;
+    state.counters[std::string(policy_name(p.id)) + "_Mev_s"] = static_cast<double>(r.events) /
+                                                                (r.shared_seconds + p.seconds) /
+                                                                1e6;
     state.counters[std::string(policy_name(p.id)) + "_state_B_per_key"] = p.state_bytes_per_key;
   }
 }
 
 }  // namespace
 
-BENCHMARK_TEMPLATE(BM_Replay_MemoryStore, fixed_window)->Name("BM_FixedWindow_MemoryStore_Replay")->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_Replay_MemoryStore, sliding_window_log)->Name("BM_SlidingLog_MemoryStore_Replay")->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_Replay_MemoryStore, sliding_window_counter)->Name("BM_SlidingCounter_MemoryStore_Replay")->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_Replay_MemoryStore, token_bucket)->Name("BM_TokenBucket_MemoryStore_Replay")->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_Replay_MemoryStore, gcra)->Name("BM_Gcra_MemoryStore_Replay")->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_Replay_MemoryStore, fixed_window)
+    ->Name("BM_FixedWindow_MemoryStore_Replay")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_Replay_MemoryStore, sliding_window_log)
+    ->Name("BM_SlidingLog_MemoryStore_Replay")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_Replay_MemoryStore, sliding_window_counter)
+    ->Name("BM_SlidingCounter_MemoryStore_Replay")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_Replay_MemoryStore, token_bucket)
+    ->Name("BM_TokenBucket_MemoryStore_Replay")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_Replay_MemoryStore, gcra)
+    ->Name("BM_Gcra_MemoryStore_Replay")
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Replay_ParseOnly)->Name("BM_Replay_ParseOnly")->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Replay_Summary_AllPolicies)->Name("BM_Replay_Summary_AllPolicies")->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Replay_Summary_AllPolicies)
+    ->Name("BM_Replay_Summary_AllPolicies")
+    ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

@@ -209,8 +209,7 @@ namespace detail {
 
 [[nodiscard]] inline std::string pct(double part, double whole, int decimals = 2) {
   std::ostringstream o;
-  o << std::fixed << std::setprecision(decimals) << (whole > 0 ? 100.0 * part / whole : 0.0)
-    << '%';
+  o << std::fixed << std::setprecision(decimals) << (whole > 0 ? 100.0 * part / whole : 0.0) << '%';
   return o.str();
 }
 
@@ -258,8 +257,8 @@ inline void print_summary(std::ostream& out, const analysis_result& r, const lim
                           std::string_view input_name) {
   using namespace detail;
   const rate& rt = s.r;
-  out << "Replayed " << group(r.events) << " events from " << input_name << ": "
-      << group(r.keys) << " keys";
+  out << "Replayed " << group(r.events) << " events from " << input_name << ": " << group(r.keys)
+      << " keys";
   if (r.labelled) {
     out << " (" << group(r.abusive_keys) << " labelled abusive, " << group(r.normal_keys)
         << " normal)";
@@ -295,8 +294,7 @@ inline void print_summary(std::ostream& out, const analysis_result& r, const lim
       << r.policies.size() + r.sweep.size() << " policy runs): "
       << rate_per_s(r.total_seconds > 0 ? static_cast<double>(r.events) / r.total_seconds : 0.0)
       << " events/s.\nTool bookkeeping beyond the policy state: "
-      << bytes(r.keys == 0 ? 0.0
-                           : static_cast<double>(r.tool_bytes) / static_cast<double>(r.keys))
+      << bytes(r.keys == 0 ? 0.0 : static_cast<double>(r.tool_bytes) / static_cast<double>(r.keys))
       << " per key at peak (key bytes, key index, per-key info, window rings), plus a 1 MiB"
          " read buffer.\n";
 }
@@ -319,8 +317,8 @@ inline void print_sweep(std::ostream& out, const analysis_result& r, const limit
         << pad(pct(static_cast<double>(p.rejected), static_cast<double>(r.events)), 16);
     if (r.labelled) {
       out << pad(group(p.abusive_caught) + "/" + group(r.abusive_keys) + " " +
-                     pct(static_cast<double>(p.abusive_caught),
-                         static_cast<double>(r.abusive_keys), 1),
+                     pct(static_cast<double>(p.abusive_caught), static_cast<double>(r.abusive_keys),
+                         1),
                  24)
           << pad(group(p.normal_blocked) + "/" + group(r.normal_keys) + " " +
                      pct(static_cast<double>(p.normal_blocked), static_cast<double>(r.normal_keys)),
@@ -359,8 +357,8 @@ inline void print_sweep(std::ostream& out, const analysis_result& r, const limit
   }
   out << "\nPeak calls per key in any " << w
       << " window (t-W, t], all attempts counted (what a threshold is compared with):\n\n"
-      << pad("keys", 16, true) << pad("count", 9) << pad("p50", 7) << pad("p90", 7)
-      << pad("p99", 7) << pad("p99.9", 7) << pad("max", 7) << '\n';
+      << pad("keys", 16, true) << pad("count", 9) << pad("p50", 7) << pad("p90", 7) << pad("p99", 7)
+      << pad("p99.9", 7) << pad("max", 7) << '\n';
   const auto row = [&](const char* name, int label) {
     std::vector<std::uint32_t> v;
     for (const auto& [peak, l] : r.key_peaks) {
@@ -391,8 +389,11 @@ inline void write_sweep_plot(std::ostream& o, const analysis_result& r, const li
   const std::string x = "limit (calls per " + format_duration(r.window_us) + ")";
   if (r.labelled) {
     panels[0] = {"Abusive callers caught", x, "% of abusive keys blocked at least once", true, {}};
-    panels[1] = {"Normal callers wrongly blocked", x,
-                 "false-reject rate: % of normal keys blocked", false, {}};
+    panels[1] = {"Normal callers wrongly blocked",
+                 x,
+                 "false-reject rate: % of normal keys blocked",
+                 false,
+                 {}};
   } else {
     panels[0] = {"Keys blocked at least once", x, "% of keys", false, {}};
     panels[1] = {"Calls rejected", x, "% of calls", false, {}};
@@ -404,12 +405,14 @@ inline void write_sweep_plot(std::ostream& o, const analysis_result& r, const li
       if (p.id != id) continue;
       const auto xl = static_cast<double>(p.limit);
       if (r.labelled) {
-        a.points.emplace_back(xl, r.abusive_keys == 0 ? 0.0
-                                                      : 100.0 * static_cast<double>(p.abusive_caught) /
-                                                            static_cast<double>(r.abusive_keys));
-        b.points.emplace_back(xl, r.normal_keys == 0 ? 0.0
-                                                     : 100.0 * static_cast<double>(p.normal_blocked) /
-                                                           static_cast<double>(r.normal_keys));
+        a.points.emplace_back(xl, r.abusive_keys == 0
+                                      ? 0.0
+                                      : 100.0 * static_cast<double>(p.abusive_caught) /
+                                            static_cast<double>(r.abusive_keys));
+        b.points.emplace_back(xl, r.normal_keys == 0
+                                      ? 0.0
+                                      : 100.0 * static_cast<double>(p.normal_blocked) /
+                                            static_cast<double>(r.normal_keys));
       } else {
         a.points.emplace_back(xl, r.keys == 0 ? 0.0
                                               : 100.0 * static_cast<double>(p.keys_blocked) /
@@ -425,8 +428,9 @@ inline void write_sweep_plot(std::ostream& o, const analysis_result& r, const li
   }
   const std::string subtitle = detail::describe_settings(s) +
                                "; each limit is also the burst of token_bucket and gcra";
-  write_svg_chart(o, "Rate-limit threshold sweep: " + detail::group(r.events) + " calls, " +
-                         detail::group(r.keys) + " callers",
+  write_svg_chart(o,
+                  "Rate-limit threshold sweep: " + detail::group(r.events) + " calls, " +
+                      detail::group(r.keys) + " callers",
                   subtitle, panels);
 }
 
@@ -449,8 +453,8 @@ int run_decisions(const cli_options& o, std::istream& std_in, std::ostream& out,
       replay_decisions<P>(reader, cfg, store, buffer, o.skip_bad_lines ? &out : nullptr);
       out.write(buffer.data(), static_cast<std::streamsize>(buffer.size()));
       if (o.skip_bad_lines && reader.skipped() > 0) {
-        err << "ratelimit-replay: skipped " << reader.skipped() << " bad line(s); first: "
-            << reader.first_skipped() << '\n';
+        err << "ratelimit-replay: skipped " << reader.skipped()
+            << " bad line(s); first: " << reader.first_skipped() << '\n';
       }
       return 0;
     }
@@ -470,8 +474,8 @@ int run_decisions(const cli_options& o, std::istream& std_in, std::ostream& out,
     replay_decisions<P>(reader, cfg, store, buffer, stream ? &out : nullptr);
     out.write(buffer.data(), static_cast<std::streamsize>(buffer.size()));
     if (reader.skipped() > 0) {
-      err << "ratelimit-replay: skipped " << reader.skipped() << " bad line(s); first: "
-          << reader.first_skipped() << '\n';
+      err << "ratelimit-replay: skipped " << reader.skipped()
+          << " bad line(s); first: " << reader.first_skipped() << '\n';
     }
     return 0;
   });
@@ -517,8 +521,8 @@ inline int run_analysis(const cli_options& o, std::istream& std_in, std::ostream
 
 /// Runs the tool: returns the exit status (0 ok, 2 usage or input error,
 /// 1 other failure). Messages go to `err`, results to `out`.
-inline int run_replay(const std::vector<std::string>& args, std::istream& std_in,
-                      std::ostream& out, std::ostream& err) {
+inline int run_replay(const std::vector<std::string>& args, std::istream& std_in, std::ostream& out,
+                      std::ostream& err) {
   cli_options o;
   try {
     o = parse_cli(args);

@@ -182,8 +182,9 @@ class csv_reader {
         }
         if (p < end_ && b[p] != ',' && b[p] != '\n' && b[p] != '\r') {
           err_line_ = line;
-          return fail(p, "unexpected character after a closing quote (a quoted field must end "
-                         "at a comma or the end of the line)");
+          return fail(p,
+                      "unexpected character after a closing quote (a quoted field must end "
+                      "at a comma or the end of the line)");
         }
         if (p < end_ && b[p] == '\r') {
           if (p + 1 == end_ && !eof_) return parse_result::need_more;
@@ -198,8 +199,9 @@ class csv_reader {
         if (p == end_ && !eof_) return parse_result::need_more;
         if (p < end_ && b[p] == '"') {
           err_line_ = line;
-          return fail(p, "a quote inside an unquoted field (quote the whole field and double "
-                         "the quote)");
+          return fail(p,
+                      "a quote inside an unquoted field (quote the whole field and double "
+                      "the quote)");
         }
         if (p < end_ && b[p] == '\0') {
           err_line_ = line;
@@ -240,8 +242,8 @@ class csv_reader {
       while (end - p >= 8) {
         std::uint64_t x = 0;
         std::memcpy(&x, b + p, 8);
-        const std::uint64_t m =
-            zero(x ^ (ones * ',')) | zero(x ^ (ones * '\n')) | zero(x ^ (ones * '"')) | zero(x);
+        const std::uint64_t m = zero(x ^ (ones * ',')) | zero(x ^ (ones * '\n')) |
+                                zero(x ^ (ones * '"')) | zero(x);
         if (m != 0) return p + static_cast<std::size_t>(std::countr_zero(m)) / 8;
         p += 8;
       }

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // ratelimit-gen-trace: writes a seeded synthetic telephony log for ratelimit-replay.
+#include "gen_trace.hpp"
+
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -8,12 +10,12 @@
 #include <string_view>
 #include <vector>
 
-#include "gen_trace.hpp"
 #include "ratelimit/rate.hpp"
 
 namespace {
 
-constexpr std::string_view usage = R"(ratelimit-gen-trace: write a synthetic telephony log (CSV) for ratelimit-replay.
+constexpr std::string_view usage =
+    R"(ratelimit-gen-trace: write a synthetic telephony log (CSV) for ratelimit-replay.
 
 Usage: ratelimit-gen-trace [options] [--out FILE]
 
@@ -32,7 +34,8 @@ Usage: ratelimit-gen-trace [options] [--out FILE]
 )";
 
 [[noreturn]] void fail(const std::string& msg) {
-  std::cerr << "ratelimit-gen-trace: usage error: " << msg << "\nTry 'ratelimit-gen-trace --help'.\n";
+  std::cerr << "ratelimit-gen-trace: usage error: " << msg
+            << "\nTry 'ratelimit-gen-trace --help'.\n";
   std::exit(2);
 }
 
@@ -58,7 +61,8 @@ int main(int argc, char** argv) {
       std::cout << usage;
       return 0;
     }
-    if (i + 1 >= args.size()) fail(a.starts_with("-") ? a + " needs a value" : "unexpected \"" + a + "\"");
+    if (i + 1 >= args.size())
+      fail(a.starts_with("-") ? a + " needs a value" : "unexpected \"" + a + "\"");
     const std::string& v = args[++i];
     if (a == "--seed") {
       o.seed = static_cast<std::uint64_t>(whole(a, v, INT64_MAX));

@@ -27,7 +27,7 @@ struct gen_options {
   std::size_t robocallers = 12;    ///< abusive callers (label 1): bursts, some slow and steady
   std::size_t edge_bursters = 4;   ///< abusive callers (label 1) bursting across window edges
   std::int64_t window_us = 15 * 60'000'000;  ///< the window whose edges edge bursters straddle
-  int edge_burst = 10;             ///< calls on each side of a window edge
+  int edge_burst = 10;                       ///< calls on each side of a window edge
   enum class time_format { us, seconds, iso } format = time_format::us;
 };
 
@@ -205,8 +205,8 @@ inline void write_trace_csv(std::ostream& out, const gen_trace& t, const gen_opt
                             bool header = true) {
   std::string buf;
   if (header) {
-    buf += "# synthetic telephony log from ratelimit-gen-trace --seed " +
-           std::to_string(o.seed) + " (label 1 = abusive caller)\n";
+    buf += "# synthetic telephony log from ratelimit-gen-trace --seed " + std::to_string(o.seed) +
+           " (label 1 = abusive caller)\n";
     buf += "timestamp,caller,cost,label\n";
   }
   for (const gen_event& e : t.events) {

@@ -2,10 +2,11 @@
 // Opens the Redis or Redis Cluster store for --store URLs (compiled only when the ratelimit_redis target exists).
 #pragma once
 
+#include <unistd.h>
+
 #include <chrono>
 #include <string>
 #include <string_view>
-#include <unistd.h>
 
 #include "ratelimit/redis.hpp"
 #include "ratelimit/redis/cluster_store.hpp"

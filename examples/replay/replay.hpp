@@ -40,7 +40,13 @@ namespace ratelimit::replay {
 // Policies and their configuration
 
 /// The five policies, in the order every table lists them.
-enum class policy_id : unsigned char { fixed_window, sliding_log, sliding_counter, token_bucket, gcra };
+enum class policy_id : unsigned char {
+  fixed_window,
+  sliding_log,
+  sliding_counter,
+  token_bucket,
+  gcra
+};
 inline constexpr std::size_t policy_count = 5;
 inline constexpr policy_id all_policies[policy_count] = {
     policy_id::fixed_window, policy_id::sliding_log, policy_id::sliding_counter,
@@ -89,7 +95,7 @@ inline constexpr bool is_bucket_v = std::is_same_v<P, token_bucket> || std::is_s
 /// What the user asked for: one rate, a burst for bucket/GCRA, count_rejected for windows.
 struct limiter_settings {
   rate r{1, std::chrono::microseconds{1}};
-  std::optional<units> burst;  ///< token_bucket and gcra only; unset = the limit
+  std::optional<units> burst;   ///< token_bucket and gcra only; unset = the limit
   bool count_rejected = false;  ///< window policies only
 };
 
@@ -243,7 +249,8 @@ class key_table {
   /// stage reads only what the previous one fetched. No effect on results.
   void prefetch(std::uint64_t h, int stage) const noexcept {
 #if defined(__GNUC__) || defined(__clang__)
-    const std::uint64_t* slot = slots_.data() + (static_cast<std::size_t>(h >> 7) & (slots_.size() - 1));
+    const std::uint64_t* slot = slots_.data() +
+                                (static_cast<std::size_t>(h >> 7) & (slots_.size() - 1));
     if (stage == 0) {
       __builtin_prefetch(slot);
       return;
@@ -425,14 +432,14 @@ struct key_info {
 /// One policy's figures in the summary.
 struct policy_summary {
   policy_id id = policy_id::fixed_window;
-  units limit = 0;                ///< the limit (burst for bucket/GCRA)
-  std::uint64_t admitted = 0;     ///< calls admitted
-  std::uint64_t rejected = 0;     ///< calls rejected
-  std::size_t keys_blocked = 0;   ///< keys rejected at least once
-  std::uint32_t max_in_window = 0;  ///< most calls one key got through in any (t - W, t]
-  double state_bytes_per_key = 0;   ///< policy state per key held at the end (mean)
+  units limit = 0;                   ///< the limit (burst for bucket/GCRA)
+  std::uint64_t admitted = 0;        ///< calls admitted
+  std::uint64_t rejected = 0;        ///< calls rejected
+  std::size_t keys_blocked = 0;      ///< keys rejected at least once
+  std::uint32_t max_in_window = 0;   ///< most calls one key got through in any (t - W, t]
+  double state_bytes_per_key = 0;    ///< policy state per key held at the end (mean)
   std::size_t state_peak_bytes = 0;  ///< state of the non-idle keys at the sampled peak
-  double seconds = 0;               ///< CPU time of this policy's own work (steps, state sampling)
+  double seconds = 0;                ///< CPU time of this policy's own work (steps, state sampling)
 };
 
 /// One (policy, limit) point of the sweep.
@@ -473,7 +480,7 @@ struct analysis_result {
 /// What to analyse.
 struct analysis_options {
   limiter_settings settings;
-  bool summary = true;            ///< the five policies at the given rate
+  bool summary = true;              ///< the five policies at the given rate
   std::vector<units> sweep_limits;  ///< empty = no sweep
   std::vector<policy_id> sweep_policies;
   bool skip_bad_lines = false;
@@ -787,8 +794,9 @@ class policy_lane final : public lane {
         if ((ki.blocked >> slot) & 1u) ++s.keys_blocked;
       }
       s.max_in_window = max_admitted[slot];
-      s.state_bytes_per_key =
-          res.keys == 0 ? 0.0 : static_cast<double>(l->total_bytes()) / static_cast<double>(res.keys);
+      s.state_bytes_per_key = res.keys == 0 ? 0.0
+                                            : static_cast<double>(l->total_bytes()) /
+                                                  static_cast<double>(res.keys);
       s.state_peak_bytes = l->peak_bytes;
       s.seconds = l->seconds;
       res.policies.push_back(s);

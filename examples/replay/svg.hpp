@@ -77,9 +77,8 @@ struct style {
 };
 
 inline constexpr style styles[] = {
-    {"#d62728", "", "square"},      {"#1f77b4", "", "circle"},
-    {"#2ca02c", "", "triangle"},    {"#ff7f0e", "", "diamond"},
-    {"#9467bd", "6,4", "cross"},    {"#8c564b", "2,3", "circle"},
+    {"#d62728", "", "square"},  {"#1f77b4", "", "circle"},   {"#2ca02c", "", "triangle"},
+    {"#ff7f0e", "", "diamond"}, {"#9467bd", "6,4", "cross"}, {"#8c564b", "2,3", "circle"},
 };
 
 inline void marker(std::ostream& o, const style& st, double x, double y) {
@@ -88,19 +87,19 @@ inline void marker(std::ostream& o, const style& st, double x, double y) {
   if (m == "circle") {
     o << "<circle cx='" << num(x) << "' cy='" << num(y) << "' r='3.5' fill='" << c << "'/>";
   } else if (m == "square") {
-    o << "<rect x='" << num(x - 3.5) << "' y='" << num(y - 3.5)
-      << "' width='7' height='7' fill='" << c << "'/>";
+    o << "<rect x='" << num(x - 3.5) << "' y='" << num(y - 3.5) << "' width='7' height='7' fill='"
+      << c << "'/>";
   } else if (m == "triangle") {
     o << "<path d='M" << num(x) << "," << num(y - 4.5) << " L" << num(x + 4.5) << ","
       << num(y + 3.5) << " L" << num(x - 4.5) << "," << num(y + 3.5) << " Z' fill='" << c << "'/>";
   } else if (m == "diamond") {
-    o << "<path d='M" << num(x) << "," << num(y - 5) << " L" << num(x + 5) << "," << num(y)
-      << " L" << num(x) << "," << num(y + 5) << " L" << num(x - 5) << "," << num(y)
+    o << "<path d='M" << num(x) << "," << num(y - 5) << " L" << num(x + 5) << "," << num(y) << " L"
+      << num(x) << "," << num(y + 5) << " L" << num(x - 5) << "," << num(y)
       << " Z' fill='none' stroke='" << c << "' stroke-width='1.8'/>";
   } else {
-    o << "<path d='M" << num(x - 4) << "," << num(y - 4) << " L" << num(x + 4) << ","
-      << num(y + 4) << " M" << num(x - 4) << "," << num(y + 4) << " L" << num(x + 4) << ","
-      << num(y - 4) << "' stroke='" << c << "' stroke-width='2'/>";
+    o << "<path d='M" << num(x - 4) << "," << num(y - 4) << " L" << num(x + 4) << "," << num(y + 4)
+      << " M" << num(x - 4) << "," << num(y + 4) << " L" << num(x + 4) << "," << num(y - 4)
+      << "' stroke='" << c << "' stroke-width='2'/>";
   }
   o << '\n';
 }
@@ -174,14 +173,14 @@ inline void write_svg_chart(std::ostream& o, std::string_view title, std::string
     const auto sy = [&](double y) { return oy + panel_h - y / y_max * panel_h; };
 
     o << "<text x='" << num(ox + plot_w / 2) << "' y='" << num(oy - 14)
-      << "' font-size='15' font-weight='bold' text-anchor='middle'>"
-      << detail::xml_escape(pn.title) << "</text>\n";
+      << "' font-size='15' font-weight='bold' text-anchor='middle'>" << detail::xml_escape(pn.title)
+      << "</text>\n";
     // Grid and y ticks: five steps.
     for (int i = 0; i <= 5; ++i) {
       const double v = y_max * i / 5;
       const double y = sy(v);
-      o << "<line x1='" << num(ox) << "' y1='" << num(y) << "' x2='" << num(ox + plot_w)
-        << "' y2='" << num(y) << "' stroke='#ddd'/>";
+      o << "<line x1='" << num(ox) << "' y1='" << num(y) << "' x2='" << num(ox + plot_w) << "' y2='"
+        << num(y) << "' stroke='#ddd'/>";
       o << "<text x='" << num(ox - 8) << "' y='" << num(y + 4)
         << "' font-size='12' text-anchor='end'>" << detail::tick_label(v) << "</text>\n";
     }
@@ -190,16 +189,15 @@ inline void write_svg_chart(std::ostream& o, std::string_view title, std::string
     const double step = std::max(1.0, detail::nice_ceil(span / 12));
     for (double v = std::ceil(x_min / step) * step; v <= x_max + 1e-9; v += step) {
       const double x = sx(v);
-      o << "<line x1='" << num(x) << "' y1='" << num(oy + panel_h) << "' x2='" << num(x)
-        << "' y2='" << num(oy + panel_h + 5) << "' stroke='#333'/>";
+      o << "<line x1='" << num(x) << "' y1='" << num(oy + panel_h) << "' x2='" << num(x) << "' y2='"
+        << num(oy + panel_h + 5) << "' stroke='#333'/>";
       o << "<text x='" << num(x) << "' y='" << num(oy + panel_h + 20)
         << "' font-size='12' text-anchor='middle'>" << detail::tick_label(v) << "</text>\n";
     }
-    o << "<rect x='" << num(ox) << "' y='" << num(oy) << "' width='" << num(plot_w)
-      << "' height='" << num(panel_h) << "' fill='none' stroke='#333'/>\n";
+    o << "<rect x='" << num(ox) << "' y='" << num(oy) << "' width='" << num(plot_w) << "' height='"
+      << num(panel_h) << "' fill='none' stroke='#333'/>\n";
     o << "<text x='" << num(ox + plot_w / 2) << "' y='" << num(oy + panel_h + 44)
-      << "' font-size='13' text-anchor='middle'>" << detail::xml_escape(pn.x_label)
-      << "</text>\n";
+      << "' font-size='13' text-anchor='middle'>" << detail::xml_escape(pn.x_label) << "</text>\n";
     o << "<text transform='translate(" << num(ox - 48) << "," << num(oy + panel_h / 2)
       << ") rotate(-90)' font-size='13' text-anchor='middle'>" << detail::xml_escape(pn.y_label)
       << "</text>\n";
@@ -207,9 +205,8 @@ inline void write_svg_chart(std::ostream& o, std::string_view title, std::string
       const auto& st = detail::styles[i % std::size(detail::styles)];
       const auto& pts = pn.series[i].points;
       if (pts.empty()) continue;
-      o << "<polyline fill='none' stroke='" << st.colour << "' stroke-width='"
-        << num(line_width(i)) << "' stroke-opacity='0.85' stroke-dasharray='" << st.dash
-        << "' points='";
+      o << "<polyline fill='none' stroke='" << st.colour << "' stroke-width='" << num(line_width(i))
+        << "' stroke-opacity='0.85' stroke-dasharray='" << st.dash << "' points='";
       for (const auto& [x, y] : pts) o << num(sx(x)) << "," << num(sy(y)) << " ";
       o << "'/>\n";
       for (const auto& [x, y] : pts) detail::marker(o, st, sx(x), sy(y));

@@ -13,7 +13,9 @@ inline constexpr std::int64_t max_timestamp_us = std::int64_t{1} << 62;
 
 namespace detail {
 
-[[nodiscard]] constexpr bool is_digit(char c) noexcept { return c >= '0' && c <= '9'; }
+[[nodiscard]] constexpr bool is_digit(char c) noexcept {
+  return c >= '0' && c <= '9';
+}
 
 /// Parses exactly `n` digits at s[i]; false if any is not a digit.
 [[nodiscard]] constexpr bool fixed_digits(std::string_view s, std::size_t i, std::size_t n,
@@ -89,7 +91,8 @@ namespace detail {
 ///
 /// @return nullptr on success (and `out` set), otherwise a static message saying what is wrong.
 /// Thread safety: pure function.
-[[nodiscard]] constexpr const char* parse_timestamp(std::string_view s, std::int64_t& out) noexcept {
+[[nodiscard]] constexpr const char* parse_timestamp(std::string_view s,
+                                                    std::int64_t& out) noexcept {
   // Fast path for the common forms: up to 18 digits of microseconds, or up to
   // 12 digits of seconds with 1 to 6 fractional digits. Neither can exceed
   // 2^62 (10^18 - 1 < 2^62), so no overflow check is needed per digit; any
@@ -199,7 +202,7 @@ namespace detail {
     const char* name;
   };
   constexpr unit units[] = {{86'400'000'000, "d"}, {3'600'000'000, "h"}, {60'000'000, "min"},
-                            {1'000'000, "s"},      {1'000, "ms"},         {1, "us"}};
+                            {1'000'000, "s"},      {1'000, "ms"},        {1, "us"}};
   for (const unit& u : units) {
     if (us >= u.size && us % u.size == 0) return std::to_string(us / u.size) + u.name;
   }

@@ -69,8 +69,8 @@ concept policy = requires(const typename P::config& cfg, typename P::state& s,
 /// state. Keys are validated byte strings (1..512 bytes, binary safe); `cost`
 /// is validated. `reset` forgets a key. Stores expire idle keys themselves.
 template <class S, class P>
-concept store_for = policy<P> && requires(S& s, const typename P::config& cfg,
-                                          std::string_view key, timestamp now, units cost) {
+concept store_for = policy<P> && requires(S& s, const typename P::config& cfg, std::string_view key,
+                                          timestamp now, units cost) {
   { s.apply(cfg, key, now, cost, access::consume) } -> std::same_as<decision>;
   { s.reset(cfg, key) };
 };

@@ -3,10 +3,10 @@
 #pragma once
 
 #include "ratelimit/ratelimit.hpp"
+#include "ratelimit/redis/cluster_store.hpp"
 #include "ratelimit/redis/connection_pool.hpp"
 #include "ratelimit/redis/errors.hpp"
 #include "ratelimit/redis/options.hpp"
-#include "ratelimit/redis/cluster_store.hpp"
 #include "ratelimit/redis/redis_store.hpp"
 #include "ratelimit/redis/scripts/fixed_window.hpp"
 #include "ratelimit/redis/scripts/gcra.hpp"

@@ -2,8 +2,6 @@
 // A master of a real Redis Cluster killed mid-run: checks on its slots follow
 // the failure policy within their timeout, the other masters are unaffected,
 // and after its replica is promoted the store recovers without user action.
-#include "ratelimit/redis/cluster_store.hpp"
-
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -14,6 +12,7 @@
 
 #include "cluster_harness.hpp"
 #include "ratelimit/ratelimit.hpp"
+#include "ratelimit/redis/cluster_store.hpp"
 
 namespace {
 
@@ -119,7 +118,9 @@ TEST(ClusterFailover, KilledMasterFollowsPolicyThenRecoversWithoutUserAction) {
   }
   const auto promoted = clk::now();
   ASSERT_NE(cluster.master_of(victim_slot), victim) << "the replica was never promoted";
-  EXPECT_EQ(slow, 0) << "longest check " << std::chrono::duration_cast<std::chrono::milliseconds>(longest).count() << " ms";
+  EXPECT_EQ(slow, 0) << "longest check "
+                     << std::chrono::duration_cast<std::chrono::milliseconds>(longest).count()
+                     << " ms";
   EXPECT_EQ(other_master_failures, 0);
   for (std::size_t i = 0; i < stores.size(); ++i) {
     EXPECT_GT(degraded[i], 0) << "policy " << i;

@@ -29,7 +29,8 @@ inline std::string redis_cli_path() {
   const auto slash = p.rfind('/');
   p = (slash == std::string::npos ? std::string() : p.substr(0, slash + 1)) + "redis-cli";
   if (::access(p.c_str(), X_OK) != 0) {
-    throw std::runtime_error("redis-cli not found next to redis-server: apt-get install redis-tools");
+    throw std::runtime_error(
+        "redis-cli not found next to redis-server: apt-get install redis-tools");
   }
   return p;
 }
@@ -196,7 +197,8 @@ class redis_cluster {
     for (const int p : ports_) create.push_back("127.0.0.1:" + std::to_string(p));
     create.insert(create.end(), {"--cluster-replicas", "1", "--cluster-yes"});
     if (cli(create) != 0) throw std::runtime_error("redis-cli --cluster create failed");
-    if (!wait_ok(std::chrono::seconds(30))) throw std::runtime_error("cluster_state never became ok");
+    if (!wait_ok(std::chrono::seconds(30)))
+      throw std::runtime_error("cluster_state never became ok");
     // A replica that never synced refuses to fail over: wait for every link.
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     for (;;) {
@@ -207,7 +209,8 @@ class redis_cluster {
         if (info.find("master_link_status:up") != std::string::npos) ++linked;
       }
       if (masters == size / 2 && linked == size / 2) break;
-      if (std::chrono::steady_clock::now() > until) throw std::runtime_error("replicas never synced");
+      if (std::chrono::steady_clock::now() > until)
+        throw std::runtime_error("replicas never synced");
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
@@ -218,13 +221,31 @@ class redis_cluster {
       int port = free_port();
       for (int i = 0; i < 100 && port > 55535; ++i) port = free_port();
       const std::string ps = std::to_string(port);
-      const pid_t pid = spawn({exe, "--port", ps, "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-                               "--cluster-config-file", dir_ + "/nodes-" + ps + ".conf",
-                               "--cluster-node-timeout", "1000",
-                               "--cluster-replica-validity-factor", "0",
-                               "--cluster-require-full-coverage", "no", "--save", "",
-                               "--appendonly", "no", "--dir", dir_, "--daemonize", "no",
-                               "--logfile", dir_ + "/" + ps + ".log"});
+      const pid_t pid = spawn({exe,
+                               "--port",
+                               ps,
+                               "--bind",
+                               "127.0.0.1",
+                               "--cluster-enabled",
+                               "yes",
+                               "--cluster-config-file",
+                               dir_ + "/nodes-" + ps + ".conf",
+                               "--cluster-node-timeout",
+                               "1000",
+                               "--cluster-replica-validity-factor",
+                               "0",
+                               "--cluster-require-full-coverage",
+                               "no",
+                               "--save",
+                               "",
+                               "--appendonly",
+                               "no",
+                               "--dir",
+                               dir_,
+                               "--daemonize",
+                               "no",
+                               "--logfile",
+                               dir_ + "/" + ps + ".log"});
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
       bool up = false;
       while (!up && std::chrono::steady_clock::now() < until) {

@@ -5,7 +5,6 @@
 #include "ratelimit/redis/cluster_store.hpp"
 
 #include <gtest/gtest.h>
-
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -65,16 +64,26 @@ TEST(ClusterSlot, Crc16MatchesKnownValues) {
 // NUL bytes and prefixes with braces, is what CLUSTER KEYSLOT answers.
 TEST(ClusterSlot, MatchesClusterKeyslotOnTrickyKeys) {
   const int port = rltest::shared_cluster().ports().front();
-  const std::vector<std::string> users = {
-      "+15551234567", "a}b", "}", "{", "{}", "a{b}c", "}{:", std::string("n\0ul", 4),
-      "two words", "\xc3\xa9t\xc3\xa9", std::string(512, 'x'), "{{}}"};
+  const std::vector<std::string> users = {"+15551234567",
+                                          "a}b",
+                                          "}",
+                                          "{",
+                                          "{}",
+                                          "a{b}c",
+                                          "}{:",
+                                          std::string("n\0ul", 4),
+                                          "two words",
+                                          "\xc3\xa9t\xc3\xa9",
+                                          std::string(512, 'x'),
+                                          "{{}}"};
   for (const std::string prefix : {"rl:", "", "p{x}:", "p{:", "{}"}) {
     auto o = rltest::shared_cluster().options();
     o.node.prefix = prefix;
     redis::cluster_store store(o);
     for (const std::string& u : users) {
       const std::string key = store.key_for<gcra>(u);
-      const auto r = rltest::command(rltest::redis_cluster::node(port), {"CLUSTER", "KEYSLOT", key});
+      const auto r = rltest::command(rltest::redis_cluster::node(port),
+                                     {"CLUSTER", "KEYSLOT", key});
       ASSERT_EQ(r->type, REDIS_REPLY_INTEGER);
       EXPECT_EQ(store.slot_for<gcra>(u), r->integer) << "prefix \"" << prefix << "\" key " << key;
     }
@@ -170,8 +179,8 @@ std::int64_t uniform(std::mt19937_64& rng, std::int64_t lo, std::int64_t hi) {
 
 template <class P>
 typename P::config random_config(std::mt19937_64& rng) {
-  static const std::int64_t periods[] = {1, 7, 64, 1000, 999'983, 1'000'000, 60'000'000,
-                                         3'600'000'000};
+  static const std::int64_t periods[] = {1,       7,         64,         1000,
+                                         999'983, 1'000'000, 60'000'000, 3'600'000'000};
   static const std::int64_t limits[] = {1, 2, 3, 5, 10, 37, 100};
   for (;;) {
     try {
@@ -193,8 +202,8 @@ template <class P>
 std::vector<event> random_trace(std::mt19937_64& rng, const typename P::config& cfg, int seed) {
   const std::int64_t w = cfg.get_rate().period().count();
   const units limit = cfg.limit();
-  static const std::vector<std::string> key_pool = {"+1555", std::string("a\0b", 3), "{br}",
-                                                    "a}b", "\xc3\xa9t\xc3\xa9"};
+  static const std::vector<std::string> key_pool = {"+1555", std::string("a\0b", 3), "{br}", "a}b",
+                                                    "\xc3\xa9t\xc3\xa9"};
   std::vector<std::string> keys;
   const auto nkeys = uniform(rng, 1, 4);
   for (std::int64_t i = 0; i < nkeys; ++i) {

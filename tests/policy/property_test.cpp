@@ -167,7 +167,8 @@ TEST_P(SlidingWindowLogProperty, MatchesReferenceOnRandomTraces) {
       window_trace(c), c.traces, 2,
       [&](const ratelimit::sliding_window_log::state& s) {
         ASSERT_LE(s.size(), static_cast<std::size_t>(c.limit));
-        ASSERT_LE(s.heap_bytes(), (static_cast<std::size_t>(c.limit)) * sizeof(ratelimit::sliding_window_log::entry));
+        ASSERT_LE(s.heap_bytes(), (static_cast<std::size_t>(c.limit)) *
+                                      sizeof(ratelimit::sliding_window_log::entry));
       });
 }
 

@@ -2,8 +2,6 @@
 // Verifies the compound Lua script: identical decisions to the in-process
 // compound on random traces, exact admission under concurrency, and a TTL on
 // every key within its own sub-limit's bound.
-#include "ratelimit/redis/scripts/compound.hpp"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,10 +16,11 @@
 #include <thread>
 #include <vector>
 
-#include "ratelimit/ratelimit.hpp"
 #include "ratelimit/policy/compound.hpp"
+#include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis/connection_pool.hpp"
 #include "ratelimit/redis/redis_store.hpp"
+#include "ratelimit/redis/scripts/compound.hpp"
 #include "redis_server.hpp"
 
 namespace {
@@ -47,8 +46,8 @@ class script_driver {
 
   /// @param now the caller's time, or none for the server's TIME
   template <class Config>
-  decision apply(const Config& cfg, std::string_view key, std::optional<timestamp> now,
-                 units cost, ratelimit::access a = ratelimit::access::consume) {
+  decision apply(const Config& cfg, std::string_view key, std::optional<timestamp> now, units cost,
+                 ratelimit::access a = ratelimit::access::consume) {
     using P = typename Config::policy_type;
     const std::vector<std::string> ks = keys(cfg, key);
     std::vector<std::string> policy_args;
@@ -59,11 +58,9 @@ class script_driver {
     const std::string floor = now ? std::to_string(opts_.caller_time_ttl_floor.count()) : "0";
     const std::string& sha = redis::detail::script_sha<P>();
     for (int attempt = 0; attempt < 2; ++attempt) {
-      std::vector<std::string_view> args{attempt == 0 ? std::string_view("EVALSHA")
-                                                      : std::string_view("EVAL"),
-                                         attempt == 0 ? std::string_view(sha)
-                                                      : redis::script_for<P>::text,
-                                         nkeys};
+      std::vector<std::string_view> args{
+          attempt == 0 ? std::string_view("EVALSHA") : std::string_view("EVAL"),
+          attempt == 0 ? std::string_view(sha) : redis::script_for<P>::text, nkeys};
       for (const std::string& k : ks) args.emplace_back(k);
       args.emplace_back(time);
       args.emplace_back(cost_s);
@@ -191,8 +188,10 @@ std::vector<event> random_trace(std::mt19937_64& rng, units smallest, std::int64
   std::vector<event> trace;
   for (std::int64_t i = 0; i < n; ++i) {
     switch (uniform(rng, 0, 9)) {
-      case 0: case 1: break;
-      case 2: case 3: t += uniform(rng, 1, 3); break;
+      case 0:
+      case 1: break;
+      case 2:
+      case 3: t += uniform(rng, 1, 3); break;
       case 4: t += uniform(rng, 1, std::max<std::int64_t>(1, w / 4)); break;
       case 5: t += uniform(rng, 0, w); break;
       case 6: t += uniform(rng, 0, 3 * w); break;
@@ -247,7 +246,8 @@ TYPED_TEST(CompoundRedisDifferential, MatchesInProcessCompound) {
         redis_side.reset(cfg, e.key);
         continue;
       }
-      const ratelimit::access a = e.kind == event::peek ? ratelimit::access::peek : ratelimit::access::consume;
+      const ratelimit::access a = e.kind == event::peek ? ratelimit::access::peek
+                                                        : ratelimit::access::consume;
       const decision want = m.apply(cfg, e.key, microseconds{e.t}, e.cost, a);
       const decision got = redis_side.apply(cfg, e.key, microseconds{e.t}, e.cost, a);
       ASSERT_EQ(describe(got), describe(want))
@@ -287,8 +287,8 @@ TEST(CompoundRedis, WorkedExample) {
 TEST(CompoundRedis, ThreadsOnOneKeyAdmitExactlyTheSmallerLimit) {
   redis::options o = rltest::shared_redis();
   o.prefix = rltest::unique_prefix("threads");
-  const compound<sliding_window_log, fixed_window>::config cfg{
-      sliding_window_log::config{"5/min"}, fixed_window::config{"3/1h"}};
+  const compound<sliding_window_log, fixed_window>::config cfg{sliding_window_log::config{"5/min"},
+                                                               fixed_window::config{"3/1h"}};
   for (int round = 0; round < 5; ++round) {
     const std::string key = "user" + std::to_string(round);
     std::atomic<long> admitted{0};
@@ -313,12 +313,12 @@ TEST(CompoundRedis, EveryKeyHasTheTtlOfItsOwnSubLimit) {
   o.prefix = rltest::unique_prefix("ttl");
   script_driver redis_side(o);
   const compound<sliding_window_log, fixed_window, sliding_window_counter, token_bucket,
-                 gcra>::config cfg{
-      sliding_window_log::config{"5/2s", window_options{true}}, fixed_window::config{"50/1min"},
-      sliding_window_counter::config{"40/10s"}, token_bucket::config{"10/30s"},
-      gcra::config{"20/1h"}};
-  const std::int64_t bounds_ms[] = {2 * 2000 + 1000, 2 * 60'000 + 1000, 2 * 10'000 + 1000,
-                                    30'000, 3'600'000};
+                 gcra>::config cfg{sliding_window_log::config{"5/2s", window_options{true}},
+                                   fixed_window::config{"50/1min"},
+                                   sliding_window_counter::config{"40/10s"},
+                                   token_bucket::config{"10/30s"}, gcra::config{"20/1h"}};
+  const std::int64_t bounds_ms[] = {2 * 2000 + 1000, 2 * 60'000 + 1000, 2 * 10'000 + 1000, 30'000,
+                                    3'600'000};
   for (int i = 0; i < 40; ++i) {
     (void)redis_side.apply(cfg, "key" + std::to_string(i % 7), std::nullopt, 1 + i % 3);
   }

@@ -1,10 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Many processes and threads on one key admit exactly the limit; a client
 // killed mid-run leaves no key without a TTL.
-#include "ratelimit/redis/redis_store.hpp"
-
 #include <gtest/gtest.h>
-
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +13,7 @@
 #include <vector>
 
 #include "ratelimit/ratelimit.hpp"
+#include "ratelimit/redis/redis_store.hpp"
 #include "redis_server.hpp"
 
 namespace {
@@ -90,12 +88,13 @@ redis::options fresh(std::string_view what) {
 TEST(RedisConcurrency, TwoProcessesSixteenThreadsAdmitExactlyTheLimit) {
   const std::chrono::microseconds t{1'700'000'000'000'000};
   EXPECT_EQ(admitted_across_processes(fresh("c-fw"), fixed_window::config("100/1h"), t), 100);
-  EXPECT_EQ(admitted_across_processes(fresh("c-log"), sliding_window_log::config("100/1h"), t), 100);
+  EXPECT_EQ(admitted_across_processes(fresh("c-log"), sliding_window_log::config("100/1h"), t),
+            100);
   EXPECT_EQ(admitted_across_processes(fresh("c-ctr"), sliding_window_counter::config("100/1h"), t),
             100);
-  EXPECT_EQ(admitted_across_processes(fresh("c-tb"),
-                                      token_bucket::config("1/1h", bucket_options{77}), t),
-            77);
+  EXPECT_EQ(
+      admitted_across_processes(fresh("c-tb"), token_bucket::config("1/1h", bucket_options{77}), t),
+      77);
   EXPECT_EQ(admitted_across_processes(fresh("c-gcra"), gcra::config("1/1h", bucket_options{77}), t),
             77);
 }
@@ -109,9 +108,9 @@ TEST(RedisConcurrency, TwoProcessesOnServerClockAdmitExactlyTheBurst) {
   EXPECT_EQ(admitted_across_processes(fresh("s-tb"),
                                       token_bucket::config("1/1h", bucket_options{50}), store_time),
             50);
-  EXPECT_EQ(admitted_across_processes(fresh("s-log"), sliding_window_log::config("50/1h"),
-                                      store_time),
-            50);
+  EXPECT_EQ(
+      admitted_across_processes(fresh("s-log"), sliding_window_log::config("50/1h"), store_time),
+      50);
 }
 
 // Verifies that a client killed with SIGKILL mid-run leaves no key without a

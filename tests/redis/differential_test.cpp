@@ -2,8 +2,6 @@
 // Verifies that the Redis scripts decide exactly as the C++ policies: for the
 // same seeded random traces and caller-supplied time, redis_store and
 // memory_store return identical decisions, every field, every policy.
-#include "ratelimit/redis/redis_store.hpp"
-
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -15,6 +13,7 @@
 #include <vector>
 
 #include "ratelimit/ratelimit.hpp"
+#include "ratelimit/redis/redis_store.hpp"
 #include "redis_server.hpp"
 
 namespace {
@@ -53,8 +52,9 @@ std::int64_t uniform(std::mt19937_64& rng, std::int64_t lo, std::int64_t hi) {
 }
 
 rate random_rate(std::mt19937_64& rng) {
-  const std::int64_t limit = uniform(rng, 0, 9) == 0 ? uniform(rng, 1, 5000)
-                                                     : pick(rng, {1, 2, 3, 4, 5, 7, 10, 16, 37, 100});
+  const std::int64_t limit = uniform(rng, 0, 9) == 0
+                                 ? uniform(rng, 1, 5000)
+                                 : pick(rng, {1, 2, 3, 4, 5, 7, 10, 16, 37, 100});
   std::int64_t period = pick(rng, {1, 2, 7, 10, 64, 1000, 999'983, 1'000'000, 60'000'000,
                                    900'000'000, 3'600'000'000, 86'400'000'000});
   if (uniform(rng, 0, 4) == 0) period = uniform(rng, 1, 5'000'000);
@@ -79,7 +79,9 @@ typename P::config random_config(std::mt19937_64& rng) {
   }
 }
 
-std::int64_t period_of(const rate& r) { return r.period().count(); }
+std::int64_t period_of(const rate& r) {
+  return r.period().count();
+}
 
 template <class P>
 std::vector<event> random_trace(std::mt19937_64& rng, const typename P::config& cfg) {
@@ -98,13 +100,15 @@ std::vector<event> random_trace(std::mt19937_64& rng, const typename P::config& 
   std::vector<event> trace;
   for (std::int64_t i = 0; i < n; ++i) {
     switch (uniform(rng, 0, 9)) {
-      case 0: case 1: break;                                   // same microsecond
-      case 2: case 3: t += uniform(rng, 1, 3); break;
+      case 0:
+      case 1: break;  // same microsecond
+      case 2:
+      case 3: t += uniform(rng, 1, 3); break;
       case 4: t += uniform(rng, 1, std::max<std::int64_t>(1, w / std::max<units>(1, limit))); break;
       case 5: t += uniform(rng, 0, w); break;
       case 6: t += pick(rng, {w - 1, w, w + 1, 2 * w - 1, 2 * w}); break;
       case 7: t += uniform(rng, 0, 3 * w); break;
-      case 8: t -= uniform(rng, 0, 2 * w); break;              // time going backwards
+      case 8: t -= uniform(rng, 0, 2 * w); break;  // time going backwards
       default: t += uniform(rng, 0, 1000); break;
     }
     t = std::clamp<std::int64_t>(t, 0, std::int64_t{1} << 52);
@@ -113,7 +117,7 @@ std::vector<event> random_trace(std::mt19937_64& rng, const typename P::config& 
     e.t = t;
     switch (uniform(rng, 0, 9)) {
       case 0: e.cost = uniform(rng, 1, limit + 2); break;
-      case 1: e.cost = limit + uniform(rng, 1, 3); break;      // above the limit: never
+      case 1: e.cost = limit + uniform(rng, 1, 3); break;  // above the limit: never
       case 2: e.cost = uniform(rng, 2, 4); break;
       default: e.cost = 1; break;
     }

@@ -1,8 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Redis killed, paused and restarted mid-run: every check returns within its
 // timeout (plus margin) under each failure policy, and the store recovers.
-#include "ratelimit/redis/redis_store.hpp"
-
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -10,6 +8,7 @@
 #include <thread>
 
 #include "ratelimit/ratelimit.hpp"
+#include "ratelimit/redis/redis_store.hpp"
 #include "redis_server.hpp"
 
 namespace {

@@ -121,9 +121,9 @@ class redis_server {
  private:
   bool launch(const std::string& exe) {
     const std::string port = std::to_string(port_);
-    std::vector<std::string> args = {exe,      "--port",  port,         "--bind",      "127.0.0.1",
-                                     "--save", "",        "--appendonly", "no",        "--daemonize",
-                                     "no",     "--logfile", ""};
+    std::vector<std::string> args = {
+        exe,  "--port",      port, "--bind",    "127.0.0.1", "--save", "", "--appendonly",
+        "no", "--daemonize", "no", "--logfile", ""};
     args.insert(args.end(), extra_.begin(), extra_.end());
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();

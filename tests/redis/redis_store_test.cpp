@@ -94,10 +94,18 @@ TEST(RedisStore, BinaryKeysRoundTripWithoutCollisions) {
   const auto o = fresh_options("binary");
   redis::redis_store store(o);
   const fixed_window::config cfg("3/1h");
-  const std::vector<std::string> keys = {std::string("a\0b", 3), std::string("a\0c", 3),
-                                         "a", std::string("a\0", 2), "{x}", "}{", "x}:fixed_window",
-                                         "two words", "\xc3\xa9", std::string(512, '\0'),
-                                         std::string(511, '\0'), "a:b"};
+  const std::vector<std::string> keys = {std::string("a\0b", 3),
+                                         std::string("a\0c", 3),
+                                         "a",
+                                         std::string("a\0", 2),
+                                         "{x}",
+                                         "}{",
+                                         "x}:fixed_window",
+                                         "two words",
+                                         "\xc3\xa9",
+                                         std::string(512, '\0'),
+                                         std::string(511, '\0'),
+                                         "a:b"};
   const microseconds t{1'000'000'000};
   for (std::size_t i = 0; i < keys.size(); ++i) {
     for (std::size_t j = 0; j <= i; ++j) (void)store.apply(cfg, keys[i], t, 1, access::consume);
@@ -191,8 +199,9 @@ TEST(RedisStore, FixedWindowExpiryIsSetOnceWhenTheWindowStarts) {
                       access::consume);
   }
   EXPECT_LE(pttl(o, k), before);
-  EXPECT_EQ(store.apply(cfg, "k", microseconds{3'600'000'000LL * 100 + 9}, 1, access::peek).remaining,
-            1000 - 12);  // 11 recorded, and the peek counts itself
+  EXPECT_EQ(
+      store.apply(cfg, "k", microseconds{3'600'000'000LL * 100 + 9}, 1, access::peek).remaining,
+      1000 - 12);  // 11 recorded, and the peek counts itself
 }
 
 TEST(RedisStore, PeekAndRejectionWriteNothing) {
@@ -257,11 +266,13 @@ TEST(RedisStore, BatchDecidesLikeSequentialChecks) {
   std::vector<std::string> keys;
   for (int i = 0; i < 100; ++i) keys.push_back("phone-" + std::to_string(i % 13));
   std::vector<redis::batch_item> items;
-  for (int i = 0; i < 100; ++i) items.push_back({keys[static_cast<std::size_t>(i)], 1 + i % 2, microseconds{5'000 * i}});
+  for (int i = 0; i < 100; ++i)
+    items.push_back({keys[static_cast<std::size_t>(i)], 1 + i % 2, microseconds{5'000 * i}});
   const auto got = store.apply_batch(cfg, std::span<const redis::batch_item>(items));
   ASSERT_EQ(got.size(), items.size());
   for (std::size_t i = 0; i < items.size(); ++i) {
-    EXPECT_EQ(got[i], memory.apply(cfg, items[i].key, items[i].now, items[i].cost, access::consume)) << i;
+    EXPECT_EQ(got[i], memory.apply(cfg, items[i].key, items[i].now, items[i].cost, access::consume))
+        << i;
   }
   // Server time, one round trip.
   const auto st = store.apply_batch(cfg, std::span<const redis::batch_item>(items), store_time);
@@ -273,8 +284,8 @@ TEST(RedisStore, BatchDecidesLikeSequentialChecks) {
 TEST(RedisStore, AclUserWithPasswordAndWrongPassword) {
   rltest::redis_server server;
   const auto admin = server.options();
-  ASSERT_EQ(rltest::command(admin, {"ACL", "SETUSER", "limiter", "on", ">s3cret", "~rl:*",
-                                    "+@all"})->type,
+  ASSERT_EQ(rltest::command(admin, {"ACL", "SETUSER", "limiter", "on", ">s3cret", "~rl:*", "+@all"})
+                ->type,
             REDIS_REPLY_STATUS);
   auto o = admin;
   o.user = "limiter";

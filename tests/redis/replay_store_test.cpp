@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // ratelimit-replay --decisions prints byte-identical output on the in-process store and on Redis.
-#include <string>
-
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "redis/redis_server.hpp"
 #include "support/replay_compare.hpp"

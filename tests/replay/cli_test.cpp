@@ -86,8 +86,7 @@ TEST(ReplayCli, SkipBadLinesCountsThem) {
         bad);
     EXPECT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(r.out, expected);
-    EXPECT_NE(r.err.find("skipped 2 bad line(s); first: line 6: bad timestamp"),
-              std::string::npos)
+    EXPECT_NE(r.err.find("skipped 2 bad line(s); first: line 6: bad timestamp"), std::string::npos)
         << r.err;
   }
 }
@@ -97,7 +96,8 @@ TEST(ReplayCli, UsageErrorsExitTwoNamingTheProblem) {
     std::vector<std::string> args;
     std::string message;
   } cases[] = {
-      {{"--policy", "gcra", "--rate", "1/s", "--decisions", "-", "--frobnicate"}, "\"--frobnicate\""},
+      {{"--policy", "gcra", "--rate", "1/s", "--decisions", "-", "--frobnicate"},
+       "\"--frobnicate\""},
       {{"--policy", "gcra", "--rate", "1/s", "--decisions"}, "missing INPUT"},
       {{"--policy", "gcra", "--decisions", "-"}, "missing --rate"},
       {{"--policy", "gcra", "--rate", "1/fortnight", "--decisions", "-"}, "fortnight"},
@@ -108,7 +108,8 @@ TEST(ReplayCli, UsageErrorsExitTwoNamingTheProblem) {
        "--burst applies to token_bucket and gcra"},
       {{"--policy", "gcra", "--rate", "1/s", "--count-rejected", "--decisions", "-"},
        "--count-rejected applies to the window policies"},
-      {{"--policy", "gcra", "--rate", "1/s", "--decisions", "a.csv", "b.csv"}, "more than one INPUT"},
+      {{"--policy", "gcra", "--rate", "1/s", "--decisions", "a.csv", "b.csv"},
+       "more than one INPUT"},
       {{"--policy", "gcra", "--rate", "1/s", "--decisions=yes", "-"}, "takes no value"},
       {{"--policy", "gcra", "--rate"}, "--rate needs a value"},
       {{"--rate", "1/s", "--sweep", "9..5", "-"}, "invalid --sweep"},
@@ -149,9 +150,9 @@ TEST(ReplayCli, SummaryAndSweepInOneRun) {
   const std::string trace = "ts,key,cost,label\n0,n,1,0\n1,a,1,1\n2,a,1,1\n3,a,1,1\n";
   const auto r = run({"--rate", "2/10s", "--sweep", "1,2", "-"}, trace);
   EXPECT_EQ(r.status, 0) << r.err;
-  for (const char* s : {"fixed_window", "sliding_log", "sliding_counter", "token_bucket", "gcra",
-                        "Threshold sweep: sliding_log", "abusive caught",
-                        "normal wrongly blocked", "p99.9"}) {
+  for (const char* s :
+       {"fixed_window", "sliding_log", "sliding_counter", "token_bucket", "gcra",
+        "Threshold sweep: sliding_log", "abusive caught", "normal wrongly blocked", "p99.9"}) {
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
   }
 }

@@ -1,7 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests of replay.hpp: decisions at the window edges computed by hand, and the sweep's figures.
-#include "replay.hpp"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "ratelimit/store/memory_store.hpp"
+#include "replay.hpp"
 
 namespace {
 
@@ -34,10 +33,10 @@ std::string decisions(const std::string& trace, const std::string& rate_text,
 
 // W = 10 s; the first call is at 1000 s, a multiple of W, so the fixed window starts there too.
 const std::string edge_trace =
-    "1000000000,a\n"   // first
-    "1000000001,a\n"   // second: the limit of 2 is reached
-    "1009999999,a\n"   // 1 us before the first leaves the window (t - W, t]
-    "1010000000,a\n"   // exactly W after the first: it has left
+    "1000000000,a\n"     // first
+    "1000000001,a\n"     // second: the limit of 2 is reached
+    "1009999999,a\n"     // 1 us before the first leaves the window (t - W, t]
+    "1010000000,a\n"     // exactly W after the first: it has left
     "1010000001,a,3\n";  // cost above the limit: never
 
 TEST(ReplayDecisions, SlidingLogAtTheWindowEdge) {
@@ -82,8 +81,8 @@ TEST(ReplayDecisions, CountRejectedKeepsACallerBlocked) {
 }
 
 TEST(ReplayDecisions, KeysAreQuotedToParseBack) {
-  const std::string out =
-      decisions<gcra>("1,\"a,b\"\n2,\"x\"\"y\"\n3,\"two\nlines\"\n4,plain\n", "5/s");
+  const std::string out = decisions<gcra>("1,\"a,b\"\n2,\"x\"\"y\"\n3,\"two\nlines\"\n4,plain\n",
+                                          "5/s");
   EXPECT_EQ(out,
             "ts_us,key,cost,allowed,remaining,retry_after_us,reset_after_us\n"
             "1,\"a,b\",1,1,4,0,200000\n"
@@ -216,7 +215,8 @@ TEST(Analyse, WindowCountsMatchBruteForce) {
     for (std::size_t i = 0; i < events.size(); ++i) {
       std::uint32_t c = 0;
       for (std::size_t j = 0; j <= i; ++j) {
-        if (events[j].second == events[i].second && events[j].first > events[i].first - 10'000'000) ++c;
+        if (events[j].second == events[i].second && events[j].first > events[i].first - 10'000'000)
+          ++c;
       }
       peak[events[i].second] = std::max(peak[events[i].second], c);
     }

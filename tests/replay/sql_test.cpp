@@ -1,9 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Checks docs/replay.md: the SQL window query flags exactly the calls the sliding log rejects
 // under --count-rejected with cost 1, on generated traces, in SQLite.
-#include <sqlite3.h>
-
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include <memory>
 #include <sstream>
@@ -43,8 +42,8 @@ std::vector<int> sql_flags(const std::vector<row>& rows, const std::string& quer
             SQLITE_OK);
   sqlite3_exec(db.get(), "begin", nullptr, nullptr, nullptr);
   sqlite3_stmt* ins = nullptr;
-  sqlite3_prepare_v2(db.get(), "insert into calls(seq, ts, key, cost) values(?, ?, ?, ?)", -1,
-                     &ins, nullptr);
+  sqlite3_prepare_v2(db.get(), "insert into calls(seq, ts, key, cost) values(?, ?, ?, ?)", -1, &ins,
+                     nullptr);
   for (std::size_t i = 0; i < rows.size(); ++i) {
     sqlite3_bind_int64(ins, 1, static_cast<sqlite3_int64>(i));
     sqlite3_bind_int64(ins, 2, rows[i].ts);
@@ -89,8 +88,8 @@ std::vector<int> log_flags(const std::vector<row>& rows, const rate& r, bool cou
   memory_store<sliding_window_log> store;
   std::vector<int> flags;
   for (const row& x : rows) {
-    flags.push_back(
-        store.apply(cfg, x.key, timestamp{x.ts}, x.cost, access::consume).allowed ? 0 : 1);
+    flags.push_back(store.apply(cfg, x.key, timestamp{x.ts}, x.cost, access::consume).allowed ? 0
+                                                                                              : 1);
   }
   return flags;
 }
@@ -136,8 +135,11 @@ TEST(SqlWindowQuery, AgreesWithSlidingLogUnderCountRejected) {
 
 TEST(SqlWindowQuery, ExactEdge) {
   // 1 per 10 s: a call exactly 10 s after the first is admitted, 1 us earlier it is not.
-  const std::vector<row> rows = {{0, "k", 1}, {9'999'999, "k", 1}, {10'000'000, "k", 1},
-                                 {19'999'999, "k", 1}, {29'999'999, "k", 1}};
+  const std::vector<row> rows = {{0, "k", 1},
+                                 {9'999'999, "k", 1},
+                                 {10'000'000, "k", 1},
+                                 {19'999'999, "k", 1},
+                                 {29'999'999, "k", 1}};
   const rate r = rate::parse("1/10s");
   EXPECT_EQ(log_flags(rows, r, true), (std::vector<int>{0, 1, 1, 1, 0}));
   EXPECT_EQ(sql_flags(rows, window_query(10'000'000, 1)), (std::vector<int>{0, 1, 1, 1, 0}));
@@ -152,8 +154,8 @@ TEST(SqlWindowQuery, DisagreesWhereDocumented) {
   EXPECT_EQ(sql_flags(ties, window_query(10'000'000, 2)), (std::vector<int>{0, 1, 1}));
   EXPECT_EQ(sql_flags(ties, tie_exact_query(10'000'000, 2)), (std::vector<int>{0, 0, 1}));
   // Without count_rejected the log forgets rejected attempts; the query never does.
-  const std::vector<row> steady = {{0, "k", 1}, {4'000'000, "k", 1}, {8'000'000, "k", 1},
-                                   {12'000'000, "k", 1}};
+  const std::vector<row> steady = {
+      {0, "k", 1}, {4'000'000, "k", 1}, {8'000'000, "k", 1}, {12'000'000, "k", 1}};
   EXPECT_EQ(log_flags(steady, r, false), (std::vector<int>{0, 0, 1, 0}));
   EXPECT_EQ(sql_flags(steady, window_query(10'000'000, 2)), (std::vector<int>{0, 0, 1, 1}));
   // A key's calls out of time order: the log decides at its newest entry, SQL sorts.

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests of the built ratelimit-replay executable: the stable decisions contract and exit codes.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -8,8 +10,6 @@
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <sys/wait.h>
-#include <unistd.h>
 
 namespace {
 
@@ -51,9 +51,10 @@ fs::path write_temp(const std::string& name, const std::string& text) {
 }
 
 TEST(ReplayTool, DecisionsFromFileAndStdinAgree) {
-  const fs::path p = write_temp("ratelimit_replay_tool_in.csv",
-                                "2026-11-30T00:00:00Z,\"a,b\"\n2026-11-30T00:00:00.000500Z,\"a,b\"\n"
-                                "1796000000.000001,\"a,b\",2\n");
+  const fs::path p = write_temp(
+      "ratelimit_replay_tool_in.csv",
+      "2026-11-30T00:00:00Z,\"a,b\"\n2026-11-30T00:00:00.000500Z,\"a,b\"\n"
+      "1796000000.000001,\"a,b\",2\n");
   const auto a = run("--policy token_bucket --rate 2/s --decisions '" + p.string() + "'");
   const auto b = run("--policy token_bucket --rate 2/s --decisions - <'" + p.string() + "'");
   EXPECT_EQ(a.status, 0) << a.err;
@@ -80,7 +81,8 @@ TEST(ReplayTool, ExitCodes) {
 }
 
 TEST(ReplayTool, SampleRunsThroughEveryPolicy) {
-  const auto r = run("--rate 10/15min --sweep 5..30 '" + std::string(RATELIMIT_REPLAY_SAMPLE) + "'");
+  const auto r = run("--rate 10/15min --sweep 5..30 '" + std::string(RATELIMIT_REPLAY_SAMPLE) +
+                     "'");
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("gcra"), std::string::npos);
   EXPECT_NE(r.out.find("Threshold sweep"), std::string::npos);

@@ -2,6 +2,7 @@
 // Test helper: runs ratelimit-replay --decisions on one store and on the in-process store and compares the bytes.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,8 +10,6 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace rltest {
 
@@ -56,8 +55,8 @@ inline std::vector<std::string> traces() {
   const std::string dir = ::testing::TempDir();
   const std::string generated = dir + "replay_store_generated.csv";
   const run_result gen = run({RATELIMIT_GEN_TRACE_BIN, "--seed", "7", "--subscribers", "150",
-                              "--call-centres", "2", "--robocallers", "3", "--edge-bursters",
-                              "2", "--out", generated});
+                              "--call-centres", "2", "--robocallers", "3", "--edge-bursters", "2",
+                              "--out", generated});
   if (gen.status != 0) throw std::runtime_error("ratelimit-gen-trace failed");
   const std::string awkward = dir + "replay_store_awkward.csv";
   std::ofstream f(awkward, std::ios::binary);
@@ -82,16 +81,20 @@ struct variant {
   std::vector<std::string> extra;
 };
 
-
 /// Replays both traces through every policy variant at 10/15min on the
 /// in-process store and on `store_url`; every byte of the output must agree.
 inline void expect_identical_replay(const std::string& store_url) {
   const std::vector<variant> variants = {
-      {"fixed_window", {}},          {"fixed_window", {"--count-rejected"}},
-      {"sliding_log", {}},           {"sliding_log", {"--count-rejected"}},
-      {"sliding_counter", {}},       {"sliding_counter", {"--count-rejected"}},
-      {"token_bucket", {}},          {"token_bucket", {"--burst", "3"}},
-      {"gcra", {}},                  {"gcra", {"--burst", "3"}},
+      {"fixed_window", {}},
+      {"fixed_window", {"--count-rejected"}},
+      {"sliding_log", {}},
+      {"sliding_log", {"--count-rejected"}},
+      {"sliding_counter", {}},
+      {"sliding_counter", {"--count-rejected"}},
+      {"token_bucket", {}},
+      {"token_bucket", {"--burst", "3"}},
+      {"gcra", {}},
+      {"gcra", {"--burst", "3"}},
   };
   for (const std::string& trace : traces()) {
     for (const variant& v : variants) {

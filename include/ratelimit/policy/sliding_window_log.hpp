@@ -13,8 +13,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <string_view>
 #include <memory>
+#include <string_view>
 
 #include "ratelimit/decision.hpp"
 #include "ratelimit/policy/fixed_window.hpp"
@@ -219,8 +219,8 @@ struct sliding_window_log {
         d.retry_after = std::chrono::microseconds{s.at(lo).ts + w - t};
       }
     }
-    d.reset_after =
-        std::chrono::microseconds{in_window == 0 && !d.counted ? 0 : s.back().ts + w - t};
+    d.reset_after = std::chrono::microseconds{in_window == 0 && !d.counted ? 0
+                                                                           : s.back().ts + w - t};
     return d;
   }
 

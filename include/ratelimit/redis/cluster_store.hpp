@@ -112,7 +112,8 @@ namespace detail {
 
 /// One cluster node: its connection pool and circuit breaker.
 struct cluster_node {
-  cluster_node(std::string n, options o) : name(std::move(n)), opts(std::move(o)), pool(opts), gate(opts) {}
+  cluster_node(std::string n, options o)
+      : name(std::move(n)), opts(std::move(o)), pool(opts), gate(opts) {}
   std::string name;  ///< "host:port"
   options opts;
   connection_pool pool;
@@ -127,7 +128,7 @@ struct cluster_node {
 /// Parses the `host:port` of a MOVED/ASK answer; an empty host means the
 /// host of the node that answered.
 [[nodiscard]] inline std::optional<node_address> parse_endpoint(std::string_view s,
-                                                               const std::string& asked_host) {
+                                                                const std::string& asked_host) {
   const auto colon = s.rfind(':');
   if (colon == std::string_view::npos || colon + 1 >= s.size() || s.size() - colon > 6) {
     return std::nullopt;
@@ -139,7 +140,8 @@ struct cluster_node {
   }
   std::string host(s.substr(0, colon));
   if (host.empty() || host == "?") host = asked_host;
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   return node_address{std::move(host), port};
 }
 
@@ -292,8 +294,8 @@ class cluster_store {
       auto lease = n->pool.acquire(deadline_clock::now() + shared_->command_timeout);
       reply_ptr r = lease->command(args, 1, deadline_clock::now() + shared_->command_timeout);
       if (r->type == REDIS_REPLY_ERROR) {
-        throw connection_error("ratelimit: redis: PING " + n->name + " failed: " +
-                               std::string(r->str, r->len));
+        throw connection_error("ratelimit: redis: PING " + n->name +
+                               " failed: " + std::string(r->str, r->len));
       }
     }
   }
@@ -465,7 +467,8 @@ class cluster_store {
             o.port = a.port;
             connection c(o);
             const std::string_view args[] = {"CLUSTER", "SLOTS"};
-            reply_ptr r = c.command(args, 2, std::min(until, deadline_clock::now() + command_timeout));
+            reply_ptr r = c.command(args, 2,
+                                    std::min(until, deadline_clock::now() + command_timeout));
             if (apply_slots(*r, a.host)) {
               refreshes.fetch_add(1, std::memory_order_relaxed);
               return true;
@@ -503,9 +506,9 @@ class cluster_store {
         }
         std::string host(m.element[0]->str, m.element[0]->len);
         if (host.empty() || host == "?") host = asked_host;
-        ranges.push_back(range{static_cast<std::uint16_t>(lo.integer),
-                               static_cast<std::uint16_t>(hi.integer),
-                               node_address{std::move(host), static_cast<int>(m.element[1]->integer)}});
+        ranges.push_back(
+            range{static_cast<std::uint16_t>(lo.integer), static_cast<std::uint16_t>(hi.integer),
+                  node_address{std::move(host), static_cast<int>(m.element[1]->integer)}});
       }
       std::unique_lock<std::shared_mutex> lock(topo_mutex);
       std::vector<node_ptr> fresh(cluster_slots);
@@ -570,7 +573,8 @@ class cluster_store {
       for (std::size_t hop = 0;; ++hop) {
         if (node == nullptr) {
           request_refresh();
-          throw connection_error("ratelimit: redis: no known master for slot " + std::to_string(slot));
+          throw connection_error("ratelimit: redis: no known master for slot " +
+                                 std::to_string(slot));
         }
         const deadline until = deadline_clock::now() + command_timeout;
         reply_ptr r;
@@ -617,8 +621,8 @@ class cluster_store {
     std::atomic<std::uint64_t> moved{0}, ask{0}, tryagain{0}, refreshes{0};
 
     std::shared_mutex topo_mutex;
-    std::vector<node_ptr> slots;                ///< owner of each slot; null = unknown
-    std::map<std::string, node_ptr> nodes;      ///< every node met, by "host:port"
+    std::vector<node_ptr> slots;            ///< owner of each slot; null = unknown
+    std::map<std::string, node_ptr> nodes;  ///< every node met, by "host:port"
     bool have_map = false;
     std::mutex first_map_mutex;
 
@@ -682,7 +686,8 @@ class cluster_store {
     g.failure = e;
     g.settled = true;
     detail::count_error(s.stats, e);
-    if (g.node->gate.failure(g.verdict)) s.stats.breaker_opened.fetch_add(1, std::memory_order_relaxed);
+    if (g.node->gate.failure(g.verdict))
+      s.stats.breaker_opened.fetch_add(1, std::memory_order_relaxed);
     s.request_refresh();
   }
 
@@ -700,7 +705,8 @@ class cluster_store {
     std::vector<decision> out(n);
     if (n == 0) return out;
     const bool server_time = times.empty();
-    const std::string_view floor = server_time ? std::string_view("0") : std::string_view(s.floor_ms);
+    const std::string_view floor = server_time ? std::string_view("0")
+                                               : std::string_view(s.floor_ms);
     std::vector<item> items(n);
     try {
       s.ensure_map();
@@ -751,8 +757,9 @@ class cluster_store {
           if (g.verdict == detail::breaker::verdict::refuse) {
             g.settled = true;
             c.short_circuited.fetch_add(g.items.size(), std::memory_order_relaxed);
-            g.failure = std::make_exception_ptr(connection_error(
-                "ratelimit: redis: circuit breaker of " + node->name + " open (it failed recently)"));
+            g.failure = std::make_exception_ptr(
+                connection_error("ratelimit: redis: circuit breaker of " + node->name +
+                                 " open (it failed recently)"));
             s.request_refresh();
             continue;
           }
@@ -832,10 +839,10 @@ class cluster_store {
         continue;
       }
       if (it.state == fate::failed) detail::count_error(c, it.error);
-      out[i] = s.degrader.degrade(c, cfg, keys[i],
-                                  server_time ? std::optional<timestamp>{}
-                                              : std::optional<timestamp>{times[i]},
-                                  costs[i], a, it.error);
+      out[i] = s.degrader.degrade(
+          c, cfg, keys[i],
+          server_time ? std::optional<timestamp>{} : std::optional<timestamp>{times[i]}, costs[i],
+          a, it.error);
     }
     return out;
   }
@@ -893,9 +900,9 @@ class cluster_store {
       return;
     }
     it.state = fate::failed;
-    it.error = std::make_exception_ptr(script_error(
-        "ratelimit: redis: more than " + std::to_string(s.max_redirects) +
-        " redirects for one check (last: " + std::string(r.str, r.len) + ")"));
+    it.error = std::make_exception_ptr(
+        script_error("ratelimit: redis: more than " + std::to_string(s.max_redirects) +
+                     " redirects for one check (last: " + std::string(r.str, r.len) + ")"));
   }
 
   std::shared_ptr<shared> shared_;

@@ -3,11 +3,10 @@
 #pragma once
 
 #include <fcntl.h>
+#include <hiredis/hiredis.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/types.h>
-
-#include <hiredis/hiredis.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -96,10 +95,10 @@ class connection {
         r = command(args, 3, until);
       }
       if (r->type == REDIS_REPLY_ERROR) {
-        throw connection_error("ratelimit: redis: AUTH " +
-                               (o.user.empty() ? std::string("with password")
-                                               : "as user \"" + o.user + "\"") +
-                               " at " + where(o) + " failed: " + std::string(r->str, r->len));
+        throw connection_error(
+            "ratelimit: redis: AUTH " +
+            (o.user.empty() ? std::string("with password") : "as user \"" + o.user + "\"") +
+            " at " + where(o) + " failed: " + std::string(r->str, r->len));
       }
     }
     if (o.database != 0) {

@@ -19,7 +19,7 @@ enum class failure_policy : unsigned char {
   throw_error,  ///< throw the connection_error / timeout_error / script_error
   fail_open,    ///< admit (decision.source == fail_open); nothing is recorded anywhere
   fail_closed,  ///< reject (decision.source == fail_closed, retry_after 0: nothing is known)
-  fallback,     ///< decide with an in-process limiter at limit / fallback_divisor (source == fallback)
+  fallback,  ///< decide with an in-process limiter at limit / fallback_divisor (source == fallback)
 };
 
 /// Where and how to reach Redis. An aggregate: every field has a default.

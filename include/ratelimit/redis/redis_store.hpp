@@ -59,15 +59,15 @@ struct batch_item {
 
 /// Counters of a store (and its copies), for metrics. A snapshot.
 struct store_stats {
-  std::uint64_t store = 0;        ///< checks decided by Redis
-  std::uint64_t fail_open = 0;    ///< checks admitted by failure_policy::fail_open
-  std::uint64_t fail_closed = 0;  ///< checks rejected by failure_policy::fail_closed
-  std::uint64_t fallback = 0;     ///< checks decided by the in-process fallback
-  std::uint64_t errors = 0;       ///< failed round trips (any store_error, timeouts included)
-  std::uint64_t timeouts = 0;     ///< of which timeouts
-  std::uint64_t short_circuited = 0;   ///< checks answered by the open breaker without I/O
-  std::uint64_t breaker_opened = 0;    ///< times the circuit breaker opened
-  std::uint64_t script_reloads = 0;    ///< NOSCRIPT answers that made a script be resent
+  std::uint64_t store = 0;            ///< checks decided by Redis
+  std::uint64_t fail_open = 0;        ///< checks admitted by failure_policy::fail_open
+  std::uint64_t fail_closed = 0;      ///< checks rejected by failure_policy::fail_closed
+  std::uint64_t fallback = 0;         ///< checks decided by the in-process fallback
+  std::uint64_t errors = 0;           ///< failed round trips (any store_error, timeouts included)
+  std::uint64_t timeouts = 0;         ///< of which timeouts
+  std::uint64_t short_circuited = 0;  ///< checks answered by the open breaker without I/O
+  std::uint64_t breaker_opened = 0;   ///< times the circuit breaker opened
+  std::uint64_t script_reloads = 0;   ///< NOSCRIPT answers that made a script be resent
 };
 
 namespace detail {
@@ -309,8 +309,7 @@ class degrader {
     decision d;
     d.limit = cfg.limit();
     switch (policy_) {
-      case failure_policy::throw_error:
-        std::rethrow_exception(error);
+      case failure_policy::throw_error: std::rethrow_exception(error);
       case failure_policy::fail_open:
         c.fail_open.fetch_add(1, std::memory_order_relaxed);
         d.allowed = true;
@@ -323,10 +322,9 @@ class degrader {
       case failure_policy::fallback: {
         c.fallback.fetch_add(1, std::memory_order_relaxed);
         auto& fb = fallback_for<P>(cfg);
-        const timestamp t =
-            now ? *now
-                : std::chrono::duration_cast<timestamp>(
-                      std::chrono::system_clock::now().time_since_epoch());
+        const timestamp t = now ? *now
+                                : std::chrono::duration_cast<timestamp>(
+                                      std::chrono::system_clock::now().time_since_epoch());
         d = fb.store.apply(fb.cfg, key, t, cost, a);
         d.source = decision_source::fallback;
         return d;
@@ -431,7 +429,8 @@ class redis_store {
     for (const std::string& k : ks) args.push_back(k);
     auto lease = acquire();
     reply_ptr r = lease->command(args.data(), args.size(), command_deadline());
-    if (r->type == REDIS_REPLY_ERROR) throw script_error("ratelimit: redis: DEL failed: " + std::string(r->str, r->len));
+    if (r->type == REDIS_REPLY_ERROR)
+      throw script_error("ratelimit: redis: DEL failed: " + std::string(r->str, r->len));
   }
 
   /// Round trip to the server (PING).
@@ -440,7 +439,8 @@ class redis_store {
     const std::string_view args[] = {"PING"};
     auto lease = acquire();
     reply_ptr r = lease->command(args, 1, command_deadline());
-    if (r->type == REDIS_REPLY_ERROR) throw connection_error("ratelimit: redis: PING failed: " + std::string(r->str, r->len));
+    if (r->type == REDIS_REPLY_ERROR)
+      throw connection_error("ratelimit: redis: PING failed: " + std::string(r->str, r->len));
   }
 
   /// The Redis key holding `key`'s state for policy P: `<prefix>{<key>}:<name>`.
@@ -455,8 +455,8 @@ class redis_store {
     const auto get = [](const std::atomic<std::uint64_t>& a) {
       return a.load(std::memory_order_relaxed);
     };
-    return store_stats{get(c.store),    get(c.fail_open), get(c.fail_closed),
-                       get(c.fallback), get(c.errors),    get(c.timeouts),
+    return store_stats{get(c.store),           get(c.fail_open),      get(c.fail_closed),
+                       get(c.fallback),        get(c.errors),         get(c.timeouts),
                        get(c.short_circuited), get(c.breaker_opened), get(c.script_reloads)};
   }
 
@@ -468,10 +468,12 @@ class redis_store {
  private:
   struct shared {
     explicit shared(options o)
-        : opts(std::move(o)), pool(opts), breaker(opts),
+        : opts(std::move(o)),
+          pool(opts),
+          breaker(opts),
           degrader(opts.on_failure, opts.fallback_divisor),
           command_timeout(opts.command_timeout.count() > 0 ? opts.command_timeout
-                                                            : std::chrono::milliseconds{100}),
+                                                           : std::chrono::milliseconds{100}),
           floor_ms(std::to_string(opts.caller_time_ttl_floor.count())) {}
     options opts;
     connection_pool pool;
@@ -513,17 +515,17 @@ class redis_store {
   void append_eval(std::string& out, bool with_text, const std::vector<std::string>& key,
                    const std::string& time, const std::string& cost, access a,
                    const std::vector<std::string>& policy_args, bool server_time) const {
-    detail::append_eval<P>(out, with_text, key, time, cost, a, policy_args,
-                           server_time ? std::string_view("0") : std::string_view(shared_->floor_ms));
+    detail::append_eval<P>(
+        out, with_text, key, time, cost, a, policy_args,
+        server_time ? std::string_view("0") : std::string_view(shared_->floor_ms));
   }
 
   template <class Config>
   decision run(const Config& cfg, std::string_view key, std::optional<timestamp> now, units cost,
                access a) {
-    return run_batch_impl(cfg, std::span<const std::string_view>(&key, 1),
-                          std::span<const units>(&cost, 1), now ? std::span<const timestamp>(&*now, 1)
-                                                                : std::span<const timestamp>(),
-                          a)
+    return run_batch_impl(
+               cfg, std::span<const std::string_view>(&key, 1), std::span<const units>(&cost, 1),
+               now ? std::span<const timestamp>(&*now, 1) : std::span<const timestamp>(), a)
         .front();
   }
 
@@ -564,7 +566,8 @@ class redis_store {
       c.short_circuited.fetch_add(n, std::memory_order_relaxed);
       const auto err = std::make_exception_ptr(
           connection_error("ratelimit: redis: circuit breaker open (Redis failed recently)"));
-      for (std::size_t i = 0; i < n; ++i) out[i] = degrade(cfg, keys[i], time_of(i), costs[i], a, err);
+      for (std::size_t i = 0; i < n; ++i)
+        out[i] = degrade(cfg, keys[i], time_of(i), costs[i], a, err);
       return out;
     }
 

@@ -56,13 +56,12 @@ concept decision_observer = requires(O& o, const observation& obs, const decisio
 /// a std::reference_wrapper (so that one `basic_metrics`, which cannot move,
 /// can serve a store that must).
 template <class H>
-concept observer_handle =
-    decision_observer<H> ||
-    requires(H& h) { requires decision_observer<std::remove_reference_t<decltype(*h)>>; } ||
-    requires(H& h) {
-      { h.get() } -> std::same_as<std::remove_cvref_t<decltype(h.get())>&>;
-      requires decision_observer<std::remove_cvref_t<decltype(h.get())>>;
-    };
+concept observer_handle = decision_observer<H> || requires(H& h) {
+  requires decision_observer<std::remove_reference_t<decltype(*h)>>;
+} || requires(H& h) {
+  { h.get() } -> std::same_as<std::remove_cvref_t<decltype(h.get())>&>;
+  requires decision_observer<std::remove_cvref_t<decltype(h.get())>>;
+};
 
 namespace detail {
 
@@ -131,7 +130,9 @@ class observed_store {
   /// Forwards `reset` (not observed: it decides nothing).
   template <class Config>
     requires requires(Store& s, const Config& c, std::string_view k) { s.reset(c, k); }
-  void reset(const Config& cfg, std::string_view key) { inner_.reset(cfg, key); }
+  void reset(const Config& cfg, std::string_view key) {
+    inner_.reset(cfg, key);
+  }
 
   /// The wrapped store (for `sweep`, `size` and the like).
   [[nodiscard]] Store& inner() noexcept { return inner_; }

@@ -206,8 +206,7 @@ struct script_for<compound_of<P>> {
     out.push_back(std::move(packed));
   }
 
-  static void append_keys(const config& cfg, std::string_view base,
-                          std::vector<std::string>& out) {
+  static void append_keys(const config& cfg, std::string_view base, std::vector<std::string>& out) {
     for (std::size_t i = 0; i < cfg.size(); ++i) detail::append_compound_key<P>(base, i, out);
   }
 

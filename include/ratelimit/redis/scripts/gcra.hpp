@@ -61,7 +61,6 @@ return {r.allowed and 1 or 0, r.counted, r.remaining, r.retry, r.reset}
 
 }  // namespace detail
 
-
 template <>
 struct script_for<gcra> {
   static constexpr std::string_view name = gcra::name;

@@ -3,9 +3,9 @@
 #pragma once
 
 #include <array>
-#include <initializer_list>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,35 +36,35 @@ inline constexpr timestamp max_script_time{std::int64_t{1} << 52};
 /// time, the TTL rule. All integers stay below 2^53, where doubles are exact.
 /// Numbers are written with string.format('%d') because Lua's tostring keeps
 /// only 14 significant digits.
-#define RATELIMIT_REDIS_LUA_PRELUDE                                                   \
-  "local CEILING = 4503599627370496\n"                                                \
-  "local function int(n) return string.format('%d', n) end\n"                         \
-  "local function fdiv(a, b)\n"                                                       \
-  "  local q = math.floor(a / b)\n"                                                   \
-  "  local r = a - q * b\n"                                                           \
-  "  if r < 0 then q = q - 1 elseif r >= b then q = q + 1 end\n"                      \
-  "  return q\n"                                                                      \
-  "end\n"                                                                             \
-  "local function cdiv(a, b)\n"                                                       \
-  "  local q = fdiv(a, b)\n"                                                          \
-  "  if q * b < a then q = q + 1 end\n"                                               \
-  "  return q\n"                                                                      \
-  "end\n"                                                                             \
-  "local t\n"                                                                         \
-  "if ARGV[1] == '' then\n"                                                           \
-  "  local tm = redis.call('TIME')\n"                                                 \
-  "  t = tonumber(tm[1]) * 1000000 + tonumber(tm[2])\n"                               \
-  "else\n"                                                                            \
-  "  t = tonumber(ARGV[1])\n"                                                         \
-  "end\n"                                                                             \
-  "local cost = tonumber(ARGV[2])\n"                                                  \
-  "local peek = ARGV[3] == '1'\n"                                                     \
-  "local floor_ms = tonumber(ARGV[4])\n"                                              \
-  "local function ttl(need_us)\n"                                                     \
-  "  local ms = cdiv(need_us, 1000)\n"                                                \
-  "  if ms < floor_ms then ms = floor_ms end\n"                                       \
-  "  if ms < 1 then ms = 1 end\n"                                                     \
-  "  return int(ms)\n"                                                                \
+#define RATELIMIT_REDIS_LUA_PRELUDE                              \
+  "local CEILING = 4503599627370496\n"                           \
+  "local function int(n) return string.format('%d', n) end\n"    \
+  "local function fdiv(a, b)\n"                                  \
+  "  local q = math.floor(a / b)\n"                              \
+  "  local r = a - q * b\n"                                      \
+  "  if r < 0 then q = q - 1 elseif r >= b then q = q + 1 end\n" \
+  "  return q\n"                                                 \
+  "end\n"                                                        \
+  "local function cdiv(a, b)\n"                                  \
+  "  local q = fdiv(a, b)\n"                                     \
+  "  if q * b < a then q = q + 1 end\n"                          \
+  "  return q\n"                                                 \
+  "end\n"                                                        \
+  "local t\n"                                                    \
+  "if ARGV[1] == '' then\n"                                      \
+  "  local tm = redis.call('TIME')\n"                            \
+  "  t = tonumber(tm[1]) * 1000000 + tonumber(tm[2])\n"          \
+  "else\n"                                                       \
+  "  t = tonumber(ARGV[1])\n"                                    \
+  "end\n"                                                        \
+  "local cost = tonumber(ARGV[2])\n"                             \
+  "local peek = ARGV[3] == '1'\n"                                \
+  "local floor_ms = tonumber(ARGV[4])\n"                         \
+  "local function ttl(need_us)\n"                                \
+  "  local ms = cdiv(need_us, 1000)\n"                           \
+  "  if ms < floor_ms then ms = floor_ms end\n"                  \
+  "  if ms < 1 then ms = 1 end\n"                                \
+  "  return int(ms)\n"                                           \
   "end\n"
 
 namespace detail {
@@ -106,7 +106,8 @@ struct lua_join {
         w[i] = (w[i] << 8) | static_cast<unsigned char>(msg[off + i * 4 + j]);
       }
     }
-    for (std::size_t i = 16; i < 80; ++i) w[i] = rol(w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16], 1);
+    for (std::size_t i = 16; i < 80; ++i)
+      w[i] = rol(w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16], 1);
     std::uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4];
     for (std::size_t i = 0; i < 80; ++i) {
       std::uint32_t f = 0;

@@ -123,13 +123,13 @@ return {r.allowed and 1 or 0, r.counted, r.remaining, r.retry, r.reset}
 
 }  // namespace detail
 
-
 template <>
 struct script_for<sliding_window_counter> {
   static constexpr std::string_view name = sliding_window_counter::name;
   // ARGV[5] = period us, ARGV[6] = limit, ARGV[7] = count_rejected (0/1).
   static constexpr std::string_view text =
-      detail::lua_join<detail::lua_prelude, detail::sliding_window_counter_lua, detail::sliding_window_counter_main_lua>::value;
+      detail::lua_join<detail::lua_prelude, detail::sliding_window_counter_lua,
+                       detail::sliding_window_counter_main_lua>::value;
 
   static void append_args(const sliding_window_counter::config& cfg,
                           std::vector<std::string>& out) {

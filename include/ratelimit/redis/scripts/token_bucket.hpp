@@ -67,13 +67,12 @@ return {r.allowed and 1 or 0, r.counted, r.remaining, r.retry, r.reset}
 
 }  // namespace detail
 
-
 template <>
 struct script_for<token_bucket> {
   static constexpr std::string_view name = token_bucket::name;
   // ARGV[5] = ticks per us (L), ARGV[6] = ticks per token (P), ARGV[7] = burst.
-  static constexpr std::string_view text =
-      detail::lua_join<detail::lua_prelude, detail::token_bucket_lua, detail::token_bucket_main_lua>::value;
+  static constexpr std::string_view text = detail::lua_join<
+      detail::lua_prelude, detail::token_bucket_lua, detail::token_bucket_main_lua>::value;
 
   static void append_args(const token_bucket::config& cfg, std::vector<std::string>& out) {
     out.push_back(std::to_string(cfg.ticks_per_us()));
