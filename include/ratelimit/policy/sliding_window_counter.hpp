@@ -36,20 +36,25 @@ struct sliding_window_counter {
     friend bool operator==(const state&, const state&) = default;
   };
 
-  /// prev * ((W - e) / W) + cur + m, rounded exactly as written. The product
-  /// goes through a volatile so that no compiler fuses it with the addition
-  /// into an FMA, which would round differently from Lua.
-  [[nodiscard]] static double estimate(units prev, units cur, std::int64_t w, std::int64_t e,
-                                       units m) noexcept {
+  /// prev * ((W - e) / W), rounded exactly as written. The product goes
+  /// through a volatile so that no compiler fuses it with the addition that
+  /// follows into an FMA, which would round differently from Lua.
+  [[nodiscard]] static double weighted(units prev, std::int64_t w, std::int64_t e) noexcept {
     const double weight = static_cast<double>(w - e) / static_cast<double>(w);
-    const volatile double weighted = static_cast<double>(prev) * weight;
-    const double with_current = weighted + static_cast<double>(cur);
-    return with_current + static_cast<double>(m);
+    const volatile double product = static_cast<double>(prev) * weight;
+    return product;
   }
 
+  /// The admission test once `weighted` is known: (weighted + cur) + m <= limit.
+  [[nodiscard]] static bool fits(double weighted_prev, units cur, units m, units limit) noexcept {
+    const double with_current = weighted_prev + static_cast<double>(cur);
+    return with_current + static_cast<double>(m) <= static_cast<double>(limit);
+  }
+
+  /// prev * ((W - e) / W) + cur + m <= limit, in exactly that order.
   [[nodiscard]] static bool passes(units prev, units cur, std::int64_t w, std::int64_t e, units m,
                                    units limit) noexcept {
-    return estimate(prev, cur, w, e, m) <= static_cast<double>(limit);
+    return fits(weighted(prev, w, e), cur, m, limit);
   }
 
   /// Smallest offset in [lo, w - 1] at which `passes` holds, or -1. The test
@@ -90,13 +95,16 @@ struct sliding_window_counter {
 
     decision d;
     d.limit = limit;
-    d.allowed = passes(prev, cur, w, e, cost, limit);
+    // The previous window's weighted count does not change with this
+    // decision: compute it once for the test and for `remaining`.
+    const double weighted_prev = weighted(prev, w, e);
+    d.allowed = fits(weighted_prev, cur, cost, limit);
     if (d.allowed || cfg.count_rejected()) {
       cur = detail::add_saturated(cur, cost);
       s = state{k, cur, prev};
       d.counted = true;
     }
-    d.remaining = remaining(prev, cur, w, e, limit);
+    d.remaining = remaining(weighted_prev, cur, limit);
     if (!d.allowed) {
       if (cost > limit) {
         d.retry_after = never;
@@ -117,13 +125,13 @@ struct sliding_window_counter {
   }
 
   /// Largest m >= 0 that passes the admission test now (0 if none does).
-  [[nodiscard]] static units remaining(units prev, units cur, std::int64_t w, std::int64_t e,
-                                       units limit) noexcept {
-    const double room = static_cast<double>(limit) - estimate(prev, cur, w, e, 0);
+  [[nodiscard]] static units remaining(double weighted_prev, units cur, units limit) noexcept {
+    const double with_current = weighted_prev + static_cast<double>(cur);
+    const double room = static_cast<double>(limit) - with_current;
     // Start from the real-number answer, then settle it with the exact test.
     units m = room >= 1.0 ? static_cast<units>(std::floor(room)) : 0;
-    while (m > 0 && !passes(prev, cur, w, e, m, limit)) --m;
-    while (passes(prev, cur, w, e, m + 1, limit)) ++m;
+    while (m > 0 && !fits(weighted_prev, cur, m, limit)) --m;
+    while (fits(weighted_prev, cur, m + 1, limit)) ++m;
     return m;
   }
 
