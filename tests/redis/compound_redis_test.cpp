@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Verifies the compound Lua script: identical decisions to the in-process
-// compound on random traces, exact admission under concurrency, and a TTL on
-// every key within its own sub-limit's bound.
+// compound on random traces (the script alone and through redis_store, one
+// check at a time and in batches), reset deleting every sub-key, exact
+// admission under concurrency, and a TTL on every key within its own
+// sub-limit's bound.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -256,6 +259,145 @@ TYPED_TEST(CompoundRedisDifferential, MatchesInProcessCompound) {
     }
     for (const auto& [key, m] : memory) redis_side.reset(cfg, key);
   }
+}
+
+/// Every key of the Redis database whose name starts with `start` (SCAN, so
+/// binary keys are compared byte for byte).
+std::vector<std::string> keys_starting_with(const redis::options& o, const std::string& start) {
+  std::vector<std::string> out;
+  std::string cursor = "0";
+  do {
+    auto r = rltest::command(o, {"SCAN", cursor, "MATCH", o.prefix + "*", "COUNT", "1000"});
+    cursor.assign(r->element[0]->str, r->element[0]->len);
+    for (std::size_t i = 0; i < r->element[1]->elements; ++i) {
+      std::string k(r->element[1]->element[i]->str, r->element[1]->element[i]->len);
+      if (k.starts_with(start)) out.push_back(std::move(k));
+    }
+  } while (cursor != "0");
+  return out;
+}
+
+/// The start of every Redis key of `key`: `<prefix>{<key>}`.
+std::string user_key_start(const redis::options& o, std::string_view key) {
+  return o.prefix + "{" + std::string(key) + "}";
+}
+
+int store_traces_per_type() {
+  if (const char* n = std::getenv("RATELIMIT_DIFF_TRACES"); n != nullptr) return std::atoi(n);
+  return 300;
+}
+
+// Verifies that redis::redis_store decides compound checks exactly as
+// memory_store<compound> (every field, including source), with caller time,
+// one check per round trip on even seeds and pipelined batches (apply_batch)
+// on odd ones; and that reset deletes every sub-key of the user key (SCAN
+// finds none left) while other user keys keep theirs.
+TYPED_TEST(CompoundRedisDifferential, RedisStoreMatchesMemoryStore) {
+  using C = TypeParam;
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("compound-store");
+  redis::redis_store store(o);
+  std::int64_t checks = 0;
+  for (int seed = 0; seed < store_traces_per_type(); ++seed) {
+    std::mt19937_64 rng(static_cast<std::uint64_t>(seed) * 7907u + 3u);
+    const auto cfg = random_config<C>::make(rng);
+    const auto trace = random_trace(rng, cfg.limit(), uniform(rng, 1, 2'000'000));
+    const bool batched = seed % 2 == 1;
+    // One memory_store per key: a sweep of one idle key must not forget state
+    // that a request stamped earlier on another key still sees.
+    std::map<std::string, memory_store<C>> memory;
+    std::vector<decision> expected;
+    for (const event& e : trace) {
+      auto& m = memory[e.key];
+      if (e.kind == event::reset) {
+        m.reset(cfg, e.key);
+        expected.push_back(decision{});
+      } else {
+        expected.push_back(
+            m.apply(cfg, e.key, microseconds{e.t}, e.cost,
+                    e.kind == event::peek ? ratelimit::access::peek : ratelimit::access::consume));
+      }
+    }
+    std::vector<decision> got(trace.size());
+    std::size_t i = 0;
+    while (i < trace.size()) {
+      const event& e = trace[i];
+      const ratelimit::access a = e.kind == event::peek ? ratelimit::access::peek
+                                                        : ratelimit::access::consume;
+      if (e.kind == event::reset) {
+        store.reset(cfg, e.key);
+        ASSERT_EQ(keys_starting_with(o, user_key_start(o, e.key)), std::vector<std::string>{})
+            << "seed " << seed << " event " << i << ": sub-keys left after reset";
+        ++i;
+      } else if (!batched) {
+        got[i] = store.apply(cfg, e.key, microseconds{e.t}, e.cost, a);
+        ++i;
+      } else {
+        // The longest run of one kind (consume or peek) up to the next reset.
+        std::vector<redis::batch_item> batch;
+        const std::size_t first = i;
+        while (i < trace.size() && trace[i].kind == e.kind) {
+          batch.push_back({trace[i].key, trace[i].cost, microseconds{trace[i].t}});
+          ++i;
+        }
+        const auto ds = store.apply_batch(cfg, std::span<const redis::batch_item>(batch), a);
+        ASSERT_EQ(ds.size(), batch.size());
+        std::copy(ds.begin(), ds.end(), got.begin() + static_cast<std::ptrdiff_t>(first));
+      }
+    }
+    for (std::size_t j = 0; j < trace.size(); ++j) {
+      if (trace[j].kind == event::reset) continue;
+      ++checks;
+      ASSERT_EQ(describe(got[j]), describe(expected[j]))
+          << "seed " << seed << " event " << j << " t=" << trace[j].t << " cost=" << trace[j].cost
+          << " peek=" << (trace[j].kind == event::peek) << (batched ? " (batched)" : "");
+      ASSERT_EQ(got[j], expected[j]) << "seed " << seed << " event " << j;  // never vs -1
+    }
+    for (const auto& [key, m] : memory) store.reset(cfg, key);
+    ASSERT_EQ(keys_starting_with(o, o.prefix), std::vector<std::string>{})
+        << "seed " << seed << ": keys left after resetting every user key";
+  }
+  const redis::store_stats s = store.stats();
+  EXPECT_EQ(s.errors, 0u);
+  EXPECT_EQ(s.fail_open + s.fail_closed + s.fallback, 0u);
+  EXPECT_EQ(s.store, static_cast<std::uint64_t>(checks));
+}
+
+// Verifies that reset through the store deletes every sub-key of one user key
+// and nothing of another, for a compound of all five policies and a
+// compound_of, whatever the user key's bytes.
+TEST(CompoundRedis, StoreResetDeletesEverySubKey) {
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("compound-reset");
+  redis::redis_store store(o);
+  using all5 =
+      compound<sliding_window_log, fixed_window, sliding_window_counter, token_bucket, gcra>;
+  const all5::config five{sliding_window_log::config{"5/2s", window_options{true}},
+                          fixed_window::config{"50/1min"}, sliding_window_counter::config{"40/10s"},
+                          token_bucket::config{"10/30s"}, gcra::config{"20/1h"}};
+  const compound_of<fixed_window>::config three{"1/1s", "2/1min", "3/1h"};
+  const std::vector<std::string> users = {"alice", std::string("n\0ul", 4), "a}b", "{x}", "bob"};
+  const auto check = [&](const auto& cfg, std::size_t n) {
+    for (const std::string& u : users) {
+      EXPECT_TRUE(store.apply(cfg, u, store_time, 1).allowed) << u;
+      const auto ks = redis::detail::redis_keys(o.prefix, cfg, u);
+      ASSERT_EQ(ks.size(), n);
+      for (const std::string& k : ks) {
+        EXPECT_EQ(rltest::command(o, {"EXISTS", k})->integer, 1) << k;
+      }
+    }
+    for (std::size_t i = 0; i + 1 < users.size(); ++i) {
+      store.reset(cfg, users[i]);
+      EXPECT_EQ(keys_starting_with(o, user_key_start(o, users[i])), std::vector<std::string>{})
+          << users[i];
+      // The last user key is untouched: all its sub-keys remain.
+      EXPECT_EQ(keys_starting_with(o, user_key_start(o, users.back())).size(), n);
+    }
+    store.reset(cfg, users.back());
+    EXPECT_EQ(keys_starting_with(o, o.prefix), std::vector<std::string>{});
+  };
+  check(five, 5);
+  check(three, 3);
 }
 
 // Verifies the worked example of docs/compound_and_metrics.md: the day binds,

@@ -115,7 +115,12 @@ TEST(RedisStore, BinaryKeysRoundTripWithoutCollisions) {
     // A peek reports what admitting it would leave.
     EXPECT_EQ(d.remaining, std::max<units>(0, 3 - static_cast<units>(i + 2))) << i;
     const std::string k = store.key_for<fixed_window>(keys[i]);
-    EXPECT_EQ(k, o.prefix + "{" + keys[i] + "}:fixed_window");
+    // A key starting with '}' would leave the hash tag empty: it gets its own.
+    const std::string expected = keys[i].starts_with('}')
+                                     ? o.prefix + "{~" + std::to_string(redis::key_slot(keys[i])) +
+                                           "}{" + keys[i] + "}:fixed_window!"
+                                     : o.prefix + "{" + keys[i] + "}:fixed_window";
+    EXPECT_EQ(k, expected);
     EXPECT_EQ(rltest::command(o, {"EXISTS", k})->integer, 1) << i;
   }
   const auto all = scan_all(o, o.prefix);

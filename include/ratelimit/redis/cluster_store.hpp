@@ -343,6 +343,8 @@ class cluster_store {
     s.short_circuited = get(c.short_circuited);
     s.breaker_opened = get(c.breaker_opened);
     s.script_reloads = get(c.script_reloads);
+    s.probes = get(c.probes);
+    s.probe_failures = get(c.probe_failures);
     s.moved = get(shared_->moved);
     s.ask = get(shared_->ask);
     s.tryagain = get(shared_->tryagain);
@@ -373,12 +375,30 @@ class cluster_store {
     shared& operator=(const shared&) = delete;
 
     ~shared() {
+      prober.stop();  // its probes use the nodes
       {
         std::lock_guard<std::mutex> lock(refresh_mutex);
         stopping = true;
       }
       refresh_cv.notify_all();
       if (refresher.joinable()) refresher.join();
+    }
+
+    /// Counts a failed round trip to `node`; when it opens the node's breaker,
+    /// has the node probed in the background. Nodes are never removed from
+    /// `nodes`, so the node outlives the prober (stopped first, above).
+    void gate_failed(detail::cluster_node& node) noexcept {
+      if (!node.gate.failure()) return;
+      stats.breaker_opened.fetch_add(1, std::memory_order_relaxed);
+      bool watched = false;
+      try {
+        watched = prober.watch(node.gate, [this, n = &node] {
+          return detail::probe_ping(n->pool, command_timeout, stats);
+        });
+      } catch (...) {
+      }
+      // Without a prober nothing would close it: let checks try the node again.
+      if (!watched) node.gate.success();
     }
 
     static cluster_options validated(cluster_options o) {
@@ -631,6 +651,8 @@ class cluster_store {
     bool refresh_wanted = false;
     bool stopping = false;
     std::thread refresher;
+
+    detail::prober prober;  ///< probes nodes whose breaker is open
   };
 
   /// What became of one check.
@@ -686,8 +708,7 @@ class cluster_store {
     g.failure = e;
     g.settled = true;
     detail::count_error(s.stats, e);
-    if (g.node->gate.failure(g.verdict))
-      s.stats.breaker_opened.fetch_add(1, std::memory_order_relaxed);
+    s.gate_failed(*g.node);
     s.request_refresh();
   }
 
@@ -805,7 +826,7 @@ class cluster_store {
               classify(cfg, it, *r, node, out[g.items[next]], noscript, wait_before_retry);
             }
             g.settled = true;
-            node->gate.success(g.verdict);
+            node->gate.success();
           } catch (const connection_error&) {
             node_failed(g, std::current_exception());
             // The checks without a reply may or may not have run: never resent.
@@ -821,7 +842,7 @@ class cluster_store {
         // no connection of this round goes back to a pool; no probe is left open.
         for (auto& [node, g] : groups) {
           if (g.lease) (*g.lease)->mark_broken();
-          if (!g.settled) node->gate.failure(g.verdict);
+          if (!g.settled) shared_->gate_failed(*node);
         }
         throw;
       }

@@ -58,8 +58,10 @@ struct options {
   std::chrono::milliseconds caller_time_ttl_floor{std::chrono::minutes{5}};
   /// Consecutive failed round trips that open the circuit breaker; 0 = 3.
   std::uint32_t breaker_threshold = 3;
-  /// First cool-down of an open breaker: during it every check is answered by
-  /// the failure policy at once; the first check after it probes Redis.
+  /// First cool-down of an open breaker. While the breaker is open every check
+  /// is answered by the failure policy at once and none goes to Redis; a
+  /// background thread of the store PINGs Redis once per cool-down (within
+  /// connect_timeout + command_timeout) and closes the breaker when it answers.
   /// Each failed probe doubles the cool-down up to breaker_max_cooldown. 0 = 200 ms.
   std::chrono::milliseconds breaker_cooldown{200};
   /// Longest cool-down; 0 = 5 s.

@@ -3,13 +3,18 @@
 #pragma once
 
 #include <hiredis/hiredis.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,6 +23,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -25,6 +31,7 @@
 #include "ratelimit/decision.hpp"
 #include "ratelimit/detail/validate.hpp"
 #include "ratelimit/rate.hpp"
+#include "ratelimit/redis/cluster/hash_slot.hpp"
 #include "ratelimit/redis/connection_pool.hpp"
 #include "ratelimit/redis/errors.hpp"
 #include "ratelimit/redis/options.hpp"
@@ -68,18 +75,21 @@ struct store_stats {
   std::uint64_t short_circuited = 0;  ///< checks answered by the open breaker without I/O
   std::uint64_t breaker_opened = 0;   ///< times the circuit breaker opened
   std::uint64_t script_reloads = 0;   ///< NOSCRIPT answers that made a script be resent
+  std::uint64_t probes = 0;  ///< background probes (PING) of a server behind an open breaker
+  std::uint64_t probe_failures = 0;  ///< of which failed (the breaker stayed open)
 };
 
 namespace detail {
 
 /// Circuit breaker: after `threshold` consecutive failures it opens; while
-/// open, checks are answered by the failure policy at once; after the
-/// cool-down one check (the probe) goes to Redis. A failed probe doubles the
-/// cool-down (up to the maximum); any success closes the breaker.
+/// open, every check is answered by the failure policy at once and none goes
+/// to Redis. A background prober (see prober) tries Redis once each cool-down;
+/// a failed probe doubles the cool-down (up to the maximum); a successful probe,
+/// or any check that succeeds (one already in flight when it opened), closes it.
 /// Thread safety: any number of threads.
 class breaker {
  public:
-  enum class verdict : unsigned char { go, probe, refuse };
+  enum class verdict : unsigned char { go, refuse };
 
   explicit breaker(const options& o)
       : threshold_(o.breaker_threshold == 0 ? 3u : o.breaker_threshold),
@@ -88,42 +98,49 @@ class breaker {
                                                                 : std::chrono::milliseconds{5000})),
         cooldown_(base_) {}
 
-  [[nodiscard]] verdict enter() noexcept {
-    if (!open_.load(std::memory_order_acquire)) return verdict::go;
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!open_.load(std::memory_order_relaxed)) return verdict::go;
-    if (probing_ || deadline_clock::now() < open_until_) return verdict::refuse;
-    probing_ = true;
-    return verdict::probe;
+  breaker(const breaker&) = delete;
+  breaker& operator=(const breaker&) = delete;
+
+  /// `go` when closed, `refuse` when open (callers never probe).
+  [[nodiscard]] verdict enter() const noexcept {
+    return open_.load(std::memory_order_acquire) ? verdict::refuse : verdict::go;
   }
 
-  void success(verdict v) noexcept {
-    if (v == verdict::go && !open_.load(std::memory_order_relaxed) &&
-        failures_.load(std::memory_order_relaxed) == 0) {
+  /// A round trip succeeded, or a probe did: closes the breaker.
+  void success() noexcept {
+    if (!open_.load(std::memory_order_acquire) && failures_.load(std::memory_order_relaxed) == 0) {
       return;
     }
     std::lock_guard<std::mutex> lock(mutex_);
     failures_.store(0, std::memory_order_relaxed);
-    if (v == verdict::probe) probing_ = false;
     cooldown_ = base_;
     open_.store(false, std::memory_order_release);
   }
 
-  /// @return true when this failure opened the breaker
-  bool failure(verdict v) noexcept {
+  /// A round trip failed (ignored while open: it was in flight when it opened).
+  /// @return true when this failure opened the breaker (start probing it)
+  bool failure() noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (open_.load(std::memory_order_relaxed)) {
-      if (v == verdict::probe) {
-        probing_ = false;
-        cooldown_ = std::min(cooldown_ * 2, max_);
-        open_until_ = deadline_clock::now() + cooldown_;
-      }
-      return false;
-    }
+    if (open_.load(std::memory_order_relaxed)) return false;
     if (failures_.fetch_add(1, std::memory_order_relaxed) + 1 < threshold_) return false;
-    open_until_ = deadline_clock::now() + cooldown_;
+    cooldown_ = base_;
+    probe_at_ = deadline_clock::now() + cooldown_;
     open_.store(true, std::memory_order_release);
     return true;
+  }
+
+  /// When the next probe is due (meaningful while open).
+  [[nodiscard]] deadline probe_at() noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return probe_at_;
+  }
+
+  /// A probe failed: the next one waits twice as long (up to the maximum).
+  void probe_failed() noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!open_.load(std::memory_order_relaxed)) return;
+    cooldown_ = std::min(cooldown_ * 2, max_);
+    probe_at_ = deadline_clock::now() + cooldown_;
   }
 
   [[nodiscard]] bool is_open() const noexcept { return open_.load(std::memory_order_acquire); }
@@ -135,15 +152,162 @@ class breaker {
   std::mutex mutex_;
   std::atomic<bool> open_{false};
   std::atomic<std::uint32_t> failures_{0};
-  bool probing_ = false;
   std::chrono::milliseconds cooldown_;
-  deadline open_until_{};
+  deadline probe_at_{};
+};
+
+/// Probes open breakers from one background thread, started on the first
+/// watch() and then asleep on a condition variable until a breaker opens or a
+/// probe is due; stop() (the destructor) wakes and joins it at once, or after
+/// the probe in progress (bounded by connect_timeout + command_timeout).
+///
+/// After fork(), a child that destroys a prober started by its parent only
+/// leaks it: the thread does not exist there and its mutex and condition
+/// variable may be in use by it, so they are never touched (stores made
+/// before a fork are not meant for use in the child anyway: their pooled
+/// sockets are the parent's).
+///
+/// Thread safety: watch() from any number of threads; stop() once no watch()
+/// can run (the owner's destructor).
+class prober {
+ public:
+  /// One attempt to reach the breaker's server: true when it answered.
+  using probe_fn = std::function<bool()>;
+
+  prober() : core_(std::make_unique<core>()) {}
+  prober(const prober&) = delete;
+  prober& operator=(const prober&) = delete;
+  ~prober() { stop(); }
+
+  /// Probes `gate` with `probe` each cool-down until a probe succeeds (and
+  /// closes it) or something else closes it. `gate` and whatever `probe` uses
+  /// must outlive stop().
+  /// @return false when the thread could not be started (the caller should
+  ///   then close the breaker, or it would stay open)
+  [[nodiscard]] bool watch(breaker& gate, probe_fn probe) noexcept {
+    core& c = *core_;
+    try {
+      std::lock_guard<std::mutex> lock(c.mutex);
+      if (c.stopping) return false;
+      const bool known = std::any_of(c.targets.begin(), c.targets.end(),
+                                     [&](const target& t) { return t.gate == &gate; });
+      if (!known) {
+        c.targets.push_back(target{&gate, std::make_shared<const probe_fn>(std::move(probe))});
+      }
+      c.changed = true;
+      if (!c.thread.joinable()) {
+        c.pid = ::getpid();
+        c.thread = std::thread([&c] { run(c); });
+      }
+    } catch (...) {
+      return false;
+    }
+    c.wake.notify_one();
+    return true;
+  }
+
+  /// Stops and joins the thread (no-op when it never started).
+  void stop() noexcept {
+    if (core_ == nullptr || !core_->thread.joinable()) return;
+    if (core_->pid != ::getpid()) {
+      (void)core_.release();  // forked child: the parent's thread is not here; leak, never join
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(core_->mutex);
+      core_->stopping = true;
+    }
+    core_->wake.notify_all();
+    core_->thread.join();
+  }
+
+ private:
+  struct target {
+    breaker* gate;
+    std::shared_ptr<const probe_fn> probe;
+  };
+
+  struct core {
+    std::mutex mutex;
+    std::condition_variable wake;
+    std::vector<target> targets;  ///< breakers that opened, until they close
+    bool changed = false;         ///< a breaker opened since the thread last looked
+    bool stopping = false;
+    pid_t pid = 0;  ///< process that started the thread
+    std::thread thread;
+  };
+
+  static void run(core& c) noexcept {
+    std::unique_lock<std::mutex> lock(c.mutex);
+    while (!c.stopping) {
+      c.changed = false;
+      std::erase_if(c.targets, [](const target& t) { return !t.gate->is_open(); });
+      const auto woken = [&] { return c.stopping || c.changed; };
+      if (c.targets.empty()) {
+        c.wake.wait(lock, woken);
+        continue;
+      }
+      auto next = c.targets.begin();
+      deadline due = next->gate->probe_at();
+      for (auto it = std::next(next); it != c.targets.end(); ++it) {
+        const deadline at = it->gate->probe_at();
+        if (at < due) {
+          due = at;
+          next = it;
+        }
+      }
+      if (deadline_clock::now() < due) {
+        c.wake.wait_until(lock, due, woken);
+        continue;
+      }
+      breaker* gate = next->gate;
+      const std::shared_ptr<const probe_fn> probe = next->probe;
+      lock.unlock();
+      bool ok = false;
+      try {
+        ok = (*probe)();
+      } catch (...) {
+      }
+      if (ok) {
+        gate->success();
+      } else {
+        gate->probe_failed();
+      }
+      lock.lock();
+    }
+  }
+
+  std::unique_ptr<core> core_;
 };
 
 struct counters {
   std::atomic<std::uint64_t> store{0}, fail_open{0}, fail_closed{0}, fallback{0}, errors{0},
-      timeouts{0}, short_circuited{0}, breaker_opened{0}, script_reloads{0};
+      timeouts{0}, short_circuited{0}, breaker_opened{0}, script_reloads{0}, probes{0},
+      probe_failures{0};
 };
+
+/// One background probe of a server whose breaker is open: PING on a fresh
+/// connection of `pool` (idle ones, likely made before the outage, are dropped
+/// first), within connect_timeout + `command_timeout`. The connection goes
+/// back to the pool when it answered.
+/// @return true when the server answered PING
+[[nodiscard]] inline bool probe_ping(connection_pool& pool,
+                                     std::chrono::milliseconds command_timeout,
+                                     counters& c) noexcept {
+  c.probes.fetch_add(1, std::memory_order_relaxed);
+  try {
+    pool.clear();
+    const deadline start = deadline_clock::now();
+    connection_pool::lease lease = pool.acquire(start + command_timeout);
+    const std::string_view args[] = {"PING"};
+    reply_ptr r = lease->command(args, 1, start + command_timeout + lease.connect_time());
+    if (r->type != REDIS_REPLY_ERROR) return true;
+    lease->mark_broken();
+  } catch (...) {
+  }
+  c.probe_failures.fetch_add(1, std::memory_order_relaxed);
+  return false;
+}
 
 struct fallback_base {
   virtual ~fallback_base() = default;
@@ -173,17 +337,47 @@ inline void check_script_time(timestamp now) {
   }
 }
 
-/// The Redis key of `key` for policy P: `<prefix>{<key>}:<name>`.
+/// True when Redis would find an empty hash tag in `k` (its first `{` is
+/// directly followed by `}`) and so hash the whole key instead.
+[[nodiscard]] inline bool has_empty_hash_tag(std::string_view k) noexcept {
+  const std::size_t open = k.find('{');
+  return open != std::string_view::npos && open + 1 < k.size() && k[open + 1] == '}';
+}
+
+/// The Redis key of `key` for policy P: `<prefix>{<key>}:<name>`, so that
+/// every key of one user key shares its hash tag (one cluster slot).
+///
+/// A user key starting with `}` would leave that
+/// tag empty: Redis would hash each whole key, and the keys of one compound
+/// check would land in different slots. Such user keys get a tag of their own,
+/// `<prefix>{~<slot of key>}{<key>}:<name>!`; the trailing `!` ends no
+/// policy name, so this form never equals the usual one for another key.
+/// @throws std::invalid_argument for a prefix whose first `{` is followed by `}`
 template <class P>
 [[nodiscard]] std::string redis_key(std::string_view prefix, std::string_view key) {
+  if (has_empty_hash_tag(prefix)) {
+    throw std::invalid_argument("ratelimit: redis key prefix \"" + std::string(prefix) +
+                                "\" holds an empty hash tag {}: keys of one user key could "
+                                "not share a cluster slot");
+  }
   std::string k;
   const std::string_view name = script_for<P>::name;
-  k.reserve(prefix.size() + key.size() + name.size() + 3);
+  k.reserve(prefix.size() + key.size() + name.size() + 12);
   k.append(prefix);
   k += '{';
   k.append(key);
   k += "}:";
   k.append(name);
+  if (!has_empty_hash_tag(k)) return k;
+  k.clear();
+  k.append(prefix);
+  k += "{~";
+  k += std::to_string(key_slot(key));
+  k += "}{";
+  k.append(key);
+  k += "}:";
+  k.append(name);
+  k += '!';
   return k;
 }
 
@@ -255,7 +449,7 @@ template <class Config>
   if (r.type != REDIS_REPLY_ARRAY || (r.elements != 5 && r.elements != 6)) {
     throw script_error("ratelimit: redis: unexpected script reply");
   }
-  long long v[6];
+  long long v[6] = {};
   for (std::size_t i = 0; i < r.elements; ++i) {
     if (r.element[i]->type != REDIS_REPLY_INTEGER) {
       throw script_error("ratelimit: redis: unexpected script reply element");
@@ -457,10 +651,12 @@ class redis_store {
     };
     return store_stats{get(c.store),           get(c.fail_open),      get(c.fail_closed),
                        get(c.fallback),        get(c.errors),         get(c.timeouts),
-                       get(c.short_circuited), get(c.breaker_opened), get(c.script_reloads)};
+                       get(c.short_circuited), get(c.breaker_opened), get(c.script_reloads),
+                       get(c.probes),          get(c.probe_failures)};
   }
 
-  /// True while the circuit breaker answers checks without trying Redis.
+  /// True while the circuit breaker answers checks without trying Redis (a
+  /// background thread probes it and closes the breaker when it answers).
   [[nodiscard]] bool circuit_open() const noexcept { return shared_->breaker.is_open(); }
 
   [[nodiscard]] const options& get_options() const noexcept { return shared_->opts; }
@@ -475,6 +671,25 @@ class redis_store {
           command_timeout(opts.command_timeout.count() > 0 ? opts.command_timeout
                                                            : std::chrono::milliseconds{100}),
           floor_ms(std::to_string(opts.caller_time_ttl_floor.count())) {}
+    shared(const shared&) = delete;
+    shared& operator=(const shared&) = delete;
+    /// The prober's probes use the pool, breaker and counters: stop it first.
+    ~shared() { prober.stop(); }
+
+    /// Counts a failed round trip; when it opens the breaker, has it probed.
+    void failed() noexcept {
+      if (!breaker.failure()) return;
+      stats.breaker_opened.fetch_add(1, std::memory_order_relaxed);
+      bool watched = false;
+      try {
+        watched = prober.watch(breaker,
+                               [this] { return detail::probe_ping(pool, command_timeout, stats); });
+      } catch (...) {
+      }
+      // Without a prober nothing would close it: let checks try Redis again.
+      if (!watched) breaker.success();
+    }
+
     options opts;
     connection_pool pool;
     detail::breaker breaker;
@@ -482,6 +697,7 @@ class redis_store {
     detail::counters stats;
     std::chrono::milliseconds command_timeout;
     std::string floor_ms;
+    detail::prober prober;  ///< last: destroyed (joined) first
   };
 
   /// A key's reply slot in one round trip.
@@ -561,8 +777,7 @@ class redis_store {
       return server_time ? std::optional<timestamp>{} : std::optional<timestamp>{times[i]};
     };
     detail::counters& c = shared_->stats;
-    const detail::breaker::verdict v = shared_->breaker.enter();
-    if (v == detail::breaker::verdict::refuse) {
+    if (shared_->breaker.enter() == detail::breaker::verdict::refuse) {
       c.short_circuited.fetch_add(n, std::memory_order_relaxed);
       const auto err = std::make_exception_ptr(
           connection_error("ratelimit: redis: circuit breaker open (Redis failed recently)"));
@@ -625,13 +840,13 @@ class redis_store {
           }
         }
       }
-      shared_->breaker.success(v);
+      shared_->breaker.success();
     } catch (const connection_error&) {
       failure = std::current_exception();
       count_error(failure);
-      if (shared_->breaker.failure(v)) c.breaker_opened.fetch_add(1, std::memory_order_relaxed);
+      shared_->failed();
     } catch (...) {
-      if (shared_->breaker.failure(v)) c.breaker_opened.fetch_add(1, std::memory_order_relaxed);
+      shared_->failed();
       throw;
     }
     // A reply that was read decides its key. A key without one may or may not
