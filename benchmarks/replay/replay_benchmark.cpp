@@ -58,7 +58,7 @@ void BM_Replay_MemoryStore(benchmark::State& state) {
     events = replay_decisions<P>(reader, cfg, store, out, &sink);
     benchmark::DoNotOptimize(out.data());
   }
-  state.SetItemsProcessed(static_cast<std::int64_t>(events * state.iterations()));
+  state.SetItemsProcessed(static_cast<std::int64_t>(events) * state.iterations());
   state.counters["events"] = static_cast<double>(events);
 }
 
@@ -70,7 +70,7 @@ void BM_Replay_ParseOnly(benchmark::State& state) {
     std::istringstream in(text);
     events = validate_trace(in);
   }
-  state.SetItemsProcessed(static_cast<std::int64_t>(events * state.iterations()));
+  state.SetItemsProcessed(static_cast<std::int64_t>(events) * state.iterations());
 }
 
 /// Summary mode: all five policies side by side in one pass, plus per-key bookkeeping.
@@ -84,7 +84,7 @@ void BM_Replay_Summary_AllPolicies(benchmark::State& state) {
     r = analyse(in, o);
     benchmark::DoNotOptimize(r.events);
   }
-  state.SetItemsProcessed(static_cast<std::int64_t>(r.events * state.iterations()));
+  state.SetItemsProcessed(static_cast<std::int64_t>(r.events) * state.iterations());
   state.counters["keys"] = static_cast<double>(r.keys);
   state.counters["tool_bytes_per_key"] = static_cast<double>(r.tool_bytes) /
                                          static_cast<double>(r.keys);

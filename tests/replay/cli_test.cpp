@@ -3,6 +3,7 @@
 #include "cli.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -33,7 +34,9 @@ class temp_file {
  public:
   explicit temp_file(const std::string& text) {
     path_ = (std::filesystem::temp_directory_path() /
-             ("ratelimit_replay_cli_" + std::to_string(counter_++) + ".csv"))
+             // ctest runs test cases in parallel processes: name files after this one.
+             ("ratelimit_replay_cli_" + std::to_string(::getpid()) + "_" +
+              std::to_string(counter_++) + ".csv"))
                 .string();
     std::ofstream(path_, std::ios::binary) << text;
   }
@@ -158,8 +161,9 @@ TEST(ReplayCli, SummaryAndSweepInOneRun) {
 }
 
 TEST(ReplayCli, WritesAPlot) {
-  const std::string svg =
-      (std::filesystem::temp_directory_path() / "ratelimit_replay_cli_plot.svg").string();
+  const std::string svg = (std::filesystem::temp_directory_path() /
+                           ("ratelimit_replay_cli_plot_" + std::to_string(::getpid()) + ".svg"))
+                              .string();
   const auto r = run({"--rate", "2/10s", "--sweep", "1..3", "--plot", svg, "-"},
                      "0,n,1,0\n1,a,1,1\n2,a,1,1\n3,a,1,1\n");
   EXPECT_EQ(r.status, 0) << r.err;

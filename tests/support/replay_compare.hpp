@@ -52,7 +52,8 @@ inline run_result run(const std::vector<std::string>& args) {
 /// A small generated telephony trace plus a hand-written file of awkward
 /// keys, costs and out-of-order times.
 inline std::vector<std::string> traces() {
-  const std::string dir = ::testing::TempDir();
+  // Test binaries run in parallel: name the files after this process.
+  const std::string dir = ::testing::TempDir() + std::to_string(::getpid()) + "_";
   const std::string generated = dir + "replay_store_generated.csv";
   const run_result gen = run({RATELIMIT_GEN_TRACE_BIN, "--seed", "7", "--subscribers", "150",
                               "--call-centres", "2", "--robocallers", "3", "--edge-bursters", "2",
