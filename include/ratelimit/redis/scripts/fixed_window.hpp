@@ -83,23 +83,8 @@ return {r.allowed and 1 or 0, r.counted, r.remaining, r.retry, r.reset}
 }  // namespace detail
 
 template <>
-struct script_for<fixed_window> {
-  static constexpr std::string_view name = fixed_window::name;
-  // ARGV[5] = period us, ARGV[6] = limit, ARGV[7] = count_rejected (0/1).
-  static constexpr std::string_view text = detail::lua_join<
-      detail::lua_prelude, detail::fixed_window_lua, detail::fixed_window_main_lua>::value;
-
-  static void append_args(const fixed_window::config& cfg, std::vector<std::string>& out) {
-    out.push_back(std::to_string(cfg.period_us()));
-    out.push_back(std::to_string(cfg.limit()));
-    out.push_back(cfg.count_rejected() ? "1" : "0");
-  }
-
-  static fixed_window::config scaled(const fixed_window::config& cfg, units divisor) {
-    return fixed_window::config(
-        rate(detail::scaled_limit(cfg.limit(), divisor), cfg.get_rate().period()),
-        window_options{cfg.count_rejected()});
-  }
+struct script_for<fixed_window>
+    : detail::window_script<fixed_window, detail::fixed_window_lua, detail::fixed_window_main_lua> {
 };
 
 }  // namespace ratelimit::redis

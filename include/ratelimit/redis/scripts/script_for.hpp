@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "ratelimit/decision.hpp"
+#include "ratelimit/policy/fixed_window.hpp"
+#include "ratelimit/rate.hpp"
 
 namespace ratelimit::redis {
 
@@ -159,6 +161,26 @@ template <class P>
   const units l = limit / divisor;
   return l < 1 ? 1 : l;
 }
+
+/// script_for<P> of the three window policies: they share their arguments
+/// (ARGV[5] = period us, ARGV[6] = limit, ARGV[7] = count_rejected 0/1) and
+/// differ only in their Lua.
+template <class P, const std::string_view& PolicyLua, const std::string_view& MainLua>
+struct window_script {
+  static constexpr std::string_view name = P::name;
+  static constexpr std::string_view text = lua_join<lua_prelude, PolicyLua, MainLua>::value;
+
+  static void append_args(const typename P::config& cfg, std::vector<std::string>& out) {
+    out.push_back(std::to_string(cfg.period_us()));
+    out.push_back(std::to_string(cfg.limit()));
+    out.push_back(cfg.count_rejected() ? "1" : "0");
+  }
+
+  static typename P::config scaled(const typename P::config& cfg, units divisor) {
+    return typename P::config(rate(scaled_limit(cfg.limit(), divisor), cfg.get_rate().period()),
+                              window_options{cfg.count_rejected()});
+  }
+};
 
 }  // namespace detail
 }  // namespace ratelimit::redis

@@ -138,24 +138,8 @@ return {r.allowed and 1 or 0, r.counted, r.remaining, r.retry, r.reset}
 }  // namespace detail
 
 template <>
-struct script_for<sliding_window_log> {
-  static constexpr std::string_view name = sliding_window_log::name;
-  // ARGV[5] = period us, ARGV[6] = limit, ARGV[7] = count_rejected (0/1).
-  static constexpr std::string_view text =
-      detail::lua_join<detail::lua_prelude, detail::sliding_window_log_lua,
-                       detail::sliding_window_log_main_lua>::value;
-
-  static void append_args(const sliding_window_log::config& cfg, std::vector<std::string>& out) {
-    out.push_back(std::to_string(cfg.period_us()));
-    out.push_back(std::to_string(cfg.limit()));
-    out.push_back(cfg.count_rejected() ? "1" : "0");
-  }
-
-  static sliding_window_log::config scaled(const sliding_window_log::config& cfg, units divisor) {
-    return sliding_window_log::config(
-        rate(detail::scaled_limit(cfg.limit(), divisor), cfg.get_rate().period()),
-        window_options{cfg.count_rejected()});
-  }
-};
+struct script_for<sliding_window_log>
+    : detail::window_script<sliding_window_log, detail::sliding_window_log_lua,
+                            detail::sliding_window_log_main_lua> {};
 
 }  // namespace ratelimit::redis
