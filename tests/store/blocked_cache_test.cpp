@@ -21,6 +21,7 @@
 #include "ratelimit/concepts.hpp"
 #include "ratelimit/decision.hpp"
 #include "ratelimit/limiter.hpp"
+#include "ratelimit/policy/compound.hpp"
 #include "ratelimit/policy/fixed_window.hpp"
 #include "ratelimit/policy/gcra.hpp"
 #include "ratelimit/policy/sliding_window_counter.hpp"
@@ -284,6 +285,30 @@ TEST(BlockedCache, OtherLimitMisses) {
   (void)block(c, ten, "k");
   EXPECT_EQ(consume(c, ten, "k", t0).source, decision_source::local_cache);
   EXPECT_EQ(consume(c, five, "k", t0).source, decision_source::store);
+}
+
+// Verifies that a compound's rejection by a sub-limit other than the smallest
+// (the day limit blocks while the per-second one would admit) is cached and
+// answered locally with the binding limit's figures.
+TEST(BlockedCache, CachesACompoundBlockedByItsLargerLimit) {
+  using compound = ratelimit::compound_of<fixed_window>;
+  using compound_store = memory_store<compound>;
+  const compound::config cfg{"10/1s", "12/1h"};
+  blocked_cache<compound_store> c{compound_store{}};
+  for (int i = 0; i < 12; ++i) {
+    const auto t = t0 + std::chrono::seconds{i};
+    EXPECT_TRUE(c.apply(cfg, "k", t, 1, access::consume).allowed) << i;
+  }
+  const decision first = c.apply(cfg, "k", t0 + 12s, 1, access::consume);
+  EXPECT_FALSE(first.allowed);
+  EXPECT_EQ(first.source, decision_source::store);
+  EXPECT_EQ(first.limit, 12);
+  EXPECT_EQ(c.size(), 1u);
+  const decision again = c.apply(cfg, "k", t0 + 13s, 1, access::consume);
+  EXPECT_EQ(again.source, decision_source::local_cache);
+  EXPECT_EQ(again.limit, 12);
+  EXPECT_EQ(again.retry_after, first.retry_after - 1s);
+  EXPECT_EQ(c.stats().hits, 1u);
 }
 
 TEST(BlockedCache, HoldsAtMostMaxEntriesAndEvictsTheSoonestToExpire) {

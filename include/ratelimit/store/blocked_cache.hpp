@@ -222,7 +222,8 @@ class blocked_cache {
     std::int64_t until = 0;     ///< first time the block no longer holds
     std::int64_t reset_at = 0;  ///< when the key is back to empty, per the cached decision
     units cost = 0;             ///< smallest cost known to be rejected until `until`
-    units limit = 0;            ///< decision.limit of the cached rejection
+    units limit = 0;            ///< decision.limit of the cached rejection (reported)
+    units config_limit = 0;     ///< cfg.limit() of the check: what a later check must match
     std::string_view policy;    ///< P::name (static storage)
     bool local = false;         ///< timed on LocalClock (store_time checks)
   };
@@ -302,7 +303,7 @@ class blocked_cache {
     decision d = call();
     if (a == access::consume && !d.allowed && d.source == decision_source::store &&
         d.retry_after >= options_.threshold) {
-      store(sh, key, P::name, now, local, cost, d, generation);
+      store(sh, key, P::name, cfg.limit(), now, local, cost, d, generation);
     }
     return d;
   }
@@ -321,7 +322,7 @@ class blocked_cache {
     const auto it = sh.map.find(key);
     if (it == sh.map.end()) return std::nullopt;
     const entry& e = it->second;
-    if (e.local != local || e.policy != policy || e.limit != limit) return std::nullopt;
+    if (e.local != local || e.policy != policy || e.config_limit != limit) return std::nullopt;
     if (now >= e.until) {
       sh.map.erase(it);
       sh.publish_size();
@@ -343,15 +344,18 @@ class blocked_cache {
     return d;
   }
 
-  void store(shard& sh, std::string_view key, std::string_view policy, std::int64_t now, bool local,
-             units cost, const decision& d, std::uint64_t generation) {
+  void store(shard& sh, std::string_view key, std::string_view policy, units config_limit,
+             std::int64_t now, bool local, units cost, const decision& d,
+             std::uint64_t generation) {
     entry e;
     e.until = add_sat(now, options_.max_block.count() > 0
                                ? std::min(d.retry_after, options_.max_block)
                                : d.retry_after);
     e.reset_at = add_sat(now, d.reset_after);
     e.cost = cost;
+    // A compound reports its binding sub-limit, which need not be cfg.limit().
     e.limit = d.limit;
+    e.config_limit = config_limit;
     e.policy = policy;
     e.local = local;
     std::lock_guard<detail::spin_lock> guard(sh.lock);
