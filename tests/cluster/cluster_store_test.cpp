@@ -22,6 +22,7 @@
 
 #include "cluster_harness.hpp"
 #include "ratelimit/ratelimit.hpp"
+#include "support/trace_count.hpp"
 
 namespace {
 
@@ -251,8 +252,7 @@ TYPED_TEST_SUITE(ClusterDifferential, policies);
 TYPED_TEST(ClusterDifferential, MatchesMemoryStoreOnRandomTraces) {
   using P = TypeParam;
   auto store = make_store(P::name);
-  int traces = 300;
-  if (const char* e = std::getenv("RATELIMIT_DIFF_TRACES"); e != nullptr) traces = std::atoi(e);
+  const int traces = rltest::diff_traces(300);
   std::set<std::string> nodes;
   for (int seed = 0; seed < traces; ++seed) {
     std::mt19937_64 rng(static_cast<std::uint64_t>(seed) * 7919u + 29u);

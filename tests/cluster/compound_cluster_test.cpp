@@ -27,6 +27,7 @@
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis/cluster_store.hpp"
 #include "ratelimit/redis/scripts/compound.hpp"
+#include "support/trace_count.hpp"
 
 namespace {
 
@@ -328,8 +329,7 @@ TYPED_TEST_SUITE(CompoundClusterDifferential, compounds);
 TYPED_TEST(CompoundClusterDifferential, MatchesMemoryStoreOnRandomTraces) {
   using C = TypeParam;
   redis::cluster_store store(cluster_opts("diff"));
-  int traces = 200;
-  if (const char* e = std::getenv("RATELIMIT_DIFF_TRACES"); e != nullptr) traces = std::atoi(e);
+  const int traces = rltest::diff_traces(200);
   std::set<std::string> nodes;
   std::int64_t checks = 0;
   for (int seed = 0; seed < traces; ++seed) {

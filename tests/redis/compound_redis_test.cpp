@@ -25,6 +25,7 @@
 #include "ratelimit/redis/redis_store.hpp"
 #include "ratelimit/redis/scripts/compound.hpp"
 #include "redis_server.hpp"
+#include "support/trace_count.hpp"
 
 namespace {
 
@@ -117,8 +118,7 @@ std::string describe(const decision& d) {
 }
 
 int traces_per_type() {
-  if (const char* n = std::getenv("RATELIMIT_DIFF_TRACES"); n != nullptr) return std::atoi(n);
-  return 500;
+  return rltest::diff_traces(500);
 }
 
 std::int64_t uniform(std::mt19937_64& rng, std::int64_t lo, std::int64_t hi) {
@@ -283,8 +283,7 @@ std::string user_key_start(const redis::options& o, std::string_view key) {
 }
 
 int store_traces_per_type() {
-  if (const char* n = std::getenv("RATELIMIT_DIFF_TRACES"); n != nullptr) return std::atoi(n);
-  return 300;
+  return rltest::diff_traces(300);
 }
 
 // Verifies that redis::redis_store decides compound checks exactly as
@@ -484,7 +483,6 @@ TEST(CompoundRedis, EveryKeyHasTheTtlOfItsOwnSubLimit) {
   EXPECT_EQ(keys, 7 * 5);
 }
 
-#ifdef RATELIMIT_REDIS_MULTI_KEY_SCRIPTS
 // Verifies the limiter with the Redis store, at the caller's time and at the
 // server's: the compound decides as in process.
 TEST(CompoundRedis, LimiterWithRedisStore) {
@@ -511,6 +509,5 @@ TEST(CompoundRedis, LimiterWithRedisStore) {
   server.reset("s");
   EXPECT_TRUE(server.try_acquire("s").allowed);
 }
-#endif
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis/redis_store.hpp"
 #include "redis_server.hpp"
+#include "support/trace_count.hpp"
 
 namespace {
 
@@ -38,8 +39,7 @@ std::string describe(const decision& d) {
 }
 
 int traces_per_policy() {
-  if (const char* n = std::getenv("RATELIMIT_DIFF_TRACES"); n != nullptr) return std::atoi(n);
-  return 600;
+  return rltest::diff_traces(600);
 }
 
 std::int64_t pick(std::mt19937_64& rng, std::initializer_list<std::int64_t> xs) {

@@ -4,9 +4,10 @@
 // Algorithm: a request of cost c at t is admitted iff the costs logged in
 // (t - W, t] plus c are <= limit. Accuracy: exact; never more than limit in any
 // window (t - W, t]. Memory: at most `limit` entries of 16 bytes per key (a
-// ring buffer, the first two entries inline; under count_rejected only the newest entries that still matter
-// are kept, see `trim`). O(log n) per check, plus amortised O(1) to drop
-// entries that left the window when one is recorded.
+// ring buffer, the first two entries inline; under count_rejected only the
+// newest entries that still matter are kept, see `trim`). O(log n) per
+// check, plus amortised O(1) to drop entries that left the window when one is
+// recorded.
 // See https://blog.cloudflare.com/counting-things-a-lot-of-different-things/
 #pragma once
 
@@ -219,8 +220,7 @@ struct sliding_window_log {
         d.retry_after = std::chrono::microseconds{s.at(lo).ts + w - t};
       }
     }
-    d.reset_after = std::chrono::microseconds{in_window == 0 && !d.counted ? 0
-                                                                           : s.back().ts + w - t};
+    d.reset_after = std::chrono::microseconds{in_window == 0 ? 0 : s.back().ts + w - t};
     return d;
   }
 

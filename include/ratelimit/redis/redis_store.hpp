@@ -397,8 +397,6 @@ template <class Config>
   return out;
 }
 
-#define RATELIMIT_REDIS_MULTI_KEY_SCRIPTS 1
-
 /// The policy name and its script arguments: identifies one config.
 template <class Config>
 [[nodiscard]] std::string config_id(const Config& cfg) {
@@ -818,6 +816,15 @@ class redis_store {
       // Time spent making a new connection (bounded by connect_timeout) does
       // not eat into the round trip's command_timeout.
       const deadline until = start + shared_->command_timeout + lease.connect_time();
+      // Whatever interrupts the exchange (I/O, a timeout, bad_alloc), the
+      // connection may hold unread replies: it must not serve another caller.
+      struct drop_unless_done {
+        connection_pool::lease& l;
+        bool done = false;
+        ~drop_unless_done() {
+          if (!done) l->mark_broken();
+        }
+      } guard{lease};
       lease->send(buf, until);
       std::vector<std::size_t> retry;
       for (std::size_t i = 0; i < n; ++i) {
@@ -840,6 +847,7 @@ class redis_store {
           }
         }
       }
+      guard.done = true;
       shared_->breaker.success();
     } catch (const connection_error&) {
       failure = std::current_exception();
