@@ -4,8 +4,11 @@
 // totals under concurrency and while slots migrate.
 #include "ratelimit/redis/cluster_store.hpp"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -475,3 +478,67 @@ TEST(ClusterResharding, ChecksDuringMigrationMatchMemoryStore) {
 }
 
 }  // namespace
+
+namespace {
+
+/// A TCP port on 127.0.0.1 that accepts connections (the kernel completes
+/// the handshake) but never answers: a seed that hangs.
+class silent_listener {
+ public:
+  silent_listener() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 ||
+        ::listen(fd_, 64) != 0 || ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      throw std::runtime_error("cannot open a listening socket");
+    }
+    port_ = ntohs(a.sin_port);
+  }
+  ~silent_listener() { ::close(fd_); }
+  silent_listener(const silent_listener&) = delete;
+  silent_listener& operator=(const silent_listener&) = delete;
+  [[nodiscard]] int port() const noexcept { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+}  // namespace
+
+// Verifies SPEC "a check never blocks longer than its timeout" before any
+// slot map exists: with seeds that accept but never answer, concurrent
+// checks each return within connect + command timeout (plus a margin for a
+// busy machine), decided by the failure policy, instead of queueing behind
+// one another's attempts.
+TEST(ClusterStore, ChecksWithoutASlotMapReturnWithinTheirBudget) {
+  const silent_listener a;
+  const silent_listener b;
+  redis::cluster_options o;
+  o.seeds = {{"127.0.0.1", a.port()}, {"127.0.0.1", b.port()}};
+  o.node.connect_timeout = 100ms;
+  o.node.command_timeout = 100ms;
+  o.node.on_failure = redis::failure_policy::fail_open;
+  redis::cluster_store store(o);
+  const gcra::config cfg("10/1h");
+  const auto bound = o.node.connect_timeout + o.node.command_timeout + 300ms;
+  std::vector<std::thread> threads;
+  std::atomic<int> slow{0};
+  std::atomic<int> not_degraded{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 3; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        const decision d = store.apply(cfg, "k" + std::to_string(t), store_time, 1);
+        if (std::chrono::steady_clock::now() - start > bound) ++slow;
+        if (d.source != decision_source::fail_open) ++not_degraded;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(slow.load(), 0);
+  EXPECT_EQ(not_degraded.load(), 0);
+}

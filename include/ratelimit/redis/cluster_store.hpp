@@ -485,6 +485,11 @@ class cluster_store {
             options o = opts.node;
             o.host = a.host;
             o.port = a.port;
+            // Connecting must not outlast `until` either.
+            const auto left = std::chrono::ceil<std::chrono::milliseconds>(until -
+                                                                           deadline_clock::now());
+            o.connect_timeout = std::max(std::chrono::milliseconds{1},
+                                         std::min(o.connect_timeout, left));
             connection c(o);
             const std::string_view args[] = {"CLUSTER", "SLOTS"};
             reply_ptr r = c.command(args, 2,
@@ -548,12 +553,26 @@ class cluster_store {
         std::shared_lock<std::shared_mutex> lock(topo_mutex);
         if (have_map) return;
       }
-      std::lock_guard<std::mutex> once(first_map_mutex);
+      // One caller reads the first map; the others wait for it no longer
+      // than their own budget.
+      const deadline until = deadline_clock::now() + budget();
+      std::unique_lock<std::timed_mutex> once(first_map_mutex, until);
+      if (!once.owns_lock()) {
+        throw timeout_error("ratelimit: redis: the cluster slot map is still being read");
+      }
       {
         std::shared_lock<std::shared_mutex> lock(topo_mutex);
         if (have_map) return;
       }
-      if (!refresh(deadline_clock::now() + budget())) {
+      // Right after a failed read, answer at once: the background refresher
+      // keeps trying, so callers do not each wait out the seeds' timeouts.
+      if (last_map_failure && deadline_clock::now() < *last_map_failure + refresh_interval) {
+        request_refresh();
+        throw connection_error("ratelimit: redis: no cluster node answered CLUSTER SLOTS");
+      }
+      if (!refresh(until)) {
+        last_map_failure = deadline_clock::now();
+        request_refresh();
         throw connection_error("ratelimit: redis: no cluster node answered CLUSTER SLOTS");
       }
     }
@@ -644,7 +663,8 @@ class cluster_store {
     std::vector<node_ptr> slots;            ///< owner of each slot; null = unknown
     std::map<std::string, node_ptr> nodes;  ///< every node met, by "host:port"
     bool have_map = false;
-    std::mutex first_map_mutex;
+    std::timed_mutex first_map_mutex;
+    std::optional<deadline> last_map_failure;  ///< guarded by first_map_mutex
 
     std::mutex refresh_mutex;
     std::condition_variable refresh_cv;
