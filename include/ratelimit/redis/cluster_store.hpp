@@ -556,9 +556,15 @@ class cluster_store {
       // One caller reads the first map; the others wait for it no longer
       // than their own budget.
       const deadline until = deadline_clock::now() + budget();
-      std::unique_lock<std::timed_mutex> once(first_map_mutex, until);
-      if (!once.owns_lock()) {
-        throw timeout_error("ratelimit: redis: the cluster slot map is still being read");
+      // (try_lock in a loop rather than std::timed_mutex, whose clocked lock
+      // ThreadSanitizer does not see.)
+      std::unique_lock<std::mutex> once(first_map_mutex, std::try_to_lock);
+      while (!once.owns_lock()) {
+        if (deadline_clock::now() >= until) {
+          throw timeout_error("ratelimit: redis: the cluster slot map is still being read");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds{1});
+        once.try_lock();
       }
       {
         std::shared_lock<std::shared_mutex> lock(topo_mutex);
@@ -663,7 +669,7 @@ class cluster_store {
     std::vector<node_ptr> slots;            ///< owner of each slot; null = unknown
     std::map<std::string, node_ptr> nodes;  ///< every node met, by "host:port"
     bool have_map = false;
-    std::timed_mutex first_map_mutex;
+    std::mutex first_map_mutex;
     std::optional<deadline> last_map_failure;  ///< guarded by first_map_mutex
 
     std::mutex refresh_mutex;
