@@ -30,6 +30,10 @@ namespace ratelimit::replay {
 ///   means the file is not text at all (UTF-16, binary).
 /// - Whole lines starting with `#` are comments; empty lines are skipped. Both
 ///   still count as physical lines.
+/// - A UTF-8 byte-order mark (EF BB BF) at the very start of the input is not
+///   data (spreadsheets write one); anywhere else it is.
+/// - A record longer than `max_record_bytes` is an error, so that a stray
+///   quote cannot make the reader hold the rest of the input in memory.
 /// Nothing is trimmed.
 ///
 /// Thread safety: one reader per thread.
@@ -40,19 +44,32 @@ class csv_reader {
 
   enum class status { record, end, error };
 
-  /// @param in         the stream; read in binary chunks
-  /// @param chunk_size bytes read at once (small values exercise chunk boundaries in tests)
-  explicit csv_reader(std::istream& in, std::size_t chunk_size = std::size_t{1} << 20)
-      : in_(in), buf_(std::max<std::size_t>(chunk_size, 2)) {}
+  /// Default `max_record_bytes`: far above any valid replay record (a key is
+  /// at most 512 bytes), far below what would strain memory.
+  static constexpr std::size_t default_max_record_bytes = std::size_t{1} << 20;
+
+  /// @param in               the stream; read in binary chunks
+  /// @param chunk_size       bytes read at once (small values exercise chunk boundaries in tests)
+  /// @param max_record_bytes longest record accepted (at least 2)
+  explicit csv_reader(std::istream& in, std::size_t chunk_size = std::size_t{1} << 20,
+                      std::size_t max_record_bytes = default_max_record_bytes)
+      : in_(in),
+        buf_(std::max<std::size_t>(chunk_size, 2)),
+        max_record_(std::max<std::size_t>(max_record_bytes, 2)) {}
 
   /// Reads the next record. Its fields stay valid until the next call.
   /// On `status::error`, `error()` says why and `line()` is the record's first
-  /// line; the reader has skipped to the end of that physical line, so reading
-  /// may continue.
+  /// line. The reader then goes on after the physical line where the error was
+  /// found, except for a quoted field that never closes (at the end of the
+  /// input, or within `max_record_bytes`): it goes on at the line after the
+  /// one where that field opened, since nothing after it can be trusted to be
+  /// part of the field. `next_line() - line()` is the number of physical lines
+  /// the bad record took with it.
   status next() {
     for (;;) {
       const parse_result r = parse(pos_);
       if (r == parse_result::need_more) {
+        if (end_ - pos_ >= max_record_) return too_long();
         fill();
         continue;
       }
@@ -64,6 +81,9 @@ class csv_reader {
 
   /// Physical line (1-based) on which the last record or error started.
   [[nodiscard]] std::size_t line() const noexcept { return record_line_; }
+  /// Physical line on which the next record will start: one past the last
+  /// line the last record (or bad record) took.
+  [[nodiscard]] std::size_t next_line() const noexcept { return line_; }
   /// Fields of the last record (at most max_fields).
   [[nodiscard]] const std::string_view* fields() const noexcept { return fields_.data(); }
   [[nodiscard]] std::string_view field(std::size_t i) const noexcept { return fields_[i]; }
@@ -98,6 +118,7 @@ class csv_reader {
 
   parse_result fail(std::size_t at, std::string why) {
     error_ = std::move(why);
+    if (err_line_ != record_line_) error_ += " (on line " + std::to_string(err_line_) + ")";
     // Resume after the end of the physical line where the error was found.
     const char* nl = static_cast<const char*>(std::memchr(buf_.data() + at, '\n', end_ - at));
     pos_ = nl != nullptr ? static_cast<std::size_t>(nl - buf_.data()) + 1 : end_;
@@ -106,9 +127,42 @@ class csv_reader {
     return parse_result::error;
   }
 
+  /// Drops the current record's first physical line only and goes on at the
+  /// next one: for a quoted field that never closes, where the lines after
+  /// the opening quote are better read as records of their own.
+  parse_result fail_first_line(std::string why) {
+    error_ = std::move(why);
+    const char* nl = static_cast<const char*>(std::memchr(buf_.data() + pos_, '\n', end_ - pos_));
+    if (nl != nullptr) {
+      pos_ = static_cast<std::size_t>(nl - buf_.data()) + 1;
+    } else {
+      pos_ = end_;
+      if (!eof_) skipping_ = true;
+    }
+    line_ = record_line_ + 1;
+    return parse_result::error;
+  }
+
+  /// The record at pos_ has reached max_record_ bytes without ending.
+  status too_long() {
+    const bool quoted = std::memchr(buf_.data() + pos_, '\n', end_ - pos_) != nullptr;
+    fail_first_line(quoted ? "a quoted field runs on for more than " + std::to_string(max_record_) +
+                                 " bytes (is its closing quote missing?)"
+                           : "line longer than " + std::to_string(max_record_) + " bytes");
+    return status::error;
+  }
+
   /// Parses one record starting at p, or reports that more input is needed.
   parse_result parse(std::size_t p) {
     const char* b = buf_.data();
+    if (!bom_checked_) {
+      if (end_ - p < 3 && !eof_) return parse_result::need_more;
+      bom_checked_ = true;
+      if (end_ - p >= 3 && std::memcmp(b + p, "\xef\xbb\xbf", 3) == 0) {
+        pos_ = p + 3;
+        return parse_result::skip;
+      }
+    }
     if (skipping_) {  // the rest of a bad line that did not fit in the buffer
       const char* nl = static_cast<const char*>(std::memchr(b + p, '\n', end_ - p));
       if (nl == nullptr) {
@@ -127,7 +181,8 @@ class csv_reader {
     if (b[p] == '#' || b[p] == '\n' || (b[p] == '\r' && p + 1 < end_ && b[p + 1] == '\n')) {
       const char* nl = static_cast<const char*>(std::memchr(b + p, '\n', end_ - p));
       if (nl == nullptr) {
-        if (!eof_) return parse_result::need_more;
+        // The rest of a long comment is skipped chunk by chunk, never held.
+        if (!eof_) skipping_ = true;
         pos_ = end_;
       } else {
         pos_ = static_cast<std::size_t>(nl - b) + 1;
@@ -148,9 +203,8 @@ class csv_reader {
           while (q < end_ && b[q] != '"' && b[q] != '\n' && b[q] != '\0') ++q;
           if (q == end_) {
             if (!eof_) return parse_result::need_more;
-            err_line_ = record_line_;
-            return fail(end_, "unterminated quoted field (opened on line " +
-                                  std::to_string(record_line_) + ")");
+            return fail_first_line("unterminated quoted field (opened on line " +
+                                   std::to_string(record_line_) + ")");
           }
           if (b[q] == '\0') {
             err_line_ = line;
@@ -260,8 +314,10 @@ class csv_reader {
   std::vector<char> buf_;
   std::size_t pos_ = 0;
   std::size_t end_ = 0;
+  std::size_t max_record_;
   bool eof_ = false;
   bool skipping_ = false;
+  bool bom_checked_ = false;
   std::size_t line_ = 1;         ///< physical line at pos_
   std::size_t record_line_ = 1;  ///< first line of the last record
   std::size_t err_line_ = 1;     ///< line where the last error was found

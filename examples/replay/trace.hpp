@@ -2,6 +2,7 @@
 // Reads a replay trace (timestamp,key[,cost[,label]]) event by event, validating every line.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <istream>
@@ -37,13 +38,17 @@ class input_error : public std::runtime_error {
   std::size_t line_;
 };
 
-/// Quotes a field for an error message: at most 60 bytes, control bytes escaped.
+/// Quotes a field for an error message: at most 60 bytes, control bytes and
+/// byte-order marks (invisible in a terminal) escaped.
 [[nodiscard]] inline std::string show_field(std::string_view s) {
   std::string out = "\"";
   const std::size_t n = s.size() > 60 ? 60 : s.size();
   for (std::size_t i = 0; i < n; ++i) {
     const auto c = static_cast<unsigned char>(s[i]);
-    if (c == '"' || c == '\\') {
+    if (s.substr(i, 3) == "\xef\xbb\xbf") {
+      out += "\\ufeff";
+      i += 2;
+    } else if (c == '"' || c == '\\') {
       out += '\\';
       out += static_cast<char>(c);
     } else if (c < 0x20 || c == 0x7f) {
@@ -59,12 +64,28 @@ class input_error : public std::runtime_error {
   return out;
 }
 
+/// True when `field`, the first field of the first record, names a column
+/// rather than attempts a timestamp: it starts with an ASCII letter or an
+/// underscore. Anything else (a digit, a sign, a space, a dot, a byte-order
+/// mark, any other byte, or nothing) is a timestamp attempt, so a first line
+/// such as ` 1000000`, `+100` or `2026-11-30T04:52:46+01:00` is reported as a
+/// bad timestamp instead of being dropped as a header.
+[[nodiscard]] constexpr bool is_header_name(std::string_view field) noexcept {
+  if (field.empty()) return false;
+  const char c = field.front();
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_';
+}
+
 /// Reads events from a trace in the replay format.
 ///
-/// - A first record whose first field is not a timestamp is a header and is skipped.
+/// - A UTF-8 byte-order mark at the start of the input is skipped.
+/// - A first record whose first field is a column name (`is_header_name`) is a
+///   header and is skipped; any other first record must be a valid event.
 /// - Each event has 2 to 4 fields: timestamp, key, cost (empty or omitted = 1), label (0/1,
 ///   empty or omitted = unlabelled).
-/// - A bad line throws `input_error`, or, with `skip_bad_lines`, is counted and skipped.
+/// - A bad line throws `input_error`, or, with `skip_bad_lines`, is skipped and
+///   every physical line it took (a multi-line quoted record takes several) is
+///   counted.
 ///
 /// Thread safety: one reader per thread.
 class trace_reader {
@@ -73,6 +94,14 @@ class trace_reader {
                         std::size_t chunk_size = std::size_t{1} << 20)
       : csv_(in, chunk_size), skip_(skip_bad_lines) {}
 
+  /// Makes a timestamp after `max_us` a bad line, for a store that cannot
+  /// take the parser's whole range; `why` ends the message (say which store
+  /// and why).
+  void limit_timestamps(std::int64_t max_us, std::string why) {
+    max_ts_ = max_us;
+    max_ts_why_ = std::move(why);
+  }
+
   /// Reads the next event; false at the end of the input.
   /// @throws input_error for a bad line unless skipping bad lines
   bool next(event& e) {
@@ -80,22 +109,23 @@ class trace_reader {
       const csv_reader::status st = csv_.next();
       if (st == csv_reader::status::end) return false;
       if (st == csv_reader::status::error) {
-        bad(csv_.line(), csv_.error());
+        first_ = false;
+        bad(csv_.error());
         continue;
       }
       const bool first = first_;
       first_ = false;
-      const char* why = convert(e);
-      if (why == nullptr) return true;
-      if (first && header_candidate_) {
+      if (first && is_header_name(csv_.field(0))) {
         header_line_ = csv_.line();
         continue;
       }
-      bad(csv_.line(), message_);
+      const char* why = convert(e);
+      if (why == nullptr) return true;
+      bad(message_);
     }
   }
 
-  /// Lines skipped as bad (with skip_bad_lines).
+  /// Physical lines skipped as bad (with skip_bad_lines).
   [[nodiscard]] std::size_t skipped() const noexcept { return skipped_; }
   /// Line of the header, or 0 if the file has none.
   [[nodiscard]] std::size_t header_line() const noexcept { return header_line_; }
@@ -105,20 +135,25 @@ class trace_reader {
   [[nodiscard]] std::size_t memory_bytes() const noexcept { return csv_.memory_bytes(); }
 
  private:
-  void bad(std::size_t line, const std::string& why) {
+  /// Reports the current record as bad: throws, or counts every physical line it took.
+  void bad(const std::string& why) {
+    const std::size_t line = csv_.line();
     if (!skip_) throw input_error(line, why);
     if (skipped_ == 0) first_skipped_ = "line " + std::to_string(line) + ": " + why;
-    ++skipped_;
+    skipped_ += std::max<std::size_t>(csv_.next_line() - line, 1);
   }
 
   /// Fills `e` from the current record; nullptr on success, else sets message_.
   const char* convert(event& e) {
-    header_candidate_ = false;
     const std::size_t n = csv_.field_count();
     const std::string_view ts = csv_.field(0);
     if (const char* why = parse_timestamp(ts, e.ts_us)) {
-      header_candidate_ = true;
       message_ = "bad timestamp " + show_field(ts) + ": " + why;
+      return message_.c_str();
+    }
+    if (e.ts_us > max_ts_) {
+      message_ = "timestamp " + show_field(ts) + " (" + std::to_string(e.ts_us) + " us) is after " +
+                 std::to_string(max_ts_) + " us, " + max_ts_why_;
       return message_.c_str();
     }
     if (n < 2 || n > 4) {
@@ -164,7 +199,8 @@ class trace_reader {
   csv_reader csv_;
   bool skip_;
   bool first_ = true;
-  bool header_candidate_ = false;
+  std::int64_t max_ts_ = max_timestamp_us;
+  std::string max_ts_why_;
   std::size_t header_line_ = 0;
   std::size_t skipped_ = 0;
   std::string message_;

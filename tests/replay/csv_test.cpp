@@ -87,7 +87,7 @@ TEST(CsvReader, ChunkBoundariesDoNotMatter) {
 
 TEST(CsvReader, ReportsSyntaxErrorsAndGoesOn) {
   const auto v = read_all("1,a\"b\n2,\"x\"y\n3,ok\n4,\"open\n5,z\n");
-  ASSERT_EQ(v.size(), 4u);
+  ASSERT_EQ(v.size(), 5u);
   EXPECT_NE(v[0].error.find("quote inside an unquoted field"), std::string::npos);
   EXPECT_EQ(v[0].line, 1u);
   EXPECT_NE(v[1].error.find("after a closing quote"), std::string::npos);
@@ -95,6 +95,89 @@ TEST(CsvReader, ReportsSyntaxErrorsAndGoesOn) {
   EXPECT_EQ(v[2].fields[1], "ok");
   EXPECT_EQ(v[2].line, 3u);
   EXPECT_NE(v[3].error.find("unterminated quoted field (opened on line 4)"), std::string::npos);
+  EXPECT_EQ(v[3].line, 4u);
+  EXPECT_EQ(v[4].fields, (std::vector<std::string>{"5", "z"}));  // read again at the next line
+  EXPECT_EQ(v[4].line, 5u);
+}
+
+// Verifies a quote that never closes costs its own line only, at every chunk size,
+// and that next_line() says how many lines each bad record took.
+TEST(CsvReader, UnterminatedQuoteResumesAtTheNextPhysicalLine) {
+  for (std::size_t chunk : {std::size_t{2}, std::size_t{5}, std::size_t{1} << 20}) {
+    std::istringstream in("1,a\n2,\"b\n3,c\n4,d");
+    csv_reader r(in, chunk);
+    ASSERT_EQ(r.next(), csv_reader::status::record);
+    ASSERT_EQ(r.next(), csv_reader::status::error) << chunk;
+    EXPECT_EQ(r.line(), 2u);
+    EXPECT_EQ(r.next_line(), 3u);
+    ASSERT_EQ(r.next(), csv_reader::status::record) << chunk;
+    EXPECT_EQ(r.field(0), "3");
+    EXPECT_EQ(r.line(), 3u);
+    ASSERT_EQ(r.next(), csv_reader::status::record);
+    EXPECT_EQ(r.field(1), "d");
+    EXPECT_EQ(r.next(), csv_reader::status::end);
+  }
+  // A quote that closes lines later on junk takes every line up to the junk.
+  std::istringstream in("2,\"b\n3,c\n4,\"d\"x\n5,e\n");
+  csv_reader r(in);
+  ASSERT_EQ(r.next(), csv_reader::status::error);
+  EXPECT_EQ(r.line(), 1u);
+  EXPECT_EQ(r.next_line(), 4u);
+  EXPECT_NE(r.error().find("(on line 3)"), std::string::npos) << r.error();
+  ASSERT_EQ(r.next(), csv_reader::status::record);
+  EXPECT_EQ(r.field(1), "e");
+  EXPECT_EQ(r.line(), 4u);
+}
+
+// Verifies a stray quote, a huge line or a huge comment never makes the reader
+// hold the rest of the input: each is skipped with memory bounded by
+// max_record_bytes, and reading goes on.
+TEST(CsvReader, LongRecordsAreErrorsNotMemory) {
+  const std::string filler(std::size_t{3} << 20, 'x');  // 3 MiB
+  std::string lines;
+  for (int i = 0; i < 30000; ++i) lines += "k" + std::to_string(i) + ",filler line\n";
+  const struct {
+    std::string text;
+    std::string message;
+    std::size_t next_line;
+  } cases[] = {
+      {"1,\"open\n" + lines, "closing quote missing", 2},
+      {"1," + filler + "\n", "line longer than 65536 bytes", 2},
+  };
+  for (const auto& c : cases) {
+    std::istringstream in(c.text + "2,b\n");
+    csv_reader r(in, 4096, 65536);
+    ASSERT_EQ(r.next(), csv_reader::status::error);
+    EXPECT_NE(r.error().find(c.message), std::string::npos) << r.error();
+    EXPECT_EQ(r.line(), 1u);
+    EXPECT_EQ(r.next_line(), c.next_line);
+    csv_reader::status st;
+    while ((st = r.next()) == csv_reader::status::record) {
+    }
+    EXPECT_EQ(st, csv_reader::status::end);
+    EXPECT_LE(r.memory_bytes(), std::size_t{1} << 18);
+  }
+  std::istringstream in("#" + filler + "\n1,a\n");
+  csv_reader r(in, 4096, 65536);
+  ASSERT_EQ(r.next(), csv_reader::status::record);
+  EXPECT_EQ(r.line(), 2u);
+  EXPECT_LE(r.memory_bytes(), std::size_t{1} << 18);
+}
+
+TEST(CsvReader, SkipsAByteOrderMarkOnlyAtTheStart) {
+  const std::string bom = "\xef\xbb\xbf";
+  for (std::size_t chunk = 2; chunk < 8; ++chunk) {
+    const auto v = read_all(bom + "# c\n1,a\n" + bom + "2,b\n", chunk);
+    ASSERT_EQ(v.size(), 2u) << chunk;
+    EXPECT_EQ(v[0].fields[0], "1");
+    EXPECT_EQ(v[0].line, 2u);
+    EXPECT_EQ(v[1].fields[0], bom + "2");  // not at the start: data
+  }
+  const auto just = read_all(bom);
+  EXPECT_TRUE(just.empty());
+  const auto short_input = read_all("1");
+  ASSERT_EQ(short_input.size(), 1u);
+  EXPECT_EQ(short_input[0].fields[0], "1");
 }
 
 TEST(CsvReader, RefusesNul) {

@@ -115,6 +115,97 @@ TEST(TraceReader, OnlyTheFirstRecordMayBeAHeader) {
   EXPECT_NE(message.find("bad timestamp"), std::string::npos);
 }
 
+TEST(TraceReader, AByteOrderMarkIsSkipped) {
+  const auto with_header = read_all("\xef\xbb\xbfts,key\n1,a\n");
+  ASSERT_EQ(with_header.size(), 1u);
+  EXPECT_EQ(with_header[0], (ev{1, "a", 1, -1, 2}));
+  const auto without = read_all(
+      "\xef\xbb\xbf"
+      "1000000,a\n2,b\n");
+  ASSERT_EQ(without.size(), 2u);
+  EXPECT_EQ(without[0], (ev{1000000, "a", 1, -1, 1}));
+}
+
+TEST(TraceReader, AHeaderStartsWithALetterOrUnderscore) {
+  for (const std::string header :
+       {"ts,key", "Timestamp,caller,cost,label", "_t,k", "\"when\",who", "z"}) {
+    const auto v = read_all(header + "\n1,a\n");
+    ASSERT_EQ(v.size(), 1u) << header;
+    EXPECT_EQ(v[0].line, 2u) << header;
+  }
+}
+
+// Verifies a first line that attempts a timestamp is checked like any other
+// line, never dropped as a header.
+TEST(TraceReader, AFirstLineThatAttemptsATimestampIsAnError) {
+  const struct {
+    std::string line;
+    std::string message;
+  } cases[] = {
+      {" 1000000,a", "bad timestamp \" 1000000\""},
+      {"+100,a", "bad timestamp \"+100\""},
+      {"-5,a", "bad timestamp \"-5\""},
+      {"2026-11-30T04:52:46+01:00,a", "ending in Z"},
+      {"1.2.3,a", "bad timestamp \"1.2.3\""},
+      {"1e6,a", "bad timestamp \"1e6\""},
+      {".5,a", "bad timestamp"},
+      {",a", "empty timestamp"},
+      {"\xef\xbb\xbf\xef\xbb\xbf"
+       "1000000,a",
+       "bad timestamp \"\\ufeff"
+       "1000000\""},
+      {"\"1 \",a", "bad timestamp \"1 \""},
+      {"1000000", "expected 2 to 4 fields"},
+  };
+  for (const auto& c : cases) {
+    const auto [line, message] = error_of(c.line + "\n2,b\n");
+    EXPECT_EQ(line, 1u) << c.line;
+    EXPECT_NE(message.find("line 1: "), std::string::npos) << message;
+    EXPECT_NE(message.find(c.message), std::string::npos) << c.line << " -> " << message;
+  }
+}
+
+TEST(TraceReader, AStoreLimitOnTimestampsNamesTheLine) {
+  std::istringstream in("ts,key\n4503599627370496,a\n4503599627370497,a\n");
+  trace_reader r(in);
+  r.limit_timestamps(std::int64_t{1} << 52, "the latest this store takes");
+  event e;
+  ASSERT_TRUE(r.next(e));
+  try {
+    r.next(e);
+    FAIL() << "no error";
+  } catch (const input_error& x) {
+    EXPECT_EQ(x.line(), 3u);
+    EXPECT_NE(std::string(x.what()).find("after 4503599627370496 us, the latest this store takes"),
+              std::string::npos)
+        << x.what();
+  }
+}
+
+// Verifies --skip-bad-lines goes on at the line after an unterminated quote and
+// counts every physical line a bad record took.
+TEST(TraceReader, SkippingCountsEveryDroppedLine) {
+  const struct {
+    std::string text;
+    std::vector<std::string> keys;
+    std::size_t skipped;
+  } cases[] = {
+      {"ts,key\n1,a\n2,\"b\n3,c\n4,d\n", {"a", "c", "d"}, 1},
+      {"ts,key\n1,a\n2,\"b\n3,c\n4,\"d\"x\n5,e\n", {"a", "e"}, 3},
+      {"ts,key\n1,\"multi\nline\",zero\n2,b\n", {"b"}, 2},
+      {"1,a\n2,\"b", {"a"}, 1},
+  };
+  for (const auto& c : cases) {
+    std::istringstream in(c.text);
+    trace_reader r(in, true);
+    event e;
+    std::vector<std::string> keys;
+    while (r.next(e)) keys.emplace_back(e.key);
+    EXPECT_EQ(keys, c.keys) << c.text;
+    EXPECT_EQ(r.skipped(), c.skipped) << c.text;
+  }
+}
+
 TEST(TraceReader, SkipsBadLinesWhenAsked) {
   std::istringstream in("ts,key\n1,a\nx,b\n2,c,0\n3,d\n");
   trace_reader r(in, true);
