@@ -434,6 +434,26 @@ inline void write_sweep_plot(std::ostream& o, const analysis_result& r, const li
                   subtitle, panels);
 }
 
+/// The latest event time a --store takes, and why, when less than the parser's 2^62 us.
+struct store_time_limit {
+  std::int64_t max_us = max_timestamp_us;
+  std::string why;  ///< ends the message for a later time
+};
+
+/// The Redis stores take caller times up to 2^52 us only (redis::max_script_time):
+/// their Lua scripts compute in doubles, exact to 2^53, with headroom for a
+/// window past the time. The in-process store takes the parser's whole range.
+[[nodiscard]] inline store_time_limit time_limit_of(std::string_view store_url) {
+  if (!is_redis_url(store_url)) return {};
+  constexpr std::int64_t redis_max = std::int64_t{1} << 52;
+#ifdef RATELIMIT_REPLAY_HAVE_REDIS
+  static_assert(redis_max == ratelimit::redis::max_script_time.count());
+#endif
+  return {redis_max,
+          "the latest time the Redis store takes: its Lua scripts compute in doubles, exact "
+          "only below 2^53 (the in-memory store takes up to 2^62 us)"};
+}
+
 namespace detail {
 
 /// Runs decisions mode for policy P on the store named by --store.
@@ -442,6 +462,7 @@ int run_decisions(const cli_options& o, std::istream& std_in, std::ostream& out,
                   std::ostream& err) {
   limiter_settings settings{*o.r, o.burst, o.count_rejected};
   const typename P::config cfg = make_config<P>(settings);
+  const store_time_limit limit = time_limit_of(o.store);
   return with_store<P>(o.store, [&](auto& store) -> int {
     std::string buffer;
     buffer.reserve(std::size_t{1} << 16);
@@ -449,6 +470,7 @@ int run_decisions(const cli_options& o, std::istream& std_in, std::ostream& out,
       // A pipe cannot be read twice: buffer the output unless bad lines are
       // skipped (then nothing can fail half way for a bad line).
       trace_reader reader(std_in, o.skip_bad_lines);
+      reader.limit_timestamps(limit.max_us, limit.why);
       buffer.append(decisions_header);
       replay_decisions<P>(reader, cfg, store, buffer, o.skip_bad_lines ? &out : nullptr);
       out.write(buffer.data(), static_cast<std::streamsize>(buffer.size()));
@@ -464,12 +486,13 @@ int run_decisions(const cli_options& o, std::istream& std_in, std::ostream& out,
       // First pass: validate every line, so a bad file writes nothing.
       std::ifstream check(o.input, std::ios::binary);
       if (!check) throw usage_error("cannot open \"" + o.input + "\"");
-      validate_trace(check);
+      validate_trace(check, limit.max_us, limit.why);
     }
     std::ifstream in(o.input, std::ios::binary);
     if (!in) throw usage_error("cannot open \"" + o.input + "\"");
     const bool stream = regular || o.skip_bad_lines;
     trace_reader reader(in, o.skip_bad_lines);
+    reader.limit_timestamps(limit.max_us, limit.why);
     buffer.append(decisions_header);
     replay_decisions<P>(reader, cfg, store, buffer, stream ? &out : nullptr);
     out.write(buffer.data(), static_cast<std::streamsize>(buffer.size()));

@@ -167,10 +167,13 @@ std::size_t replay_decisions(trace_reader& in, const typename P::config& cfg, St
 }
 
 /// Reads the whole trace once, validating every line (the first pass that
-/// lets decisions mode refuse a bad file before writing anything).
+/// lets decisions mode refuse a bad file before writing anything); `max_us`
+/// and `why` as in `trace_reader::limit_timestamps`.
 /// @throws input_error for the first bad line
-inline std::size_t validate_trace(std::istream& in) {
+inline std::size_t validate_trace(std::istream& in, std::int64_t max_us = max_timestamp_us,
+                                  const std::string& why = {}) {
   trace_reader reader(in);
+  reader.limit_timestamps(max_us, why);
   event e;
   std::size_t n = 0;
   while (reader.next(e)) ++n;
