@@ -273,7 +273,14 @@ inline void print_summary(std::ostream& out, const analysis_result& r, const lim
   out << pad("policy", 16, true) << pad("admitted", 12) << pad("rejected", 11)
       << pad("rejected%", 10) << pad("keys blocked", 13) << pad("max in W", 9)
       << pad("state/key", 11) << pad("state peak", 12) << pad("events/s", 10) << '\n';
+  std::string unavailable;
   for (const policy_summary& p : r.policies) {
+    if (!p.unavailable.empty()) {
+      // One policy that cannot take the rate must not cost the other four.
+      out << pad(std::string(policy_name(p.id)), 16, true) << pad("n/a", 12) << '\n';
+      unavailable += "n/a " + std::string(policy_name(p.id)) + ": " + p.unavailable + '\n';
+      continue;
+    }
     const double secs = r.shared_seconds + p.seconds;
     const double eps = secs > 0 ? static_cast<double>(r.events) / secs : 0.0;
     out << pad(std::string(policy_name(p.id)), 16, true) << pad(group(p.admitted), 12)
@@ -284,6 +291,7 @@ inline void print_summary(std::ostream& out, const analysis_result& r, const lim
         << pad(bytes(static_cast<double>(p.state_peak_bytes)), 12) << pad(rate_per_s(eps), 10)
         << '\n';
   }
+  if (!unavailable.empty()) out << '\n' << unavailable;
   out << "\nmax in W: most calls one key got through in any window (t-W, t] of "
       << format_duration(rt.period().count()) << " (the limit is " << rt.limit()
       << "; a fixed window lets up to twice that through across a window edge).\n"
@@ -291,7 +299,11 @@ inline void print_summary(std::ostream& out, const analysis_result& r, const lim
          " at the busiest sample.\n"
       << "events/s: events / CPU time of one core for the shared work (reading, parsing,"
          " key lookup, max-in-W rings) plus this policy's own steps; the whole pass ("
-      << r.policies.size() + r.sweep.size() << " policy runs): "
+      << std::count_if(r.policies.begin(), r.policies.end(),
+                       [](const policy_summary& p) { return p.unavailable.empty(); }) +
+             std::count_if(r.sweep.begin(), r.sweep.end(),
+                           [](const sweep_point& p) { return p.unavailable.empty(); })
+      << " policy runs): "
       << rate_per_s(r.total_seconds > 0 ? static_cast<double>(r.events) / r.total_seconds : 0.0)
       << " events/s.\nTool bookkeeping beyond the policy state: "
       << bytes(r.keys == 0 ? 0.0 : static_cast<double>(r.tool_bytes) / static_cast<double>(r.keys))
@@ -310,8 +322,14 @@ inline void print_sweep(std::ostream& out, const analysis_result& r, const limit
   out << pad("limit", 7) << pad("keys blocked", 14) << pad("calls rejected", 16);
   if (r.labelled) out << pad("abusive caught", 24) << pad("normal wrongly blocked", 26);
   out << '\n';
+  std::string unavailable;
   for (const sweep_point& p : r.sweep) {
     if (p.id != policy) continue;
+    if (!p.unavailable.empty()) {
+      out << pad(std::to_string(p.limit), 7) << pad("n/a", 14) << '\n';
+      if (unavailable.empty()) unavailable = p.unavailable;
+      continue;
+    }
     out << pad(std::to_string(p.limit), 7)
         << pad(pct(static_cast<double>(p.keys_blocked), static_cast<double>(r.keys)), 14)
         << pad(pct(static_cast<double>(p.rejected), static_cast<double>(r.events)), 16);
@@ -325,6 +343,10 @@ inline void print_sweep(std::ostream& out, const analysis_result& r, const limit
                  26);
     }
     out << '\n';
+  }
+  if (!unavailable.empty()) {
+    out << "n/a: " << policy_name(policy) << " cannot take some limits; the first: " << unavailable
+        << '\n';
   }
   if (r.labelled) {
     out << "\nCaught (abusive keys blocked at least once) / false rejects (normal keys blocked"
@@ -343,7 +365,9 @@ inline void print_sweep(std::ostream& out, const analysis_result& r, const limit
       for (const policy_id id : all_policies) {
         std::string cell = "-";
         for (const sweep_point& p : r.sweep) {
-          if (p.id == id && p.limit == l) {
+          if (p.id == id && p.limit == l && !p.unavailable.empty()) {
+            cell = "n/a";
+          } else if (p.id == id && p.limit == l) {
             cell = pct(static_cast<double>(p.abusive_caught), static_cast<double>(r.abusive_keys),
                        1) +
                    " / " +
@@ -402,7 +426,7 @@ inline void write_sweep_plot(std::ostream& o, const analysis_result& r, const li
     plot_series a{std::string(policy_name(id)), {}};
     plot_series b{std::string(policy_name(id)), {}};
     for (const sweep_point& p : r.sweep) {
-      if (p.id != id) continue;
+      if (p.id != id || !p.unavailable.empty()) continue;
       const auto xl = static_cast<double>(p.limit);
       if (r.labelled) {
         a.points.emplace_back(xl, r.abusive_keys == 0
@@ -461,6 +485,10 @@ template <class P>
 int run_decisions(const cli_options& o, std::istream& std_in, std::ostream& out,
                   std::ostream& err) {
   limiter_settings settings{*o.r, o.burst, o.count_rejected};
+  // One policy, so a setting it cannot take is a usage error naming its flag.
+  if (std::string why = config_problem<P>(settings, rate_flag(settings.r)); !why.empty()) {
+    throw usage_error(why);
+  }
   const typename P::config cfg = make_config<P>(settings);
   const store_time_limit limit = time_limit_of(o.store);
   return with_store<P>(o.store, [&](auto& store) -> int {

@@ -31,6 +31,10 @@ Usage: ratelimit-gen-trace [options] [--out FILE]
   --time-format F      us (default), seconds or iso
   --out FILE           output file (default: standard output)
   -h, --help           this text
+
+The log is sorted in memory before it is written (about 32 bytes per call):
+options whose log would need more than half of the machine's memory (or of
+the address-space limit) are refused with an estimate (exit status 2).
 )";
 
 [[noreturn]] void fail(const std::string& msg) {
@@ -88,8 +92,9 @@ int main(int argc, char** argv) {
       } catch (const std::invalid_argument& e) {
         fail("--window \"" + v + "\": expected a duration such as 15min");
       }
-      if (o.window_us > 86'400'000'000 || 86'400'000'000 % o.window_us != 0) {
-        fail("--window must divide one day");
+      // Edges are drawn strictly inside a day, so a day needs two windows at least.
+      if (o.window_us >= 86'400'000'000 || 86'400'000'000 % o.window_us != 0) {
+        fail("--window \"" + v + "\" must divide one day into two or more windows");
       }
     } else if (a == "--edge-burst") {
       o.edge_burst = static_cast<int>(whole(a, v, 100'000));
@@ -109,7 +114,14 @@ int main(int argc, char** argv) {
       fail("unknown option \"" + a + "\"");
     }
   }
-  const auto trace = ratelimit::replay::generate_trace(o);
+  ratelimit::replay::gen_trace trace;
+  try {
+    ratelimit::replay::check_trace_budget(o, ratelimit::replay::default_memory_budget());
+    trace = ratelimit::replay::generate_trace(o);
+  } catch (const ratelimit::replay::memory_budget_error& e) {
+    std::cerr << "ratelimit-gen-trace: error: " << e.what() << '\n';
+    return 2;
+  }
   if (out_path.empty() || out_path == "-") {
     ratelimit::replay::write_trace_csv(std::cout, trace, o);
     std::cout.flush();

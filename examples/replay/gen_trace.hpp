@@ -4,12 +4,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <iomanip>
 #include <ostream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "budget.hpp"
 #include "csv.hpp"
 #include "timestamp.hpp"
 
@@ -29,6 +33,9 @@ struct gen_options {
   std::int64_t window_us = 15 * 60'000'000;  ///< the window whose edges edge bursters straddle
   int edge_burst = 10;                       ///< calls on each side of a window edge
   enum class time_format { us, seconds, iso } format = time_format::us;
+  /// Most calls `generate_trace` holds before it stops with memory_budget_error:
+  /// the hard bound behind `check_trace_budget`'s estimate.
+  std::size_t max_calls = static_cast<std::size_t>(-1);
 };
 
 /// One generated call.
@@ -92,7 +99,98 @@ inline constexpr double hour_weight[24] = {0.2, 0.1, 0.1, 0.1, 0.1, 0.2, 0.5, 1.
 
 }  // namespace detail
 
+/// Bytes `generate_trace` holds per call (a 16-byte event, in a vector that
+/// may be twice its size while growing) and per caller (its name in the key
+/// vector and in the set that keeps names unique, allocator overhead included).
+inline constexpr double gen_bytes_per_call = 32;
+inline constexpr double gen_bytes_per_caller = 160;
+
+/// What a log made with `o` holds in memory, estimated from above.
+struct gen_estimate {
+  double calls = 0;
+  double callers = 0;
+  double bytes = 0;
+  std::string cause;  ///< the options behind the largest share, for messages
+};
+
+/// Estimates the calls and bytes of `generate_trace(o)` without generating:
+/// normal subscribers make `calls_per_day` calls a day on average (5% more
+/// for the chatty ones) plus redial runs (12% of calls, 3 redials on
+/// average), taken here as 1.5 x; call centres at most 1,300 calls a day
+/// (a gap of at least 28 s over 10 h), robocallers at most 1,500 (6 campaigns
+/// of 250), edge bursters at most 20 x edge_burst.
+[[nodiscard]] inline gen_estimate estimate_trace(const gen_options& o) {
+  const auto d = static_cast<double>(o.days);
+  const auto n = [](std::size_t v) { return static_cast<double>(v); };
+  const auto num = [](double v) {
+    std::ostringstream s;
+    s << v;
+    return s.str();
+  };
+  struct part {
+    double calls;
+    double callers;
+    std::string cause;
+  };
+  const part parts[] = {
+      {n(o.subscribers) * d * o.calls_per_day * 1.5, n(o.subscribers),
+       "--subscribers " + std::to_string(o.subscribers) + " with --calls-per-day " +
+           num(o.calls_per_day) + " over --days " + std::to_string(o.days)},
+      {n(o.call_centres) * d * 1300, n(o.call_centres),
+       "--call-centres " + std::to_string(o.call_centres) + " over --days " +
+           std::to_string(o.days)},
+      {n(o.robocallers) * d * 1500, n(o.robocallers),
+       "--robocallers " + std::to_string(o.robocallers) + " over --days " + std::to_string(o.days)},
+      {n(o.edge_bursters) * d * 20 * o.edge_burst, n(o.edge_bursters),
+       "--edge-bursters " + std::to_string(o.edge_bursters) + " with --edge-burst " +
+           std::to_string(o.edge_burst) + " over --days " + std::to_string(o.days)},
+  };
+  gen_estimate e;
+  double largest = -1;
+  for (const part& p : parts) {
+    const double bytes = p.calls * gen_bytes_per_call + p.callers * gen_bytes_per_caller;
+    e.calls += p.calls;
+    e.callers += p.callers;
+    e.bytes += bytes;
+    if (bytes > largest) {
+      largest = bytes;
+      e.cause = p.cause;
+    }
+  }
+  return e;
+}
+
+/// Refuses options whose log would not fit in `budget` bytes, naming the
+/// options behind most of it and the estimate, and sets `o.max_calls` so that
+/// generation stops cleanly even where the estimate is low.
+/// @throws memory_budget_error
+inline void check_trace_budget(gen_options& o, std::size_t budget) {
+  const gen_estimate e = estimate_trace(o);
+  const auto b = static_cast<double>(budget);
+  const auto num = [](double v) {
+    std::ostringstream s;
+    if (v < 1e12) {
+      s << std::fixed << std::setprecision(0) << v;
+    } else {
+      s << std::setprecision(3) << v;
+    }
+    return s.str();
+  };
+  if (e.bytes > b) {
+    throw memory_budget_error(e.cause + " would make about " + num(e.calls) + " calls from " +
+                              num(e.callers) + " callers, about " + format_bytes(e.bytes) +
+                              " in memory (the log is sorted in memory before it is written), "
+                              "over the budget of " +
+                              format_bytes(b) +
+                              " (half of this machine's memory, or of the address-space "
+                              "limit); ask for fewer");
+  }
+  const double callers_bytes = e.callers * gen_bytes_per_caller;
+  o.max_calls = static_cast<std::size_t>((b - callers_bytes) / gen_bytes_per_call);
+}
+
 /// Generates a log. Deterministic for given options on every platform.
+/// @throws memory_budget_error past `o.max_calls` calls
 [[nodiscard]] inline gen_trace generate_trace(const gen_options& o) {
   using namespace detail;
   rng r(o.seed);
@@ -111,7 +209,12 @@ inline constexpr double hour_weight[24] = {0.2, 0.1, 0.1, 0.1, 0.1, 0.2, 0.5, 1.
   const std::int64_t day_us = 24 * us_per_h;
   const std::int64_t end = o.start_us + o.days * day_us;
   const auto add = [&](std::int64_t ts, std::uint32_t k, signed char label) {
-    if (ts >= o.start_us && ts < end) t.events.push_back({ts, k, label});
+    if (ts < o.start_us || ts >= end) return;
+    if (t.events.size() >= o.max_calls) {
+      throw memory_budget_error("the log passed " + std::to_string(o.max_calls) +
+                                " calls, the most that fit the memory budget; ask for fewer");
+    }
+    t.events.push_back({ts, k, label});
   };
   const char* mobile[] = {"+49151", "+49160", "+49170", "+49176"};
 

@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "budget.hpp"
 #include "ratelimit/concepts.hpp"
 #include "ratelimit/decision.hpp"
 #include "ratelimit/policy/fixed_window.hpp"
@@ -107,6 +108,39 @@ template <class P>
     return typename P::config(s.r, bucket_options{s.burst});
   } else {
     return typename P::config(s.r, window_options{s.count_rejected});
+  }
+}
+
+/// "--rate L/PERIOD", the flag behind `r`, for messages.
+[[nodiscard]] inline std::string rate_flag(const rate& r) {
+  return "--rate " + std::to_string(r.limit()) + "/" + format_duration(r.period().count());
+}
+
+/// Why P cannot take `s`, starting with the flag at fault, or "" when it can:
+/// `--burst B` when the same rate without the burst works, else `rate_cause`
+/// (the flag that chose the rate: `--rate ...`, or the swept limit).
+template <class P>
+[[nodiscard]] std::string config_problem(const limiter_settings& s, const std::string& rate_cause) {
+  const auto message = [](const std::invalid_argument& e) {
+    std::string m = e.what();
+    constexpr std::string_view prefix = "ratelimit: ";
+    return m.starts_with(prefix) ? m.substr(prefix.size()) : m;
+  };
+  try {
+    (void)make_config<P>(s);
+    return {};
+  } catch (const std::invalid_argument& e) {
+    if (is_bucket_v<P> && s.burst) {
+      limiter_settings plain = s;
+      plain.burst.reset();
+      try {
+        (void)make_config<P>(plain);
+        return "--burst " + std::to_string(*s.burst) + ": " + message(e);
+      } catch (const std::invalid_argument&) {
+        // The rate alone is already at fault.
+      }
+    }
+    return rate_cause + ": " + message(e);
   }
 }
 
@@ -435,6 +469,9 @@ struct key_info {
 /// One policy's figures in the summary.
 struct policy_summary {
   policy_id id = policy_id::fixed_window;
+  /// Why the policy could not take the settings (e.g. gcra above 1 call per
+  /// us), naming the flag at fault; empty when it ran. The figures are then 0.
+  std::string unavailable;
   units limit = 0;                   ///< the limit (burst for bucket/GCRA)
   std::uint64_t admitted = 0;        ///< calls admitted
   std::uint64_t rejected = 0;        ///< calls rejected
@@ -449,6 +486,7 @@ struct policy_summary {
 struct sweep_point {
   policy_id id = policy_id::fixed_window;
   units limit = 0;
+  std::string unavailable;         ///< as in policy_summary: why this point could not run
   std::uint64_t rejected = 0;      ///< calls rejected
   std::size_t keys_blocked = 0;    ///< keys rejected at least once
   std::size_t abusive_caught = 0;  ///< keys labelled 1 rejected at least once
@@ -488,6 +526,8 @@ struct analysis_options {
   std::vector<policy_id> sweep_policies;
   bool skip_bad_lines = false;
   std::size_t sample_every = std::size_t{1} << 16;  ///< events between memory samples
+  /// Bytes the per-key state may reach before the run is refused; 0 = default_memory_budget().
+  std::size_t memory_budget = 0;
 };
 
 namespace detail {
@@ -547,8 +587,16 @@ class lane {
   [[nodiscard]] virtual std::size_t live_bytes(std::int64_t now) const = 0;
   [[nodiscard]] virtual std::size_t total_bytes() const = 0;
   [[nodiscard]] virtual units limit() const = 0;
+  /// sizeof one key's state (what `resize` adds per key).
+  [[nodiscard]] virtual std::size_t state_size() const noexcept = 0;
+  /// Bytes of the state vector (and blocked bits) once `resize(keys)` has run.
+  [[nodiscard]] virtual std::size_t bytes_after_resize(std::size_t keys) const noexcept = 0;
+  /// Heap bytes the states hold beyond `state_size()` each (the sliding log's
+  /// rings), kept current by `run` at no extra pass over the keys.
+  [[nodiscard]] std::size_t heap_bytes() const noexcept { return heap_bytes_; }
   policy_id id = policy_id::fixed_window;
-  int summary_slot = -1;  ///< bit in batch::admitted for summary lanes, -1 for sweep lanes
+  int summary_slot = -1;        ///< bit in batch::admitted for summary lanes, -1 for sweep lanes
+  std::size_t sweep_index = 0;  ///< sweep lanes: index into analysis_result::sweep
   std::uint64_t admitted = 0;
   std::uint64_t rejected = 0;
   std::vector<std::uint64_t> blocked;  ///< sweep lanes: bit per key, set when rejected
@@ -557,7 +605,25 @@ class lane {
   [[nodiscard]] bool was_blocked(std::size_t k) const noexcept {
     return ((blocked[k / 64] >> (k % 64)) & 1u) != 0;
   }
+
+ protected:
+  std::size_t heap_bytes_ = 0;
 };
+
+/// Decides one event on `s`, keeping `heap` equal to the heap bytes of all states.
+template <class P>
+decision tracked_step(const typename P::config& cfg, typename P::state& s, timestamp t, units cost,
+                      std::size_t& heap) noexcept {
+  if constexpr (std::is_same_v<P, sliding_window_log>) {
+    const std::size_t before = s.heap_bytes();
+    const decision d = P::step(cfg, s, t, cost);
+    heap = heap + s.heap_bytes() - before;
+    return d;
+  } else {
+    (void)heap;
+    return P::step(cfg, s, t, cost);
+  }
+}
 
 template <class P>
 class policy_lane final : public lane {
@@ -577,7 +643,8 @@ class policy_lane final : public lane {
       for (std::size_t i = 0; i < n; ++i) {
         // Keys are in trace order, so states are touched at random: fetch ahead.
         if (i + prefetch_distance < n) prefetch(states + id[i + prefetch_distance]);
-        const bool allowed = P::step(cfg_, states[id[i]], timestamp{ts[i]}, cost[i]).allowed;
+        const bool allowed =
+            tracked_step<P>(cfg_, states[id[i]], timestamp{ts[i]}, cost[i], heap_bytes_).allowed;
         ok += allowed ? 1u : 0u;
         mask[i] = static_cast<std::uint8_t>(mask[i] | (static_cast<unsigned>(allowed) << bit));
       }
@@ -586,7 +653,7 @@ class policy_lane final : public lane {
       for (std::size_t i = 0; i < n; ++i) {
         if (i + prefetch_distance < n) prefetch(states + id[i + prefetch_distance]);
         const std::uint32_t k = id[i];
-        if (P::step(cfg_, states[k], timestamp{ts[i]}, cost[i]).allowed) {
+        if (tracked_step<P>(cfg_, states[k], timestamp{ts[i]}, cost[i], heap_bytes_).allowed) {
           ++ok;
         } else {
           bits[k / 64] |= std::uint64_t{1} << (k % 64);
@@ -617,6 +684,15 @@ class policy_lane final : public lane {
     return bytes;
   }
   [[nodiscard]] units limit() const override { return cfg_.limit(); }
+  [[nodiscard]] std::size_t state_size() const noexcept override {
+    return sizeof(typename P::state);
+  }
+  [[nodiscard]] std::size_t bytes_after_resize(std::size_t keys) const noexcept override {
+    std::size_t cap = states_.capacity();
+    if (cap < keys) cap = std::max(keys, 2 * cap);
+    return cap * sizeof(typename P::state) +
+           (summary_slot < 0 ? (keys + 63) / 64 * sizeof(std::uint64_t) : 0);
+  }
 
  private:
   typename P::config cfg_;
@@ -649,7 +725,16 @@ class policy_lane final : public lane {
 /// (reading, parsing, interning, labels, the window rings of every count, the
 /// tool's memory sampling) and each policy's own `seconds` (its steps, its
 /// state vector, its memory sampling); `total_seconds` is the whole pass.
-/// @throws input_error for a bad line (unless skipping), std::invalid_argument for a bad config
+///
+/// A policy or sweep point that cannot take its settings (gcra above 1 call
+/// per us, a burst too large for exact ticks) does not stop the run: it is
+/// reported with `unavailable` set. Per-key memory (state vectors, sweep bits,
+/// the sliding logs' rings, key index) is checked against
+/// `opt.memory_budget` after every batch is interned and before the states
+/// grow.
+/// @throws input_error for a bad line (unless skipping), memory_budget_error
+///         when the per-key state would pass the budget (naming --sweep when
+///         the sweep is what multiplies it)
 [[nodiscard]] inline analysis_result analyse(std::istream& in, const analysis_options& opt) {
   const double start = detail::cpu_seconds();
   analysis_result res;
@@ -657,21 +742,46 @@ class policy_lane final : public lane {
   res.window_us = w;
 
   std::vector<std::unique_ptr<detail::lane>> lanes;
+  std::uint8_t summary_mask = 0;  ///< bits of the summary policies that run
   if (opt.summary) {
     for (const policy_id p : all_policies) {
-      auto l = detail::make_lane(p, opt.settings);
-      l->summary_slot = static_cast<int>(p);
-      lanes.push_back(std::move(l));
+      policy_summary ps;
+      ps.id = p;
+      ps.unavailable = with_policy(
+          p, [&]<class P>() { return config_problem<P>(opt.settings, rate_flag(opt.settings.r)); });
+      if (ps.unavailable.empty()) {
+        auto l = detail::make_lane(p, opt.settings);
+        l->summary_slot = static_cast<int>(p);
+        summary_mask = static_cast<std::uint8_t>(summary_mask | (1u << static_cast<unsigned>(p)));
+        lanes.push_back(std::move(l));
+      }
+      res.policies.push_back(std::move(ps));
     }
   }
+  std::size_t sweep_lanes = 0;
   for (const policy_id p : opt.sweep_policies) {
     for (const units limit : opt.sweep_limits) {
       limiter_settings s = opt.settings;
       s.r = rate(limit, opt.settings.r.period());
       s.burst.reset();  // each swept limit is also its own burst
-      lanes.push_back(detail::make_lane(p, s));
+      sweep_point sp;
+      sp.id = p;
+      sp.limit = limit;
+      sp.unavailable = with_policy(p, [&]<class P>() {
+        return config_problem<P>(s, "--sweep limit " + std::to_string(limit));
+      });
+      if (sp.unavailable.empty()) {
+        auto l = detail::make_lane(p, s);
+        l->sweep_index = res.sweep.size();
+        lanes.push_back(std::move(l));
+        ++sweep_lanes;
+      }
+      res.sweep.push_back(std::move(sp));
     }
   }
+  const std::size_t budget = opt.memory_budget != 0 ? opt.memory_budget : default_memory_budget();
+  std::size_t state_per_key = 0;
+  for (const auto& l : lanes) state_per_key += l->state_size();
 
   trace_reader reader(in, opt.skip_bad_lines);
   key_table keys;
@@ -694,6 +804,27 @@ class policy_lane final : public lane {
     const double t = detail::cpu_seconds();
     slot += t - clock;
     clock = t;
+  };
+
+  // Refuses the run before the state vectors grow past the budget.
+  const auto check_budget = [&] {
+    std::size_t need = keys.memory_bytes() + info.capacity() * sizeof(key_info);
+    for (const auto& l : lanes) need += l->bytes_after_resize(keys.size()) + l->heap_bytes();
+    if (need <= budget) return;
+    const std::string at = "at " + std::to_string(keys.size()) + " keys the run needs about " +
+                           format_bytes(static_cast<double>(need)) +
+                           ", over the memory budget of " +
+                           format_bytes(static_cast<double>(budget)) +
+                           " (half of this machine's memory, or of the address-space limit)";
+    if (sweep_lanes > 0) {
+      throw memory_budget_error("--sweep: " + std::to_string(opt.sweep_limits.size()) +
+                                " limits x " + std::to_string(opt.sweep_policies.size()) +
+                                " policies run " + std::to_string(sweep_lanes) +
+                                " configurations side by side, " +
+                                format_bytes(static_cast<double>(state_per_key)) +
+                                " of policy state per key; " + at + "; sweep fewer limits");
+    }
+    throw memory_budget_error("the input has too many keys: " + at);
   };
 
   while (more) {
@@ -727,6 +858,7 @@ class policy_lane final : public lane {
       if (fresh) info.emplace_back();
     }
     std::fill_n(b.admitted.begin(), n, std::uint8_t{0});
+    check_budget();
     charge(res.shared_seconds);
     for (auto& l : lanes) {
       l->resize(keys.size());
@@ -734,7 +866,7 @@ class policy_lane final : public lane {
       charge(l->seconds);
     }
     // The window rings: every attempt, and per summary policy the admitted calls.
-    const std::uint8_t rejected_mask = opt.summary ? std::uint8_t{(1u << policy_count) - 1} : 0;
+    const std::uint8_t rejected_mask = summary_mask;
     for (std::size_t i = 0; i < n; ++i) {
       if (i + 2 * detail::prefetch_distance < n) {
         detail::prefetch(info.data() + b.id[i + 2 * detail::prefetch_distance]);
@@ -787,8 +919,7 @@ class policy_lane final : public lane {
   }
   for (const auto& l : lanes) {
     if (l->summary_slot >= 0) {
-      policy_summary s;
-      s.id = l->id;
+      policy_summary& s = res.policies[static_cast<std::size_t>(l->summary_slot)];
       s.limit = l->limit();
       s.admitted = l->admitted;
       s.rejected = l->rejected;
@@ -802,11 +933,8 @@ class policy_lane final : public lane {
                                                   static_cast<double>(res.keys);
       s.state_peak_bytes = l->peak_bytes;
       s.seconds = l->seconds;
-      res.policies.push_back(s);
     } else {
-      sweep_point p;
-      p.id = l->id;
-      p.limit = l->limit();
+      sweep_point& p = res.sweep[l->sweep_index];
       p.rejected = l->rejected;
       for (std::size_t k = 0; k < info.size(); ++k) {
         if (!l->was_blocked(k)) continue;
@@ -814,7 +942,6 @@ class policy_lane final : public lane {
         if (info[k].label == 1) ++p.abusive_caught;
         if (info[k].label == 0) ++p.normal_blocked;
       }
-      res.sweep.push_back(p);
     }
   }
   res.total_seconds = detail::cpu_seconds() - start;
@@ -830,6 +957,9 @@ class policy_lane final : public lane {
   return sorted[std::min(rank, sorted.size()) - 1];
 }
 
+/// Most limits one --sweep may list.
+inline constexpr units max_sweep_limits = 1000;
+
 /// Parses a sweep specification: "5..30" (every integer), "5..30/5" (step),
 /// or "5,10,20". Limits must be 1..2^50, at most 1000 of them.
 /// @throws std::invalid_argument quoting the text
@@ -842,6 +972,11 @@ class policy_lane final : public lane {
     std::size_t i = 0;
     return ratelimit::detail::parse_digits(s, i, max_units, out) && i == s.size() && out >= 1;
   };
+  const auto too_many = [&](units n) -> std::vector<units> {
+    throw std::invalid_argument("--sweep \"" + std::string(text) + "\" has " + std::to_string(n) +
+                                " limits; at most " + std::to_string(max_sweep_limits) +
+                                " (each runs five policies side by side)");
+  };
   std::vector<units> out;
   if (const auto dots = text.find(".."); dots != std::string_view::npos) {
     units lo = 0, hi = 0, step = 1;
@@ -851,7 +986,7 @@ class policy_lane final : public lane {
       rest = rest.substr(0, slash);
     }
     if (!number(text.substr(0, dots), lo) || !number(rest, hi) || hi < lo) return fail();
-    if ((hi - lo) / step >= 1000) return fail();
+    if ((hi - lo) / step >= max_sweep_limits) return too_many((hi - lo) / step + 1);
     for (units v = lo; v <= hi; v += step) out.push_back(v);
   } else {
     std::size_t start = 0;
@@ -863,7 +998,7 @@ class policy_lane final : public lane {
       if (comma == std::string_view::npos) break;
       start = comma + 1;
     }
-    if (out.size() > 1000) return fail();
+    if (out.size() > max_sweep_limits) return too_many(static_cast<units>(out.size()));
     std::sort(out.begin(), out.end());
     out.erase(std::unique(out.begin(), out.end()), out.end());
   }

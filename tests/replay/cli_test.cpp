@@ -116,13 +116,21 @@ TEST(ReplayCli, UsageErrorsExitTwoNamingTheProblem) {
       {{"--policy", "gcra", "--rate", "1/s", "--decisions=yes", "-"}, "takes no value"},
       {{"--policy", "gcra", "--rate"}, "--rate needs a value"},
       {{"--rate", "1/s", "--sweep", "9..5", "-"}, "invalid --sweep"},
+      {{"--rate", "1/s", "--sweep", "1..100000000", "-"},
+       "--sweep \"1..100000000\" has 100000000 limits; at most 1000"},
       {{"--rate", "1/s", "--plot", "x.svg", "-"}, "--plot needs --sweep"},
       {{"--rate", "1/s", "--store", "redis://127.0.0.1:6379", "-"}, "--decisions only"},
       {{"--policy", "gcra", "--rate", "1/s", "--store", "mongodb://x", "--decisions", "-"},
        "unknown store"},
       {{"--policy", "gcra", "--rate", "1/s", "--decisions", "/nonexistent/trace.csv"},
        "cannot open"},
-      {{"--policy", "gcra", "--rate", "3/us", "--decisions", "-"}, "below 1us"},
+      {{"--policy", "gcra", "--rate", "3/us", "--decisions", "-"}, "--rate 3/1us: gcra"},
+      {{"--policy", "gcra", "--rate", "10/15min", "--burst", "1125899906842624", "--decisions",
+        "-"},
+       "--burst 1125899906842624: gcra burst"},
+      {{"--policy", "token_bucket", "--rate", "10/15min", "--burst", "1125899906842624",
+        "--decisions", "-"},
+       "--burst 1125899906842624: token_bucket burst"},
   };
   for (const auto& c : cases) {
     const auto r = run(c.args, good);
@@ -158,6 +166,40 @@ TEST(ReplayCli, SummaryAndSweepInOneRun) {
         "Threshold sweep: sliding_log", "abusive caught", "normal wrongly blocked", "p99.9"}) {
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
   }
+}
+
+// Verifies a policy that cannot take the rate or the burst is shown as n/a,
+// naming the flag, while the others still run.
+TEST(ReplayCli, SummaryShowsAPolicyThatCannotTakeTheRateAsNotAvailable) {
+  const std::string trace = "ts,key\n0,a\n0,a\n1,a\n";
+  const auto fast = run({"--rate", "3/us", "-"}, trace);
+  EXPECT_EQ(fast.status, 0) << fast.err;
+  EXPECT_NE(fast.out.find("gcra                     n/a"), std::string::npos) << fast.out;
+  EXPECT_NE(fast.out.find("n/a gcra: --rate 3/1us: gcra emission interval"), std::string::npos)
+      << fast.out;
+  EXPECT_NE(fast.out.find("token_bucket               3"), std::string::npos) << fast.out;
+  const auto burst = run({"--rate", "10/15min", "--burst", "1125899906842624", "-"}, trace);
+  EXPECT_EQ(burst.status, 0) << burst.err;
+  EXPECT_NE(burst.out.find("n/a token_bucket: --burst 1125899906842624: "), std::string::npos)
+      << burst.out;
+  EXPECT_NE(burst.out.find("n/a gcra: --burst 1125899906842624: "), std::string::npos) << burst.out;
+  EXPECT_NE(burst.out.find("sliding_log                3"), std::string::npos) << burst.out;
+}
+
+// Verifies a swept limit a policy cannot take is n/a in the tables and the
+// chart, naming --sweep, while the other points run.
+TEST(ReplayCli, SweepShowsALimitAPolicyCannotTakeAsNotAvailable) {
+  const std::string svg = (std::filesystem::temp_directory_path() /
+                           ("ratelimit_replay_cli_na_" + std::to_string(::getpid()) + ".svg"))
+                              .string();
+  const auto r = run({"--rate", "1/us", "--sweep", "1,3", "--policy", "gcra", "--plot", svg, "-"},
+                     "ts,key,cost,label\n0,a,1,1\n0,a,1,1\n1,n,1,0\n");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("      3           n/a"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the first: --sweep limit 3: gcra emission interval"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("      1        50.00%"), std::string::npos) << r.out;
+  std::remove(svg.c_str());
 }
 
 TEST(ReplayCli, WritesAPlot) {

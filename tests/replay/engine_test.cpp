@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "gen_trace.hpp"
 #include "ratelimit/store/memory_store.hpp"
 #include "replay.hpp"
 
@@ -246,6 +247,74 @@ TEST(Analyse, ParsesSweeps) {
   for (const char* bad : {"", "0..5", "5..", "..5", "9..5", "5,,6", "a", "1..5000", "5..10/0"}) {
     EXPECT_THROW((void)parse_sweep(bad), std::invalid_argument) << bad;
   }
+}
+
+// Verifies the per-key state is checked against the budget before it grows:
+// a sweep that multiplies it is refused naming --sweep, a plain summary naming
+// the input, and a run that fits is not disturbed.
+TEST(Analyse, StateOverTheMemoryBudgetIsRefused) {
+  std::string trace;
+  for (int i = 0; i < 10000; ++i) trace += std::to_string(i) + ",k" + std::to_string(i) + "\n";
+  analysis_options o;
+  o.settings.r = rate::parse("10/s");
+  o.sweep_limits = parse_sweep("1..1000");
+  o.sweep_policies.assign(std::begin(all_policies), std::end(all_policies));
+  o.memory_budget = std::size_t{64} << 20;
+  std::istringstream in(trace);
+  try {
+    (void)analyse(in, o);
+    FAIL() << "no error";
+  } catch (const memory_budget_error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("--sweep: 1000 limits x 5 policies"), std::string::npos) << m;
+    EXPECT_NE(m.find("at 4096 keys"), std::string::npos) << m;
+    EXPECT_NE(m.find("over the memory budget of 64.0 MiB"), std::string::npos) << m;
+  }
+  analysis_options plain;
+  plain.settings.r = o.settings.r;
+  plain.memory_budget = std::size_t{256} << 10;
+  std::istringstream again(trace);
+  try {
+    (void)analyse(again, plain);
+    FAIL() << "no error";
+  } catch (const memory_budget_error& e) {
+    EXPECT_NE(std::string(e.what()).find("the input has too many keys"), std::string::npos)
+        << e.what();
+  }
+  plain.memory_budget = std::size_t{64} << 20;
+  std::istringstream fits(trace);
+  EXPECT_EQ(analyse(fits, plain).keys, 10000u);
+}
+
+// Verifies the sliding log's rings count against the budget too: one key with
+// every call in one window and a large limit holds them all.
+TEST(Analyse, SlidingLogRingsCountAgainstTheBudget) {
+  std::string trace;
+  for (int i = 0; i < 200000; ++i) trace += std::to_string(i) + ",k\n";
+  analysis_options o;
+  o.settings.r = rate::parse("1000000/1h");
+  o.memory_budget = std::size_t{2} << 20;  // the ring of 200,000 entries alone is 3 MiB
+  std::istringstream in(trace);
+  EXPECT_THROW((void)analyse(in, o), memory_budget_error);
+  o.memory_budget = std::size_t{64} << 20;
+  std::istringstream fits(trace);
+  EXPECT_EQ(analyse(fits, o).events, 200000u);
+}
+
+TEST(GenTrace, EstimateBoundsTheLogAndGenerationStopsAtMaxCalls) {
+  gen_options o;
+  const gen_estimate e = estimate_trace(o);
+  const gen_trace t = generate_trace(o);
+  EXPECT_GE(e.calls, static_cast<double>(t.events.size()));
+  EXPECT_LE(e.calls, 2.0 * static_cast<double>(t.events.size()));
+  EXPECT_EQ(e.callers, static_cast<double>(t.keys.size()));
+  gen_options big = o;
+  big.calls_per_day = 1e6;
+  EXPECT_THROW(check_trace_budget(big, std::size_t{1} << 30), memory_budget_error);
+  check_trace_budget(o, std::size_t{1} << 30);
+  EXPECT_GT(o.max_calls, t.events.size());
+  o.max_calls = 1000;
+  EXPECT_THROW((void)generate_trace(o), memory_budget_error);
 }
 
 }  // namespace

@@ -28,21 +28,42 @@ std::string slurp(const fs::path& p) {
   return s.str();
 }
 
-/// Runs the tool through the shell with `args` (already quoted) and returns its exit status.
-result run(const std::string& args) {
+/// Runs `exe` through the shell with `args` (already quoted) after the shell
+/// commands `prefix` (e.g. a ulimit), and returns its exit status and output.
+result run_exe(const std::string& exe, const std::string& args, const std::string& prefix = "") {
   const fs::path dir = fs::temp_directory_path();
   // ctest runs test cases in parallel processes: name the files after this one.
   const std::string tag = std::to_string(::getpid());
   const fs::path out = dir / ("ratelimit_replay_tool_out_" + tag + ".txt");
   const fs::path err = dir / ("ratelimit_replay_tool_err_" + tag + ".txt");
-  const std::string cmd = std::string("'") + RATELIMIT_REPLAY_EXE + "' " + args + " >'" +
-                          out.string() + "' 2>'" + err.string() + "'";
+  const std::string cmd = prefix + "'" + exe + "' " + args + " >'" + out.string() + "' 2>'" +
+                          err.string() + "'";
   const int raw = std::system(cmd.c_str());
   result r{WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, slurp(out), slurp(err)};
   fs::remove(out);
   fs::remove(err);
   return r;
 }
+
+result run(const std::string& args) {
+  return run_exe(RATELIMIT_REPLAY_EXE, args);
+}
+
+// An address-space limit (ulimit -v) is what makes the old bad_alloc quick and
+// harmless to provoke; the sanitizers reserve terabytes of address space and
+// cannot run under one.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool sanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+constexpr bool sanitized = true;
+#else
+constexpr bool sanitized = false;
+#endif
+#else
+constexpr bool sanitized = false;
+#endif
 
 fs::path write_temp(const std::string& name, const std::string& text) {
   const fs::path p = fs::temp_directory_path() / (std::to_string(::getpid()) + "_" + name);
@@ -86,6 +107,61 @@ TEST(ReplayTool, SampleRunsThroughEveryPolicy) {
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("gcra"), std::string::npos);
   EXPECT_NE(r.out.find("Threshold sweep"), std::string::npos);
+}
+
+// Verifies options that would exhaust memory are refused up front with an
+// estimate naming them (the generator used to die of bad_alloc after seconds
+// under a 488 MiB address-space limit).
+TEST(GenTrace, RefusesALogThatWouldNotFitInMemory) {
+  if (sanitized) GTEST_SKIP() << "needs ulimit -v, which the sanitizers cannot run under";
+  const struct {
+    std::string args;
+    std::string message;
+  } cases[] = {
+      {"--calls-per-day 100000", "--subscribers 3000 with --calls-per-day 100000 over --days 1"},
+      {"--subscribers 100000000", "--subscribers 100000000 with"},
+      {"--edge-bursters 1000000 --edge-burst 100000 --days 3650", "--edge-bursters 1000000"},
+  };
+  for (const auto& c : cases) {
+    const auto r = run_exe(RATELIMIT_GEN_TRACE_EXE, c.args, "ulimit -v 500000; ");
+    EXPECT_EQ(r.status, 2) << c.args << ": " << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("over the budget of 244.1 MiB"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("bad_alloc"), std::string::npos) << r.err;
+  }
+  const auto fits = run_exe(RATELIMIT_GEN_TRACE_EXE, "--subscribers 300", "ulimit -v 500000; ");
+  EXPECT_EQ(fits.status, 0) << fits.err;
+  EXPECT_GT(fits.out.size(), 1000u);
+}
+
+TEST(GenTrace, RefusesAWindowWithoutAnEdgeInsideADay) {
+  const auto r = run_exe(RATELIMIT_GEN_TRACE_EXE, "--window 1d");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--window \"1d\" must divide one day into two or more windows"),
+            std::string::npos)
+      << r.err;
+}
+
+// Verifies a sweep whose per-key state would not fit is refused naming --sweep
+// and the estimate (it used to die of bad_alloc under a 976 MiB limit).
+TEST(ReplayTool, SweepOverTheMemoryBudgetIsRefusedNamingSweep) {
+  if (sanitized) GTEST_SKIP() << "needs ulimit -v, which the sanitizers cannot run under";
+  std::string text = "ts,key\n";
+  for (int i = 0; i < 20000; ++i) text += std::to_string(i) + ",k" + std::to_string(i) + "\n";
+  const fs::path p = write_temp("ratelimit_replay_tool_keys.csv", text);
+  const auto r = run_exe(RATELIMIT_REPLAY_EXE, "--rate 10/s --sweep 1..1000 '" + p.string() + "'",
+                         "ulimit -v 1000000; ");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("--sweep: 1000 limits x 5 policies run 5000 configurations"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("over the memory budget of 488.3 MiB"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("bad_alloc"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
+  const auto small = run_exe(RATELIMIT_REPLAY_EXE, "--rate 10/s --sweep 1..5 '" + p.string() + "'",
+                             "ulimit -v 1000000; ");
+  EXPECT_EQ(small.status, 0) << small.err;
+  fs::remove(p);
 }
 
 }  // namespace
