@@ -45,7 +45,9 @@ INPUT       CSV file, or - for standard input. One event per line:
             timestamp,key[,cost[,label]]; timestamp = integer microseconds,
             decimal seconds (1-6 fractional digits) or ISO-8601 UTC ending in Z;
             cost defaults to 1; label 1 = abusive, 0 = normal; '#' lines are
-            comments; a first line without a timestamp is a header.
+            comments; a first line whose first field starts with a letter or
+            _ is a header (anything else must be a valid timestamp); a UTF-8
+            byte-order mark at the start is skipped.
 
 Options:
   --policy POLICY     fixed_window, sliding_log, sliding_counter, token_bucket
@@ -59,7 +61,8 @@ Options:
   --decisions         machine-readable decisions (see above)
   --sweep LIMITS      5..30, 5..60/5 or 5,10,20: limits to try
   --plot FILE.svg     with --sweep: chart of the sweep, one line per policy
-  --skip-bad-lines    skip bad lines instead of failing; count them on stderr
+  --skip-bad-lines    skip bad lines instead of failing; count the physical
+                      lines dropped on stderr
   -h, --help          this text
 
 Exit status: 0 success, 2 usage or input error (message names the line),
