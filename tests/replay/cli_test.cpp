@@ -80,6 +80,22 @@ TEST(ReplayCli, BadLineWritesNothing) {
   }
 }
 
+// Verifies a first line that attempts a timestamp is not taken for a header:
+// the run fails naming line 1 and writes nothing.
+TEST(ReplayCli, AFirstLineThatIsABadTimestampIsAnErrorNotAHeader) {
+  const std::string bad = " 1000000000,a\n1000000001,a\n";
+  temp_file f(bad);
+  for (const std::string& input : {f.path(), std::string("-")}) {
+    const auto r = run({"--policy", "fixed_window", "--rate", "2/10s", "--decisions", input}, bad);
+    EXPECT_EQ(r.status, 2);
+    EXPECT_EQ(r.out, "");
+    EXPECT_NE(r.err.find("line 1: bad timestamp \" 1000000000\""), std::string::npos) << r.err;
+  }
+  const auto summary = run({"--rate", "2/10s", "-"}, bad);
+  EXPECT_EQ(summary.status, 2);
+  EXPECT_NE(summary.err.find("line 1: bad timestamp"), std::string::npos) << summary.err;
+}
+
 TEST(ReplayCli, SkipBadLinesCountsThem) {
   const std::string bad = good + "oops,a\n1010000001,\n";
   temp_file f(bad);
