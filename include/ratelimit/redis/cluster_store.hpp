@@ -3,6 +3,8 @@
 #pragma once
 
 #include <hiredis/hiredis.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -110,6 +112,9 @@ struct cluster_stats : store_stats {
 
 namespace detail {
 
+/// Lets tests reach into a cluster_store (declared here, defined by tests only).
+struct cluster_test_access;
+
 /// One cluster node: its connection pool and circuit breaker.
 struct cluster_node {
   cluster_node(std::string n, options o)
@@ -208,13 +213,20 @@ struct redirect {
 /// fallback limiters, counters and the refresh thread (joined when the last
 /// copy goes).
 ///
+/// fork(): a store belongs to the process that made it. In a child forked
+/// after, checks, reset(), ping(), refresh_topology() and node_for_slot()
+/// throw std::logic_error (the pooled sockets are the parent's), and
+/// destroying the store leaks its state rather than join the parent's
+/// threads or touch locks they may have held; make a new store in the child.
+///
 /// Thread safety: all member functions may be called from any number of
 /// threads on one object or its copies.
 class cluster_store {
  public:
   /// Connects lazily: construction never touches the network.
   /// @throws std::invalid_argument without seeds, with a unix socket or a database other than 0
-  explicit cluster_store(cluster_options o) : shared_(std::make_shared<shared>(std::move(o))) {}
+  explicit cluster_store(cluster_options o)
+      : shared_(new shared(std::move(o)), detail::delete_unless_forked<shared>{}) {}
 
   /// Applies `Config::policy_type` to `key` at the caller's time `now`
   /// (microseconds since the Unix epoch, 0 .. 2^52).
@@ -273,6 +285,7 @@ class cluster_store {
   void reset(const Config& cfg, std::string_view key) {
     using P = typename Config::policy_type;
     ratelimit::detail::check_key(key);
+    detail::check_same_process(shared_->owner_pid);
     if (auto* fb = shared_->degrader.template find<P>(cfg)) fb->store.reset(fb->cfg, key);
     const std::vector<std::string> ks = detail::redis_keys(shared_->opts.node.prefix, cfg, key);
     std::vector<std::string_view> args{"DEL"};
@@ -286,6 +299,7 @@ class cluster_store {
   /// Reads the slot map now and PINGs every master.
   /// @throws connection_error when no node answers or a master does not
   void ping() {
+    detail::check_same_process(shared_->owner_pid);
     if (!shared_->refresh(deadline_clock::now() + shared_->budget())) {
       throw connection_error("ratelimit: redis: no cluster node answered CLUSTER SLOTS");
     }
@@ -303,6 +317,7 @@ class cluster_store {
   /// Reads the slot map now (CLUSTER SLOTS), in the calling thread.
   /// @throws connection_error when no known node answers
   void refresh_topology() {
+    detail::check_same_process(shared_->owner_pid);
     if (!shared_->refresh(deadline_clock::now() + shared_->budget())) {
       throw connection_error("ratelimit: redis: no cluster node answered CLUSTER SLOTS");
     }
@@ -310,6 +325,7 @@ class cluster_store {
 
   /// `host:port` of the master this store believes owns `slot`; empty when unknown.
   [[nodiscard]] std::string node_for_slot(std::uint16_t slot) const {
+    detail::check_same_process(shared_->owner_pid);
     std::shared_lock<std::shared_mutex> lock(shared_->topo_mutex);
     const auto& n = shared_->slots.at(slot);
     return n == nullptr ? std::string() : n->name;
@@ -355,6 +371,7 @@ class cluster_store {
   [[nodiscard]] const cluster_options& get_options() const noexcept { return shared_->opts; }
 
  private:
+  friend struct detail::cluster_test_access;
   using node_ptr = std::shared_ptr<detail::cluster_node>;
 
   struct shared {
@@ -655,6 +672,7 @@ class cluster_store {
       }
     }
 
+    const pid_t owner_pid = ::getpid();  ///< see detail::delete_unless_forked
     cluster_options opts;
     std::chrono::milliseconds command_timeout;
     std::chrono::milliseconds connect_timeout;
@@ -746,6 +764,7 @@ class cluster_store {
                             std::span<const units> costs, std::span<const timestamp> times,
                             access a) {
     using P = typename Config::policy_type;
+    detail::check_same_process(shared_->owner_pid);
     shared& s = *shared_;
     detail::counters& c = s.stats;
     const std::size_t n = keys.size();
