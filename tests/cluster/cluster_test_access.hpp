@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Test seam into cluster_store: starts its background threads.
+// Test seam into cluster_store: starts its background threads and hooks its slot-map reads.
 #pragma once
 
 #include <functional>
@@ -22,6 +22,11 @@ struct cluster_test_access {
     }
   }
 
+  /// Runs `f` between reading CLUSTER SLOTS and installing its map (every
+  /// read, in whichever thread makes it). Set before the store is used.
+  static void on_slots_read(cluster_store& s, std::function<void()> f) {
+    s.shared_->slots_read_hook = std::move(f);
+  }
 };
 
 }  // namespace ratelimit::redis::detail
