@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Slot-map changes forced on a real cluster: checks on a migrating slot
-// (ASK), and a slot map read before a MOVED never replaces it.
+// Slot-map changes forced on a real cluster: checks and resets on a migrating
+// slot (ASK, TRYAGAIN), and a slot map read before a MOVED never replaces it.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,8 +12,10 @@
 
 #include "cluster_harness.hpp"
 #include "cluster_test_access.hpp"
+#include "ratelimit/policy/compound.hpp"
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis/cluster_store.hpp"
+#include "ratelimit/redis/scripts/compound.hpp"
 
 namespace {
 
@@ -201,6 +203,57 @@ TEST(ClusterTopology, ChecksOnAMigratingSlotFollowAskAndMatchMemoryStore) {
   EXPECT_EQ(store.node_for_slot(slot), name_of(m.to()));
   EXPECT_EQ(after.errors, 0u);
   EXPECT_EQ(after.fail_open + after.fail_closed + after.fallback, 0u);
+}
+
+using two_limits = compound<token_bucket, fixed_window>;
+
+// Verifies reset() of a compound key whose sub-keys are split between the two
+// nodes of a migrating slot: the DEL meets TRYAGAIN until the rest of the
+// keys is MIGRATEd, and reset() keeps retrying (instead of throwing) until the
+// importing node deletes them all.
+TEST(ClusterTopology, ResetRetriesTryagainWhileACompoundKeysSlotIsHalfMigrated) {
+  redis::cluster_store store(cluster_opts("tryagain"));
+  store.refresh_topology();
+  const two_limits::config cfg(token_bucket::config("5/1s"), fixed_window::config("9/1min"));
+  const std::string user = "split-user";
+  const std::uint16_t slot = store.slot_for<two_limits>(user);
+  slot_migration m(slot);
+  ASSERT_TRUE(store.apply(cfg, user, microseconds{t0}, 1).allowed);
+  ASSERT_EQ(store.apply(cfg, user, microseconds{t0}, 1).remaining, 3);
+  const std::string tag = "{" + user + "}";
+  const auto keys = m.keys_left(tag);
+  ASSERT_EQ(keys.size(), 2u);
+
+  m.begin();
+  m.move(keys.front());
+  const std::uint64_t tryagain_before = store.stats().tryagain;
+  std::exception_ptr failure;
+  std::thread resetter([&] {
+    try {
+      store.reset(cfg, user);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  });
+  // Move the other key only once reset() has met TRYAGAIN (or already gave up).
+  const bool met = eventually([&] { return store.stats().tryagain > tryagain_before; });
+  for (const std::string& k : m.keys_left(tag)) m.move(k);
+  resetter.join();
+  EXPECT_TRUE(met) << "reset() never met TRYAGAIN";
+  if (failure) {
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "reset() threw: " << e.what();
+    }
+  }
+  m.finish();
+  // Both sub-keys are gone: the next check starts from a full limit.
+  EXPECT_EQ(store.apply(cfg, user, microseconds{t0}, 1).remaining, 4);
+  EXPECT_EQ(m.keys_left(tag).size(), 0u);
+  const auto on_dest = rltest::command(redis_cluster::node(m.to()),
+                                       {"CLUSTER", "COUNTKEYSINSLOT", std::to_string(slot)});
+  EXPECT_EQ(on_dest->integer, 2);  // written again by the check above
 }
 
 // Verifies a slot map read before a MOVED update is not installed over it:

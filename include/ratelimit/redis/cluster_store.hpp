@@ -219,6 +219,9 @@ struct redirect {
 ///   unreachable master degrades only the checks of its slots.
 /// - A batch is split per node; every node's pipeline is written before any
 ///   reply is read, so the nodes work in parallel without extra threads.
+/// - reset() follows MOVED and ASK, and retries TRYAGAIN (a multi-key DEL
+///   while the slot's keys are half migrated) with a growing pause for up to
+///   the command timeout.
 ///
 /// A cheap copyable handle: copies share the slot map, pools, breakers,
 /// fallback limiters, counters and the refresh thread (joined when the last
@@ -707,6 +710,11 @@ class cluster_store {
       ensure_map();
       node_ptr node = owner(slot);
       bool asking = false;
+      // TRYAGAIN (keys of one command split between the two nodes of a
+      // migrating slot) lasts until the migration moves the rest: retried
+      // from the slot's owner, pausing longer each time, up to this.
+      const deadline give_up = deadline_clock::now() + command_timeout;
+      std::chrono::milliseconds pause{5};
       for (std::size_t hop = 0;; ++hop) {
         if (node == nullptr) {
           request_refresh();
@@ -732,6 +740,16 @@ class cluster_store {
         } catch (const connection_error&) {
           request_refresh();
           throw;
+        }
+        if (detail::error_starts(*r, "TRYAGAIN")) {
+          tryagain.fetch_add(1, std::memory_order_relaxed);
+          if (deadline_clock::now() + pause >= give_up) return r;
+          std::this_thread::sleep_for(pause);
+          pause = std::min(pause * 2, std::chrono::milliseconds{50});
+          node = owner(slot);
+          asking = false;
+          hop = 0;
+          continue;
         }
         const auto redirect = detail::parse_redirect(*r, node->opts.host);
         if (!redirect || hop >= max_redirects) return r;
