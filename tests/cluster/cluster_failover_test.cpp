@@ -4,6 +4,7 @@
 // and after its replica is promoted the store recovers without user action.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <string>
@@ -141,6 +142,20 @@ TEST(ClusterFailover, KilledMasterFollowsPolicyThenRecoversWithoutUserAction) {
         all = false;
       }
     }
+  }
+  // The dead master left the slot map: no store keeps its pool (or probes it).
+  const std::string victim_name = "127.0.0.1:" + std::to_string(victim);
+  for (auto& s : stores) {
+    // (Every live node agrees on the new map soon after the promotion.)
+    std::vector<std::string> known;
+    for (const auto until = clk::now() + 10s; clk::now() < until;
+         std::this_thread::sleep_for(50ms)) {
+      s.refresh_topology();
+      known = s.known_nodes();
+      if (std::count(known.begin(), known.end(), victim_name) == 0) break;
+    }
+    EXPECT_EQ(std::count(known.begin(), known.end(), victim_name), 0) << victim_name;
+    EXPECT_EQ(known.size(), 3u);
   }
   for (std::size_t i = 0; i < stores.size(); ++i) {
     ASSERT_NE(recovered[i], clk::duration::max()) << "policy " << i << " never recovered";

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <hiredis/hiredis.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,10 +13,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <shared_mutex>
 #include <span>
 #include <stdexcept>
@@ -105,13 +109,21 @@ struct cluster_stats : store_stats {
   std::uint64_t moved = 0;     ///< MOVED redirects followed (the slot map was updated)
   std::uint64_t ask = 0;       ///< ASK redirects followed (ASKING sent to the importing node)
   std::uint64_t tryagain = 0;  ///< TRYAGAIN answers retried
-  std::uint64_t topology_refreshes = 0;  ///< slot maps read with CLUSTER SLOTS
+  std::uint64_t topology_refreshes = 0;  ///< slot maps read with CLUSTER SLOTS and installed
+  /// Slot maps that went stale while read: dropped (another map was installed
+  /// meanwhile) or installed but for the slots MOVED meanwhile. Another read follows.
+  std::uint64_t stale_maps = 0;
 };
 
 namespace detail {
 
-/// One cluster node: its connection pool and circuit breaker.
-struct cluster_node {
+/// Lets tests reach into a cluster_store (declared here, defined by tests only).
+struct cluster_test_access;
+
+/// One cluster node: its connection pool and circuit breaker. Owned by the
+/// slot map and by the checks and probes using it: a node that left the map
+/// is closed when the last of them lets go.
+struct cluster_node : std::enable_shared_from_this<cluster_node> {
   cluster_node(std::string n, options o)
       : name(std::move(n)), opts(std::move(o)), pool(opts), gate(opts) {}
   std::string name;  ///< "host:port"
@@ -193,7 +205,11 @@ struct redirect {
 /// - The slot map is read with CLUSTER SLOTS from any known node (the seeds
 ///   first time), on first use and then in a background thread whenever a
 ///   check meets a MOVED, a broken connection, a timeout or an unknown slot
-///   (at most once per refresh_interval).
+///   (at most once per refresh_interval). What was learned while a read was
+///   in flight may be newer than its reply: a map whose read began before
+///   another map was installed is dropped, and no map overrides a slot MOVED
+///   since its read began (another read follows). Nodes absent from a new map
+///   are forgotten: their pools close once no check in flight uses them.
 /// - MOVED: the slot map is updated and the check resent to the new owner.
 ///   ASK: the check is resent to the importing node after ASKING, without
 ///   updating the map. TRYAGAIN: resent after 5 ms. These are safe because
@@ -203,10 +219,20 @@ struct redirect {
 ///   unreachable master degrades only the checks of its slots.
 /// - A batch is split per node; every node's pipeline is written before any
 ///   reply is read, so the nodes work in parallel without extra threads.
+/// - reset() follows MOVED and ASK, and retries TRYAGAIN (a multi-key DEL
+///   while the slot's keys are half migrated) with a growing pause for up to
+///   the command timeout.
 ///
 /// A cheap copyable handle: copies share the slot map, pools, breakers,
 /// fallback limiters, counters and the refresh thread (joined when the last
 /// copy goes).
+///
+/// fork(): a store belongs to the process that made it. In a child forked
+/// after, checks, reset(), ping(), refresh_topology(), node_for_slot() and
+/// known_nodes() throw std::logic_error (the pooled sockets are the
+/// parent's), and destroying the store leaks its state rather than join the
+/// parent's threads or touch locks they may have held; make a new store in
+/// the child.
 ///
 /// Thread safety: all member functions may be called from any number of
 /// threads on one object or its copies.
@@ -214,7 +240,8 @@ class cluster_store {
  public:
   /// Connects lazily: construction never touches the network.
   /// @throws std::invalid_argument without seeds, with a unix socket or a database other than 0
-  explicit cluster_store(cluster_options o) : shared_(std::make_shared<shared>(std::move(o))) {}
+  explicit cluster_store(cluster_options o)
+      : shared_(new shared(std::move(o)), detail::delete_unless_forked<shared>{}) {}
 
   /// Applies `Config::policy_type` to `key` at the caller's time `now`
   /// (microseconds since the Unix epoch, 0 .. 2^52).
@@ -273,6 +300,7 @@ class cluster_store {
   void reset(const Config& cfg, std::string_view key) {
     using P = typename Config::policy_type;
     ratelimit::detail::check_key(key);
+    detail::check_same_process(shared_->owner_pid);
     if (auto* fb = shared_->degrader.template find<P>(cfg)) fb->store.reset(fb->cfg, key);
     const std::vector<std::string> ks = detail::redis_keys(shared_->opts.node.prefix, cfg, key);
     std::vector<std::string_view> args{"DEL"};
@@ -286,6 +314,7 @@ class cluster_store {
   /// Reads the slot map now and PINGs every master.
   /// @throws connection_error when no node answers or a master does not
   void ping() {
+    detail::check_same_process(shared_->owner_pid);
     if (!shared_->refresh(deadline_clock::now() + shared_->budget())) {
       throw connection_error("ratelimit: redis: no cluster node answered CLUSTER SLOTS");
     }
@@ -303,6 +332,7 @@ class cluster_store {
   /// Reads the slot map now (CLUSTER SLOTS), in the calling thread.
   /// @throws connection_error when no known node answers
   void refresh_topology() {
+    detail::check_same_process(shared_->owner_pid);
     if (!shared_->refresh(deadline_clock::now() + shared_->budget())) {
       throw connection_error("ratelimit: redis: no cluster node answered CLUSTER SLOTS");
     }
@@ -310,9 +340,20 @@ class cluster_store {
 
   /// `host:port` of the master this store believes owns `slot`; empty when unknown.
   [[nodiscard]] std::string node_for_slot(std::uint16_t slot) const {
+    detail::check_same_process(shared_->owner_pid);
     std::shared_lock<std::shared_mutex> lock(shared_->topo_mutex);
     const auto& n = shared_->slots.at(slot);
     return n == nullptr ? std::string() : n->name;
+  }
+
+  /// `host:port` of every node the store keeps a connection pool for, sorted:
+  /// the masters of the current slot map and ASK targets met since it was read.
+  [[nodiscard]] std::vector<std::string> known_nodes() const {
+    detail::check_same_process(shared_->owner_pid);
+    std::shared_lock<std::shared_mutex> lock(shared_->topo_mutex);
+    std::vector<std::string> out;
+    for (const auto& [name, n] : shared_->nodes) out.push_back(name);
+    return out;
   }
 
   /// The Redis key holding `key`'s state for policy P: `<prefix>{<key>}:<name>`.
@@ -349,12 +390,14 @@ class cluster_store {
     s.ask = get(shared_->ask);
     s.tryagain = get(shared_->tryagain);
     s.topology_refreshes = get(shared_->refreshes);
+    s.stale_maps = get(shared_->stale_maps);
     return s;
   }
 
   [[nodiscard]] const cluster_options& get_options() const noexcept { return shared_->opts; }
 
  private:
+  friend struct detail::cluster_test_access;
   using node_ptr = std::shared_ptr<detail::cluster_node>;
 
   struct shared {
@@ -369,7 +412,8 @@ class cluster_store {
           max_redirects(opts.max_redirects == 0 ? 5 : opts.max_redirects),
           floor_ms(std::to_string(opts.node.caller_time_ttl_floor.count())),
           degrader(opts.node.on_failure, opts.node.fallback_divisor),
-          slots(cluster_slots) {}
+          slots(cluster_slots),
+          learned_at(cluster_slots) {}
 
     shared(const shared&) = delete;
     shared& operator=(const shared&) = delete;
@@ -385,14 +429,14 @@ class cluster_store {
     }
 
     /// Counts a failed round trip to `node`; when it opens the node's breaker,
-    /// has the node probed in the background. Nodes are never removed from
-    /// `nodes`, so the node outlives the prober (stopped first, above).
+    /// has the node probed in the background. The probe owns the node, so the
+    /// node outlives its probes even once it left the slot map.
     void gate_failed(detail::cluster_node& node) noexcept {
       if (!node.gate.failure()) return;
       stats.breaker_opened.fetch_add(1, std::memory_order_relaxed);
       bool watched = false;
       try {
-        watched = prober.watch(node.gate, [this, n = &node] {
+        watched = prober.watch(node.gate, [this, n = node.shared_from_this()] {
           return detail::probe_ping(n->pool, command_timeout, stats);
         });
       } catch (...) {
@@ -435,11 +479,13 @@ class cluster_store {
       return slots[slot];
     }
 
-    /// After MOVED: `slot` now lives on `a`.
+    /// After MOVED: `slot` now lives on `a`. A slot map read in flight may
+    /// predate this: the generation stamp keeps its entry for `slot` out.
     node_ptr learn(std::uint16_t slot, const node_address& a) {
       std::unique_lock<std::shared_mutex> lock(topo_mutex);
       node_ptr n = node_locked(a);
       slots[slot] = n;
+      learned_at[slot] = ++generation;
       return n;
     }
 
@@ -459,11 +505,14 @@ class cluster_store {
     }
 
     /// Reads the slot map from the first node that answers, trying current
-    /// masters, other known nodes, then the seeds; gives up at `until`.
-    /// @return true when a slot map was read
+    /// masters, other known nodes, then the seeds; gives up at `until`. When
+    /// the map changed while the read was in flight (see apply_slots), a
+    /// background read is asked for.
+    /// @return true when a slot map was read (installed, in part or not at all)
     bool refresh(deadline until) noexcept {
       try {
         std::vector<node_address> candidates;
+        std::uint64_t started = 0;
         const auto add = [&](const node_address& a) {
           if (std::find(candidates.begin(), candidates.end(), a) == candidates.end()) {
             candidates.push_back(a);
@@ -471,6 +520,7 @@ class cluster_store {
         };
         {
           std::shared_lock<std::shared_mutex> lock(topo_mutex);
+          started = generation;
           node_ptr last;
           for (const node_ptr& n : slots) {
             if (n != nullptr && n != last) add(node_address{n->opts.host, n->opts.port});
@@ -494,9 +544,17 @@ class cluster_store {
             const std::string_view args[] = {"CLUSTER", "SLOTS"};
             reply_ptr r = c.command(args, 2,
                                     std::min(until, deadline_clock::now() + command_timeout));
-            if (apply_slots(*r, a.host)) {
-              refreshes.fetch_add(1, std::memory_order_relaxed);
-              return true;
+            if (slots_read_hook) slots_read_hook();
+            switch (apply_slots(*r, a.host, started)) {
+              case install::done: refreshes.fetch_add(1, std::memory_order_relaxed); return true;
+              case install::merged:
+                refreshes.fetch_add(1, std::memory_order_relaxed);
+                [[fallthrough]];
+              case install::stale:
+                stale_maps.fetch_add(1, std::memory_order_relaxed);
+                request_refresh();
+                return true;
+              case install::bad: break;
             }
           } catch (const store_error&) {
             // try the next node
@@ -508,10 +566,18 @@ class cluster_store {
       return false;
     }
 
-    /// Installs the map of a CLUSTER SLOTS reply:
-    /// [[start, end, [host, port, id, ...], replica...], ...].
-    bool apply_slots(const redisReply& r, const std::string& asked_host) {
-      if (r.type != REDIS_REPLY_ARRAY || r.elements == 0) return false;
+    /// done: installed; merged: installed but for slots MOVED since the read
+    /// began; stale: dropped (another map was installed since); bad: unreadable.
+    enum class install : unsigned char { done, merged, stale, bad };
+
+    /// Installs the map of a CLUSTER SLOTS reply
+    /// ([[start, end, [host, port, id, ...], replica...], ...]) read from
+    /// generation `started` on. CLUSTER SLOTS carries no config epoch, so
+    /// anything learned after the read began may be newer than the reply: a
+    /// map installed since wins over it whole, a MOVED since wins for its
+    /// slot. Forgets the nodes the installed map leaves out.
+    install apply_slots(const redisReply& r, const std::string& asked_host, std::uint64_t started) {
+      if (r.type != REDIS_REPLY_ARRAY || r.elements == 0) return install::bad;
       struct range {
         std::uint16_t first, last;
         node_address at;
@@ -519,7 +585,7 @@ class cluster_store {
       std::vector<range> ranges;
       for (std::size_t i = 0; i < r.elements; ++i) {
         const redisReply& e = *r.element[i];
-        if (e.type != REDIS_REPLY_ARRAY || e.elements < 3) return false;
+        if (e.type != REDIS_REPLY_ARRAY || e.elements < 3) return install::bad;
         const redisReply& lo = *e.element[0];
         const redisReply& hi = *e.element[1];
         const redisReply& m = *e.element[2];
@@ -527,7 +593,7 @@ class cluster_store {
             m.type != REDIS_REPLY_ARRAY || m.elements < 2 ||
             m.element[0]->type != REDIS_REPLY_STRING || m.element[1]->type != REDIS_REPLY_INTEGER ||
             lo.integer < 0 || hi.integer < lo.integer || hi.integer >= cluster_slots) {
-          return false;
+          return install::bad;
         }
         std::string host(m.element[0]->str, m.element[0]->len);
         if (host.empty() || host == "?") host = asked_host;
@@ -535,15 +601,44 @@ class cluster_store {
             range{static_cast<std::uint16_t>(lo.integer), static_cast<std::uint16_t>(hi.integer),
                   node_address{std::move(host), static_cast<int>(m.element[1]->integer)}});
       }
-      std::unique_lock<std::shared_mutex> lock(topo_mutex);
+      // Declared before the lock: the nodes left out (and the old map) are
+      // let go of after it is released.
       std::vector<node_ptr> fresh(cluster_slots);
-      for (const range& g : ranges) {
-        const node_ptr n = node_locked(g.at);
-        for (unsigned s = g.first; s <= g.last; ++s) fresh[s] = n;
+      std::vector<node_ptr> left;
+      install outcome = install::done;
+      {
+        std::unique_lock<std::shared_mutex> lock(topo_mutex);
+        if (map_generation > started) return install::stale;
+        std::set<const detail::cluster_node*> in_map;
+        for (const range& g : ranges) {
+          const node_ptr n = node_locked(g.at);
+          in_map.insert(n.get());
+          for (unsigned s = g.first; s <= g.last; ++s) fresh[s] = n;
+        }
+        if (generation != started) {
+          for (std::size_t s = 0; s < cluster_slots; ++s) {
+            if (learned_at[s] <= started) continue;
+            fresh[s] = slots[s];
+            in_map.insert(fresh[s].get());
+            outcome = install::merged;
+          }
+        }
+        slots.swap(fresh);
+        for (auto it = nodes.begin(); it != nodes.end();) {
+          if (in_map.count(it->second.get()) != 0) {
+            ++it;
+          } else {
+            left.push_back(std::move(it->second));
+            it = nodes.erase(it);
+          }
+        }
+        map_generation = ++generation;
+        have_map = true;
       }
-      slots.swap(fresh);
-      have_map = true;
-      return true;
+      // A node that left is no longer probed (a closed breaker drops out of
+      // the prober, which then lets go of the node).
+      for (const node_ptr& n : left) n->gate.success();
+      return outcome;
     }
 
     /// Reads the slot map in the calling thread if none was read yet.
@@ -615,6 +710,11 @@ class cluster_store {
       ensure_map();
       node_ptr node = owner(slot);
       bool asking = false;
+      // TRYAGAIN (keys of one command split between the two nodes of a
+      // migrating slot) lasts until the migration moves the rest: retried
+      // from the slot's owner, pausing longer each time, up to this.
+      const deadline give_up = deadline_clock::now() + command_timeout;
+      std::chrono::milliseconds pause{5};
       for (std::size_t hop = 0;; ++hop) {
         if (node == nullptr) {
           request_refresh();
@@ -641,6 +741,16 @@ class cluster_store {
           request_refresh();
           throw;
         }
+        if (detail::error_starts(*r, "TRYAGAIN")) {
+          tryagain.fetch_add(1, std::memory_order_relaxed);
+          if (deadline_clock::now() + pause >= give_up) return r;
+          std::this_thread::sleep_for(pause);
+          pause = std::min(pause * 2, std::chrono::milliseconds{50});
+          node = owner(slot);
+          asking = false;
+          hop = 0;
+          continue;
+        }
         const auto redirect = detail::parse_redirect(*r, node->opts.host);
         if (!redirect || hop >= max_redirects) return r;
         asking = redirect->ask;
@@ -655,6 +765,7 @@ class cluster_store {
       }
     }
 
+    const pid_t owner_pid = ::getpid();  ///< see detail::delete_unless_forked
     cluster_options opts;
     std::chrono::milliseconds command_timeout;
     std::chrono::milliseconds connect_timeout;
@@ -663,11 +774,14 @@ class cluster_store {
     std::string floor_ms;
     detail::degrader degrader;
     detail::counters stats;
-    std::atomic<std::uint64_t> moved{0}, ask{0}, tryagain{0}, refreshes{0};
+    std::atomic<std::uint64_t> moved{0}, ask{0}, tryagain{0}, refreshes{0}, stale_maps{0};
 
     std::shared_mutex topo_mutex;
     std::vector<node_ptr> slots;            ///< owner of each slot; null = unknown
-    std::map<std::string, node_ptr> nodes;  ///< every node met, by "host:port"
+    std::map<std::string, node_ptr> nodes;  ///< masters of the map and ASK targets, by "host:port"
+    std::uint64_t generation = 0;           ///< bumped by every change of `slots`
+    std::uint64_t map_generation = 0;       ///< generation of the last map installed
+    std::vector<std::uint64_t> learned_at;  ///< generation of each slot's last MOVED
     bool have_map = false;
     std::mutex first_map_mutex;
     std::optional<deadline> last_map_failure;  ///< guarded by first_map_mutex
@@ -679,6 +793,10 @@ class cluster_store {
     std::thread refresher;
 
     detail::prober prober;  ///< probes nodes whose breaker is open
+
+    /// Test seam (set before first use): runs between reading CLUSTER SLOTS
+    /// and installing its map.
+    std::function<void()> slots_read_hook;
   };
 
   /// What became of one check.
@@ -746,6 +864,7 @@ class cluster_store {
                             std::span<const units> costs, std::span<const timestamp> times,
                             access a) {
     using P = typename Config::policy_type;
+    detail::check_same_process(shared_->owner_pid);
     shared& s = *shared_;
     detail::counters& c = s.stats;
     const std::size_t n = keys.size();

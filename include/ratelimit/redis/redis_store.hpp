@@ -161,11 +161,11 @@ class breaker {
 /// probe is due; stop() (the destructor) wakes and joins it at once, or after
 /// the probe in progress (bounded by connect_timeout + command_timeout).
 ///
-/// After fork(), a child that destroys a prober started by its parent only
-/// leaks it: the thread does not exist there and its mutex and condition
-/// variable may be in use by it, so they are never touched (stores made
-/// before a fork are not meant for use in the child anyway: their pooled
-/// sockets are the parent's).
+/// After fork(), a child holding a prober made by its parent never touches
+/// its mutex or condition variable (the parent's thread, absent from the
+/// child, may have held the one or waited on the other at the fork): stop()
+/// leaks it and watch() refuses. Stores do not reach either in a child (see
+/// check_same_process), so this is a second line of defence.
 ///
 /// Thread safety: watch() from any number of threads; stop() once no watch()
 /// can run (the owner's destructor).
@@ -185,6 +185,7 @@ class prober {
   /// @return false when the thread could not be started (the caller should
   ///   then close the breaker, or it would stay open)
   [[nodiscard]] bool watch(breaker& gate, probe_fn probe) noexcept {
+    if (core_ == nullptr || core_->pid != ::getpid()) return false;
     core& c = *core_;
     try {
       std::lock_guard<std::mutex> lock(c.mutex);
@@ -196,7 +197,6 @@ class prober {
       }
       c.changed = true;
       if (!c.thread.joinable()) {
-        c.pid = ::getpid();
         c.thread = std::thread([&c] { run(c); });
       }
     } catch (...) {
@@ -208,11 +208,12 @@ class prober {
 
   /// Stops and joins the thread (no-op when it never started).
   void stop() noexcept {
-    if (core_ == nullptr || !core_->thread.joinable()) return;
+    if (core_ == nullptr) return;
     if (core_->pid != ::getpid()) {
       (void)core_.release();  // forked child: the parent's thread is not here; leak, never join
       return;
     }
+    if (!core_->thread.joinable()) return;
     {
       std::lock_guard<std::mutex> lock(core_->mutex);
       core_->stopping = true;
@@ -233,7 +234,7 @@ class prober {
     std::vector<target> targets;  ///< breakers that opened, until they close
     bool changed = false;         ///< a breaker opened since the thread last looked
     bool stopping = false;
-    pid_t pid = 0;  ///< process that started the thread
+    const pid_t pid = ::getpid();  ///< the process that made the prober (and may run its thread)
     std::thread thread;
   };
 
@@ -278,6 +279,33 @@ class prober {
   }
 
   std::unique_ptr<core> core_;
+};
+
+/// Throws when called in a process other than `owner`, the one that made a
+/// store: a child forked after the store was made shares the parent's pooled
+/// sockets (its commands would interleave with the parent's replies), and any
+/// of the store's mutexes may have been held by a parent thread at the fork,
+/// never to be released in the child.
+/// @throws std::logic_error naming the rule: make a new store after fork()
+inline void check_same_process(pid_t owner) {
+  if (owner != ::getpid()) {
+    throw std::logic_error(
+        "ratelimit: redis: a store made before fork() was used in the child; make a new store "
+        "in the child after fork()");
+  }
+}
+
+/// Deleter of a store's shared state: deletes it in the process that made it
+/// (T::owner_pid) and leaks it in a child forked after, where destroying it
+/// could join a thread that does not exist there, lock a mutex a parent thread
+/// held at the fork or destroy a condition variable a parent thread waited on
+/// (each of which can block forever). Leaking closes none of the parent's
+/// sockets either.
+template <class T>
+struct delete_unless_forked {
+  void operator()(T* p) const noexcept {
+    if (p->owner_pid == ::getpid()) delete p;
+  }
 };
 
 struct counters {
@@ -554,12 +582,19 @@ class degrader {
 /// A cheap copyable handle: copies share one connection pool, circuit
 /// breaker, fallback limiters and counters.
 ///
+/// fork(): a store belongs to the process that made it. In a child forked
+/// after, checks, reset() and ping() throw std::logic_error (the pooled
+/// sockets are the parent's), and destroying the store leaks its state
+/// instead of touching locks or threads of the parent; make a new store in
+/// the child.
+///
 /// Thread safety: all member functions may be called from any number of
 /// threads on one object or its copies.
 class redis_store {
  public:
   /// Connects lazily: construction never touches the network.
-  explicit redis_store(options o = {}) : shared_(std::make_shared<shared>(std::move(o))) {}
+  explicit redis_store(options o = {})
+      : shared_(new shared(std::move(o)), detail::delete_unless_forked<shared>{}) {}
 
   /// Applies `Config::policy_type` to `key` at the caller's time `now`.
   /// @param now  microseconds since the Unix epoch (or any epoch shared by all
@@ -615,6 +650,7 @@ class redis_store {
   void reset(const Config& cfg, std::string_view key) {
     using P = typename Config::policy_type;
     ratelimit::detail::check_key(key);
+    detail::check_same_process(shared_->owner_pid);
     if (auto* fb = shared_->degrader.template find<P>(cfg)) fb->store.reset(fb->cfg, key);
     const std::vector<std::string> ks = detail::redis_keys(shared_->opts.prefix, cfg, key);
     std::vector<std::string_view> args{"DEL"};
@@ -628,6 +664,7 @@ class redis_store {
   /// Round trip to the server (PING).
   /// @throws connection_error when it cannot be reached
   void ping() {
+    detail::check_same_process(shared_->owner_pid);
     const std::string_view args[] = {"PING"};
     auto lease = acquire();
     reply_ptr r = lease->command(args, 1, command_deadline());
@@ -688,6 +725,7 @@ class redis_store {
       if (!watched) breaker.success();
     }
 
+    const pid_t owner_pid = ::getpid();  ///< see detail::delete_unless_forked
     options opts;
     connection_pool pool;
     detail::breaker breaker;
@@ -767,6 +805,7 @@ class redis_store {
                                        std::span<const units> costs,
                                        std::span<const timestamp> times, access a) {
     using P = typename Config::policy_type;
+    detail::check_same_process(shared_->owner_pid);
     const std::size_t n = keys.size();
     std::vector<decision> out(n);
     if (n == 0) return out;
