@@ -17,9 +17,17 @@ configure_package_config_file(
   "${CMAKE_CURRENT_LIST_DIR}/ratelimitConfig.cmake.in"
   "${CMAKE_CURRENT_BINARY_DIR}/ratelimitConfig.cmake"
   INSTALL_DESTINATION "${RATELIMIT_CMAKE_DIR}")
+# Before 1.0 a minor release may break the API (semantic versioning), so a
+# 0.x install satisfies requests for its own minor series only: 0.1.0 answers
+# find_package(ratelimit 0.1) but neither 0.0 nor 1.
+if(PROJECT_VERSION_MAJOR EQUAL 0)
+  set(_ratelimit_compatibility SameMinorVersion)
+else()
+  set(_ratelimit_compatibility SameMajorVersion)
+endif()
 write_basic_package_version_file(
   "${CMAKE_CURRENT_BINARY_DIR}/ratelimitConfigVersion.cmake"
-  COMPATIBILITY SameMajorVersion ARCH_INDEPENDENT)
+  COMPATIBILITY ${_ratelimit_compatibility} ARCH_INDEPENDENT)
 install(FILES "${CMAKE_CURRENT_BINARY_DIR}/ratelimitConfig.cmake"
               "${CMAKE_CURRENT_BINARY_DIR}/ratelimitConfigVersion.cmake"
         DESTINATION "${RATELIMIT_CMAKE_DIR}")

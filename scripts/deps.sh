@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   cmake g++ clang clang-format-16 make
+  libclang-rt-dev
   libgtest-dev libbenchmark-dev
   redis-server redis-tools libhiredis-dev
   sqlite3 libsqlite3-dev pkg-config

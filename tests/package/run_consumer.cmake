@@ -2,7 +2,8 @@
 # Script (cmake -P) that installs ratelimit into a scratch prefix, builds a consumer and checks its output.
 #
 # Inputs: RATELIMIT_SOURCE_DIR, CONSUMERS_DIR, WORK_DIR, MODE (find_package |
-# add_subdirectory), CXX_COMPILER, GENERATOR. Everything it writes stays in WORK_DIR.
+# find_package_redis | add_subdirectory), CXX_COMPILER, GENERATOR. Everything it
+# writes stays in WORK_DIR.
 cmake_minimum_required(VERSION 3.23)
 
 foreach(var RATELIMIT_SOURCE_DIR CONSUMERS_DIR WORK_DIR MODE CXX_COMPILER GENERATOR)
@@ -24,33 +25,55 @@ file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 set(common -G "${GENERATOR}" -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=Release)
 
-if(MODE STREQUAL "find_package")
+set(expected_file "${CONSUMERS_DIR}/expected_output.txt")
+if(MODE STREQUAL "find_package" OR MODE STREQUAL "find_package_redis")
   set(prefix "${WORK_DIR}/prefix")
+  set(with_redis OFF)
+  if(MODE STREQUAL "find_package_redis")
+    set(with_redis ON)
+  endif()
   run_step("configure ratelimit" ${CMAKE_COMMAND} -S "${RATELIMIT_SOURCE_DIR}"
            -B "${WORK_DIR}/ratelimit-build" ${common} "-DCMAKE_INSTALL_PREFIX=${prefix}"
            -DRATELIMIT_BUILD_TESTS=OFF -DRATELIMIT_BUILD_EXAMPLES=OFF
-           -DRATELIMIT_BUILD_BENCHMARKS=OFF -DRATELIMIT_REDIS=OFF)
+           -DRATELIMIT_BUILD_BENCHMARKS=OFF -DRATELIMIT_REDIS=${with_redis})
   run_step("build ratelimit" ${CMAKE_COMMAND} --build "${WORK_DIR}/ratelimit-build")
   run_step("install ratelimit" ${CMAKE_COMMAND} --install "${WORK_DIR}/ratelimit-build")
 
-  # The installed tree: the core headers and the package files, nothing else.
-  foreach(f include/ratelimit/ratelimit.hpp include/ratelimit/limiter.hpp
-            include/ratelimit/store/memory_store.hpp include/ratelimit/policy/gcra.hpp
-            share/cmake/ratelimit/ratelimitConfig.cmake
-            share/cmake/ratelimit/ratelimitConfigVersion.cmake
-            share/cmake/ratelimit/ratelimit-targets.cmake)
+  # The installed tree: the core headers and the package files, plus the Redis
+  # store's headers, targets and hiredis finder only when it was built.
+  set(core_files include/ratelimit/ratelimit.hpp include/ratelimit/limiter.hpp
+      include/ratelimit/store/memory_store.hpp include/ratelimit/policy/gcra.hpp
+      share/cmake/ratelimit/ratelimitConfig.cmake
+      share/cmake/ratelimit/ratelimitConfigVersion.cmake
+      share/cmake/ratelimit/ratelimit-targets.cmake)
+  set(redis_files include/ratelimit/redis.hpp include/ratelimit/redis/redis_store.hpp
+      include/ratelimit/redis/options.hpp include/ratelimit/redis/cluster_store.hpp
+      share/cmake/ratelimit/ratelimit-redis-targets.cmake
+      share/cmake/ratelimit/Findhiredis.cmake)
+  set(must_exist ${core_files})
+  set(must_not_exist)
+  if(with_redis)
+    list(APPEND must_exist ${redis_files})
+    set(consumer "${CONSUMERS_DIR}/find_package_redis_consumer")
+    set(expected_file "${CONSUMERS_DIR}/expected_output_redis.txt")
+  else()
+    set(must_not_exist ${redis_files} include/ratelimit/redis)
+    set(consumer "${CONSUMERS_DIR}/find_package_consumer")
+  endif()
+  foreach(f IN LISTS must_exist)
     if(NOT EXISTS "${prefix}/${f}")
       message(FATAL_ERROR "install is missing ${f}")
     endif()
   endforeach()
-  foreach(f include/ratelimit/redis.hpp include/ratelimit/redis
-            share/cmake/ratelimit/ratelimit-redis-targets.cmake)
+  foreach(f IN LISTS must_not_exist)
     if(EXISTS "${prefix}/${f}")
       message(FATAL_ERROR "an install without RATELIMIT_REDIS must not contain ${f}")
     endif()
   endforeach()
 
-  run_step("configure consumer" ${CMAKE_COMMAND} -S "${CONSUMERS_DIR}/find_package_consumer"
+  # The build tree is removed so the consumer can only use the installed files.
+  file(REMOVE_RECURSE "${WORK_DIR}/ratelimit-build")
+  run_step("configure consumer" ${CMAKE_COMMAND} -S "${consumer}"
            -B "${WORK_DIR}/consumer-build" ${common} "-DCMAKE_PREFIX_PATH=${prefix}")
 elseif(MODE STREQUAL "add_subdirectory")
   run_step("configure consumer" ${CMAKE_COMMAND} -S "${CONSUMERS_DIR}/subdirectory_consumer"
@@ -67,7 +90,7 @@ execute_process(COMMAND "${app}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VA
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "consumer exited with ${rc}\n${out}\n${err}")
 endif()
-file(READ "${CONSUMERS_DIR}/expected_output.txt" expected)
+file(READ "${expected_file}" expected)
 if(NOT out STREQUAL expected)
   message(FATAL_ERROR "consumer output differs.\n--- expected ---\n${expected}--- got ---\n${out}")
 endif()

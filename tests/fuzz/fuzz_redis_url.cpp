@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: Apache-2.0
+// libFuzzer target: ratelimit::redis::parse_url and parse_cluster_url on arbitrary text.
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "fuzz_check.hpp"
+#include "ratelimit/redis/cluster_store.hpp"
+#include "ratelimit/redis/options.hpp"
+
+namespace {
+
+namespace rr = ratelimit::redis;
+
+bool valid_port(int port) {
+  return port >= 1 && port <= 65535;
+}
+
+/// A bracketed IPv6 literal is the whole host: text after its ']' (a port)
+/// must have been read as the port, not left in the host.
+bool whole_host(const std::string& host) {
+  const auto close = host.find(']');
+  return close == std::string::npos || close + 1 == host.size();
+}
+
+void check_credentials(const rr::options& o, std::string_view url) {
+  // No percent-decoding: user and password are verbatim parts of the URL.
+  RATELIMIT_FUZZ_CHECK(o.user.empty() || url.find(o.user) != std::string_view::npos,
+                       "a user that is not in the URL");
+  RATELIMIT_FUZZ_CHECK(o.password.empty() || url.find(o.password) != std::string_view::npos,
+                       "a password that is not in the URL");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string_view url(reinterpret_cast<const char*>(data), size);
+
+  // Anything but std::invalid_argument escapes and is reported as a crash.
+  try {
+    const rr::options o = rr::parse_url(url);
+    RATELIMIT_FUZZ_CHECK(o.database >= 0, "negative database");
+    check_credentials(o, url);
+    if (o.unix_socket.empty()) {
+      RATELIMIT_FUZZ_CHECK(!o.host.empty(), "accepted a TCP URL without a host");
+      RATELIMIT_FUZZ_CHECK(whole_host(o.host), "text after an IPv6 literal left in the host");
+      RATELIMIT_FUZZ_CHECK(valid_port(o.port), "accepted a port outside 1..65535");
+    }
+  } catch (const std::invalid_argument& e) {
+    RATELIMIT_FUZZ_CHECK(std::string_view(e.what()).starts_with("ratelimit: "),
+                         "a rejection without the library's prefix");
+  }
+
+  try {
+    const rr::cluster_options o = rr::parse_cluster_url(url);
+    RATELIMIT_FUZZ_CHECK(!o.seeds.empty(), "a cluster URL without seeds");
+    RATELIMIT_FUZZ_CHECK(o.seeds.size() <= size, "more seeds than URL bytes");
+    for (const rr::node_address& n : o.seeds) {
+      RATELIMIT_FUZZ_CHECK(!n.host.empty(), "a seed without a host");
+      RATELIMIT_FUZZ_CHECK(whole_host(n.host), "text after an IPv6 literal left in a seed host");
+      RATELIMIT_FUZZ_CHECK(valid_port(n.port), "a seed port outside 1..65535");
+    }
+    RATELIMIT_FUZZ_CHECK(o.node.unix_socket.empty() && o.node.database == 0,
+                         "cluster node options with a socket or a database");
+    check_credentials(o.node, url);
+  } catch (const std::invalid_argument& e) {
+    RATELIMIT_FUZZ_CHECK(std::string_view(e.what()).starts_with("ratelimit: "),
+                         "a rejection without the library's prefix");
+  }
+  return 0;
+}
