@@ -101,8 +101,9 @@ namespace detail {
   if (!s.empty() && s.size() <= 19) {
     std::int64_t v = 0;
     std::size_t i = 0;
-    while (i < s.size() && detail::is_digit(s[i])) v = v * 10 + (s[i++] - '0');
-    if (i == s.size() && i <= 18) {
+    // At most 18 digits are summed: 19 could pass INT64_MAX (undefined).
+    while (i < s.size() && i < 18 && detail::is_digit(s[i])) v = v * 10 + (s[i++] - '0');
+    if (i == s.size()) {
       out = v;
       return nullptr;
     }

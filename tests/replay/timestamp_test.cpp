@@ -90,6 +90,14 @@ TEST(Timestamp, RefusesEverythingElse) {
   }
 }
 
+// Verifies that 19-digit inputs past INT64_MAX are refused without signed
+// overflow in the fast path (found by fuzz_timestamp; UBSan stops on the old code).
+TEST(Timestamp, NineteenDigitsPastInt64AreRefusedWithoutOverflow) {
+  EXPECT_TRUE(refused("9992686018428737905"));
+  EXPECT_TRUE(refused("9999999999999999999"));
+  EXPECT_EQ(parse_ok("999999999999999999"), 999999999999999999);  // 18 digits: below 2^62
+}
+
 TEST(Timestamp, FormatsBackToIso) {
   EXPECT_EQ(format_iso(1796014366123456), "2026-11-30T04:52:46.123456Z");
   EXPECT_EQ(format_iso(0), "1970-01-01T00:00:00.000000Z");
