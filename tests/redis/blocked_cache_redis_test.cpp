@@ -54,7 +54,8 @@ TEST(BlockedCacheRedis, CachedRejectionsMakeNoRoundTrip) {
   redis::options o = server.options();
   o.prefix = "cache:";
   limiter<sliding_window_log, cached_redis, redis::server_clock> lim(
-      sliding_window_log::config("3/1h"), cached_redis(redis::redis_store(o)));
+      sliding_window_log::config("3/1h", window_options{.name = "t"}),
+      cached_redis(redis::redis_store(o)));
   const std::uint64_t before = script_calls(o);
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(lim.try_acquire("+15550001").allowed);
   const decision first = lim.try_acquire("+15550001");
@@ -81,14 +82,15 @@ TEST(BlockedCacheRedis, CachedRejectionsMakeNoRoundTrip) {
 
 TEST(BlockedCacheRedis, ResetDeletesTheKeyAndTheEntry) {
   const redis::options o = fresh_options("cache-reset");
-  limiter<gcra, cached_redis, redis::server_clock> lim(gcra::config("1/1h"),
-                                                       cached_redis(redis::redis_store(o)));
+  limiter<gcra, cached_redis, redis::server_clock> lim(
+      gcra::config("1/1h", bucket_options{.name = "t"}), cached_redis(redis::redis_store(o)));
   EXPECT_TRUE(lim.try_acquire("k").allowed);
   EXPECT_EQ(lim.try_acquire("k").source, decision_source::store);
   EXPECT_EQ(lim.try_acquire("k").source, decision_source::local_cache);
   lim.reset("k");
   EXPECT_EQ(lim.store().size(), 0u);
-  EXPECT_EQ(rltest::command(o, {"EXISTS", lim.store().inner().key_for<gcra>("k")})->integer, 0);
+  EXPECT_EQ(rltest::command(o, {"EXISTS", lim.store().inner().key_for(lim.config(), "k")})->integer,
+            0);
   const decision d = lim.try_acquire("k");
   EXPECT_TRUE(d.allowed);
   EXPECT_EQ(d.source, decision_source::store);
@@ -103,7 +105,7 @@ TEST(BlockedCacheRedis, FailClosedIsNotCached) {
   o.command_timeout = 200ms;
   cached_redis c(redis::redis_store(o), blocked_cache_options{.threshold = 0us});
   server.stop();
-  const gcra::config cfg("1/1h");
+  const gcra::config cfg("1/1h", bucket_options{.name = "t"});
   for (int i = 0; i < 5; ++i) {
     const decision d = c.apply(cfg, "k", store_time, 1, ratelimit::access::consume);
     EXPECT_EQ(d.source, decision_source::fail_closed);
