@@ -20,16 +20,15 @@ namespace detail {
 /// @throws std::invalid_argument naming the bad name
 inline void check_name(std::string_view name) {
   const auto ok = [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '.' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '.' || c == '-';
   };
   bool good = name.size() <= max_name_bytes;
   for (const char c : name) good = good && ok(c);
   if (!good) {
     throw std::invalid_argument("ratelimit: limiter name \"" +
-                                std::string(name.substr(0, 2 * max_name_bytes)) +
-                                "\" must be 1.." + std::to_string(max_name_bytes) +
-                                " bytes of [A-Za-z0-9_.-]");
+                                std::string(name.substr(0, 2 * max_name_bytes)) + "\" must be 1.." +
+                                std::to_string(max_name_bytes) + " bytes of [A-Za-z0-9_.-]");
   }
 }
 
