@@ -7,6 +7,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis.hpp"
@@ -126,7 +127,13 @@ TYPED_TEST_SUITE(BlockedCacheRedisTrace, all_policies);
 // it claims to.
 TYPED_TEST(BlockedCacheRedisTrace, SameDecisionsAsTheUncachedStore) {
   using P = TypeParam;
-  const typename P::config cfg("4/10s");
+  const typename P::config cfg = [] {
+    if constexpr (std::is_same_v<P, token_bucket> || std::is_same_v<P, gcra>) {
+      return typename P::config("4/10s", bucket_options{.name = "t"});
+    } else {
+      return typename P::config("4/10s", window_options{.name = "t"});
+    }
+  }();
   redis::redis_store plain(fresh_options("plain"));
   cached_redis cached(redis::redis_store(fresh_options("cached")),
                       blocked_cache_options{.threshold = 500ms});

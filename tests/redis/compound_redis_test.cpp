@@ -43,8 +43,8 @@ class script_driver {
   [[nodiscard]] std::vector<std::string> keys(const Config& cfg, std::string_view key) const {
     using P = typename Config::policy_type;
     std::vector<std::string> out;
-    redis::script_for<P>::append_keys(cfg, opts_.prefix + "{" + std::string(key) + "}:compound",
-                                      out);
+    redis::script_for<P>::append_keys(
+        cfg, opts_.prefix + "{" + std::string(key) + "}:compound:" + cfg.name(), out);
     return out;
   }
 

@@ -12,6 +12,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ratelimit/ratelimit.hpp"
@@ -55,7 +56,8 @@ redis::options unreachable(redis::failure_policy p) {
 // ---- names ------------------------------------------------------------------
 
 TEST(LimiterName, BadNamesAreRejectedAtConfigConstruction) {
-  for (const std::string& bad : std::vector<std::string>{"has space", "a:b", "{x}", "x!", std::string(65, 'a'), "\xc3\xa9",
+  for (const std::string& bad :
+       std::vector<std::string>{"has space", "a:b", "{x}", "x!", std::string(65, 'a'), "\xc3\xa9",
                                 std::string("n\0ul", 4)}) {
     EXPECT_THROW(gcra::config("1/1s", bucket_options{.name = bad}), std::invalid_argument) << bad;
     EXPECT_THROW(fixed_window::config("1/1s", window_options{.name = bad}), std::invalid_argument);
@@ -98,8 +100,7 @@ TEST(RedisIdentity, UnnamedConfigIsRefused) {
     EXPECT_NE(std::string(e.what()).find(".name = "), std::string::npos) << e.what();
   }
   const compound_of<fixed_window>::config unnamed_compound{"1/1s", "5/1min"};
-  EXPECT_THROW((void)store.apply(unnamed_compound, "k", microseconds{1}, 1),
-               std::invalid_argument);
+  EXPECT_THROW((void)store.apply(unnamed_compound, "k", microseconds{1}, 1), std::invalid_argument);
   // In process, no name is needed: a memory_store belongs to one limiter.
   limiter<gcra> local(unnamed);
   EXPECT_TRUE(local.try_acquire("k").allowed);
@@ -122,8 +123,8 @@ TEST(RedisIdentity, TwoNamesNeverShareState) {
   EXPECT_EQ(store.keys_for(compound_of<gcra>::config({"1/1s", "2/1s"}, compound_options{"c"}), "u"),
             (std::vector<std::string>{o.prefix + "{u}:compound:c:0:gcra",
                                       o.prefix + "{u}:compound:c:1:gcra"}));
-  EXPECT_EQ(store.key_for(api, "}x"), o.prefix + "{~" + std::to_string(redis::key_slot("}x")) +
-                                          "}{}x}:gcra:api!");
+  EXPECT_EQ(store.key_for(api, "}x"),
+            o.prefix + "{~" + std::to_string(redis::key_slot("}x")) + "}{}x}:gcra:api!");
 }
 
 // Verifies item 14: compound<A, A> and compound_of<A> with equal sub-limits
@@ -232,9 +233,8 @@ typename P::config random_config(std::mt19937_64& rng) {
   for (;;) {
     try {
       const units limit = uniform(rng, 1, 12);
-      const std::int64_t period =
-          std::vector<std::int64_t>{10, 1000, 999'983, 1'000'000, 60'000'000}[static_cast<
-              std::size_t>(uniform(rng, 0, 4))];
+      const std::int64_t period = std::vector<std::int64_t>{
+          10, 1000, 999'983, 1'000'000, 60'000'000}[static_cast<std::size_t>(uniform(rng, 0, 4))];
       const rate r(limit, microseconds{period});
       if constexpr (std::is_same_v<P, token_bucket> || std::is_same_v<P, gcra>) {
         bucket_options o;
@@ -263,8 +263,8 @@ std::vector<event> random_events(std::mt19937_64& rng, std::int64_t& t, std::int
       default: t += uniform(rng, 0, std::max<std::int64_t>(1, period / limit)); break;
     }
     t = std::max<std::int64_t>(t, 1);
-    out.push_back({t, uniform(rng, 0, 4) == 0 ? uniform(rng, 1, limit + 1) : 1,
-                   uniform(rng, 0, 9) == 0});
+    out.push_back(
+        {t, uniform(rng, 0, 4) == 0 ? uniform(rng, 1, limit + 1) : 1, uniform(rng, 0, 9) == 0});
   }
   return out;
 }
@@ -298,8 +298,8 @@ TYPED_TEST(RedisConfigChange, DecisionsAfterAChangeAreThoseOfTheNewConfig) {
         if (changed) state = converted<P>(state, cfg, events.front().t);
       }
       run_both<P>(store, cfg, key, state, events,
-                  "seed " + std::to_string(seed) + " phase " + std::to_string(phase) +
-                      " config " + redis::detail::config_id(cfg));
+                  "seed " + std::to_string(seed) + " phase " + std::to_string(phase) + " config " +
+                      redis::detail::config_id(cfg));
       if (::testing::Test::HasFatalFailure()) return;
       const typename P::config next = random_config<P>(rng);
       changed = redis::detail::config_id(next) != redis::detail::config_id(cfg);
@@ -405,9 +405,9 @@ TEST(RedisLogRebase, LongLogPastTwoToThe52MatchesMemoryStore) {
   EXPECT_EQ(rltest::command(o, {"LLEN", key})->integer, 33);  // header, the last big, 31 more
   // Rebased: the oldest entry's running total is its own cost again.
   const auto oldest = rltest::command(o, {"LINDEX", key, "1"});
-  EXPECT_EQ(std::string(oldest->str, oldest->len),
-            std::to_string(last_big) + ":" + std::to_string(max_units / 2 - 100) + ":" +
-                std::to_string(max_units / 2 - 100));
+  EXPECT_EQ(std::string(oldest->str, oldest->len), std::to_string(last_big) + ":" +
+                                                       std::to_string(max_units / 2 - 100) + ":" +
+                                                       std::to_string(max_units / 2 - 100));
   for (int i = 0; i < 20; ++i) {
     t += 7;
     both(i % 2 == 0 ? max_units / 4 : 3, "after " + std::to_string(i));
@@ -452,8 +452,8 @@ void expect_refused(const redis::options& o, const Config& cfg, const std::strin
 
 const std::vector<std::string>& bad_numbers() {
   static const std::vector<std::string> v = {
-      "1e300", "nan", "inf", "-inf", "99999999999999999999999", "-5", "abc", "", "0x10", " 5",
-      "5 ",    "1.5", "+3"};
+      "1e300", "nan", "inf", "-inf", "99999999999999999999999", "-5", "abc", "", "0x10",
+      " 5",    "5 ",  "1.5", "+3"};
   return v;
 }
 
