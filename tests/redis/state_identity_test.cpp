@@ -479,6 +479,7 @@ std::vector<std::string> spoiled(const std::string& good) {
   out.push_back(body);                       // no fingerprint
   out.push_back(body + ";");                 // empty fingerprint
   out.push_back(body + ";x");                // foreign fingerprint
+  out.push_back(body + ";" + fp + ",");      // a fingerprint with an empty field
   out.push_back(body + ":7;" + fp);          // one field too many
   out.push_back(fields.front() + ";" + fp);  // too few (all but GCRA)
   return out;

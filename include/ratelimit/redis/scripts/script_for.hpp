@@ -69,7 +69,8 @@ inline constexpr timestamp max_script_time{std::int64_t{1} << 52};
   "  local sep = string.find(raw, ';', 1, true)\n"                                \
   "  if sep == nil then bad(key, 'no config fingerprint:', raw) end\n"            \
   "  local fp = string.sub(raw, sep + 1)\n"                                       \
-  "  if not string.find(fp, '^%d+,%d+,?%d*$') then\n"                             \
+  "  if not (string.find(fp, '^%d+,%d+$') or\n"                                   \
+  "          string.find(fp, '^%d+,%d+,%d+$')) then\n"                            \
   "    bad(key, 'bad config fingerprint:', raw)\n"                                \
   "  end\n"                                                                       \
   "  local out = {}\n"                                                            \
