@@ -65,7 +65,7 @@ const std::vector<std::string>& phones() {
 template <class Store>
 void checks(benchmark::State& state, Store& shared) {
   Store store = shared;  // a copy per thread, as an application would hold
-  const gcra::config cfg("10/15min");
+  const gcra::config cfg("10/15min", bucket_options{.name = "t"});
   const auto& keys = phones();
   std::size_t i = static_cast<std::size_t>(state.thread_index()) * 997;
   for (auto _ : state) {
@@ -78,7 +78,7 @@ void checks(benchmark::State& state, Store& shared) {
 template <class Store>
 void batches(benchmark::State& state, Store& shared) {
   Store store = shared;
-  const gcra::config cfg("10/15min");
+  const gcra::config cfg("10/15min", bucket_options{.name = "t"});
   const auto& keys = phones();
   std::vector<redis::batch_item> items(100);
   std::size_t i = static_cast<std::size_t>(state.thread_index()) * 3331;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ratelimit/ratelimit.hpp"
@@ -45,7 +46,11 @@ const std::vector<std::string>& phones() {
 
 template <class P>
 typename P::config bench_config() {
-  return typename P::config("10/15min");
+  if constexpr (std::is_same_v<P, token_bucket> || std::is_same_v<P, gcra>) {
+    return typename P::config("10/15min", bucket_options{.name = "bench"});
+  } else {
+    return typename P::config("10/15min", window_options{.name = "bench"});
+  }
 }
 
 template <class P>
@@ -132,7 +137,7 @@ void memory_of(redis::redis_store& store, const redis::options& o, units calls) 
   store.reset(cfg, phone);
   for (units i = 0; i < calls; ++i) (void)store.apply(cfg, phone, store_time, 1, access::consume);
   redis::connection c(o);
-  const std::string key = store.key_for<P>(phone);
+  const std::string key = store.key_for(cfg, phone);
   const std::string_view args[] = {"MEMORY", "USAGE", key, "SAMPLES", "0"};
   auto r = c.command(args, 5, redis::deadline_clock::now() + std::chrono::seconds(2));
   std::cout << P::name << " after " << calls << " checks: key \"" << key << "\" "

@@ -24,7 +24,7 @@ echo "== MEMORY USAGE per key (10/15min, 16-byte key)"
 SHA=$(redis-cli -p "$PORT" SCRIPT LOAD "$("$BENCH" --print-script gcra)")
 # Same script and arguments as the store sends: server time, cost 1, consume,
 # no TTL floor, T = 90 s, burst 10.
-RB() { redis-benchmark -p "$PORT" -n "$N" -r 10000 --csv "$@" EVALSHA "$SHA" 1 "bench:{+1555__rand_int__}:gcra" "" 1 0 0 90000000 10 | tail -1 | cut -d, -f2 | tr -d '"'; }
+RB() { redis-benchmark -p "$PORT" -n "$N" -r 10000 --csv "$@" EVALSHA "$SHA" 1 "bench:{+1555__rand_int__}:gcra:bench" "" 1 0 0 90000000 10 | tail -1 | cut -d, -f2 | tr -d '"'; }
 RB_C1=$(RB -c 1 -P 1)
 RB_C50=$(RB -c 50 -P 16)
 echo "== redis-benchmark EVALSHA gcra: -c 1 -P 1: $RB_C1 req/s; -c 50 -P 16: $RB_C50 req/s"

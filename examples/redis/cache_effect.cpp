@@ -135,8 +135,8 @@ int main(int argc, char** argv) try {
               "saved", "", "admitted", "rejected", "time");
 
   for (const bool count_rejected : {false, true}) {
-    const rl::sliding_window_log::config cfg("10/15min",
-                                             rl::window_options{.count_rejected = count_rejected});
+    const rl::sliding_window_log::config cfg(
+        "10/15min", rl::window_options{.count_rejected = count_rejected, .name = "calls"});
     const char* name = count_rejected ? "count_rejected" : "default";
     const run_result plain = replay(calls, cfg, redis, redis);
     const run_result cached = replay(

@@ -27,10 +27,15 @@ int main(int argc, char** argv) {
   fallback_opts.on_failure = rl::redis::failure_policy::fallback;
   fallback_opts.fallback_divisor = 4;
 
+  // Three limiters on one subscriber: each has its own name, so each has its
+  // own Redis key (rl:{+15551234567}:gcra:search, ...:sms, ...:api).
   using server_gcra = rl::limiter<rl::gcra, rl::redis::redis_store, rl::redis::server_clock>;
-  server_gcra search(rl::gcra::config("100/1min"), rl::redis::redis_store(open_opts));
-  server_gcra sms(rl::gcra::config("10/15min"), rl::redis::redis_store(closed_opts));
-  server_gcra api(rl::gcra::config("100/1min"), rl::redis::redis_store(fallback_opts));
+  server_gcra search(rl::gcra::config("100/1min", rl::bucket_options{.name = "search"}),
+                     rl::redis::redis_store(open_opts));
+  server_gcra sms(rl::gcra::config("10/15min", rl::bucket_options{.name = "sms"}),
+                  rl::redis::redis_store(closed_opts));
+  server_gcra api(rl::gcra::config("100/1min", rl::bucket_options{.name = "api"}),
+                  rl::redis::redis_store(fallback_opts));
 
   for (int i = 0; i < 12; ++i) {
     const rl::decision s = search.try_acquire("+15551234567");

@@ -100,14 +100,15 @@ struct limiter_settings {
   bool count_rejected = false;  ///< window policies only
 };
 
-/// Builds P's configuration; options that do not apply to P are ignored.
+/// Builds P's configuration; options that do not apply to P are ignored. It is
+/// named "replay" (the Redis stores key state by the limiter's name).
 /// @throws std::invalid_argument for a bad combination (e.g. a burst over 2^50)
 template <class P>
 [[nodiscard]] typename P::config make_config(const limiter_settings& s) {
   if constexpr (is_bucket_v<P>) {
-    return typename P::config(s.r, bucket_options{s.burst});
+    return typename P::config(s.r, bucket_options{s.burst, "replay"});
   } else {
-    return typename P::config(s.r, window_options{s.count_rejected});
+    return typename P::config(s.r, window_options{s.count_rejected, "replay"});
   }
 }
 

@@ -39,8 +39,12 @@ class limiter {
   using store_type = Store;
   using clock_type = Clock;
 
+  /// @throws std::invalid_argument when the store refuses the config (its
+  ///   `check_config(cfg)`, if it has one: the Redis stores require a name)
   explicit limiter(config_type cfg, Store store = Store{}, Clock clock = Clock{})
-      : cfg_(std::move(cfg)), store_(std::move(store)), clock_(std::move(clock)) {}
+      : cfg_(std::move(cfg)), store_(std::move(store)), clock_(std::move(clock)) {
+    if constexpr (requires { store_.check_config(cfg_); }) store_.check_config(cfg_);
+  }
 
   /// Decides `key` now and consumes `cost` units if admitted.
   /// @param key  1..512 bytes, binary safe

@@ -76,7 +76,7 @@ TEST(ClusterFailover, KilledMasterFollowsPolicyThenRecoversWithoutUserAction) {
     stores.emplace_back(o);
   }
   const auto bound = 200ms + 200ms + margin;
-  const gcra::config cfg("1000/1h");
+  const gcra::config cfg("1000/1h", bucket_options{.name = "t"});
 
   // A key on the victim master and one on another master.
   const int victim = cluster.master_of(0);

@@ -87,10 +87,11 @@ TEST(ClusterSlot, MatchesClusterKeyslotOnTrickyKeys) {
     for (const std::string& u : users) {
       if (prefix == "{}") {
         // An empty hash tag in the prefix would scatter one user's keys.
-        EXPECT_THROW((void)store.key_for<gcra>(u), std::invalid_argument);
+        EXPECT_THROW((void)store.key_for(gcra::config("1/1s", bucket_options{.name = "t"}), u),
+                     std::invalid_argument);
         continue;
       }
-      const std::string key = store.key_for<gcra>(u);
+      const std::string key = store.key_for(gcra::config("1/1s", bucket_options{.name = "t"}), u);
       const auto r = rltest::command(rltest::redis_cluster::node(port),
                                      {"CLUSTER", "KEYSLOT", key});
       ASSERT_EQ(r->type, REDIS_REPLY_INTEGER);
@@ -121,7 +122,7 @@ static_assert(!store_for<redis::cluster_store, int>);
 // Verifies that keys land on all three masters, each on the node that owns its slot.
 TEST(ClusterStore, SpreadsKeysOverAllMasters) {
   auto store = make_store("spread");
-  const gcra::config cfg("10/1h");
+  const gcra::config cfg("10/1h", bucket_options{.name = "t"});
   std::map<std::string, int> per_node;
   for (int i = 0; i < 300; ++i) {
     const std::string k = "+1555" + std::to_string(1000000 + i);
@@ -130,9 +131,9 @@ TEST(ClusterStore, SpreadsKeysOverAllMasters) {
     const std::string node = store.node_for_slot(store.slot_for<gcra>(k));
     ++per_node[node];
     const int port = std::stoi(node.substr(node.rfind(':') + 1));
-    EXPECT_EQ(rltest::redis_cluster::ask(port, {"EXISTS", store.key_for<gcra>(k)}), "1") << k;
+    EXPECT_EQ(rltest::redis_cluster::ask(port, {"EXISTS", store.key_for(cfg, k)}), "1") << k;
     store.reset(cfg, k);
-    EXPECT_EQ(rltest::redis_cluster::ask(port, {"EXISTS", store.key_for<gcra>(k)}), "0") << k;
+    EXPECT_EQ(rltest::redis_cluster::ask(port, {"EXISTS", store.key_for(cfg, k)}), "0") << k;
   }
   EXPECT_EQ(per_node.size(), 3u);
   for (const auto& [node, n] : per_node) EXPECT_GT(n, 50) << node;
@@ -142,13 +143,14 @@ TEST(ClusterStore, SpreadsKeysOverAllMasters) {
 // Verifies that the limiter drives the cluster store on both clocks.
 TEST(ClusterStore, DrivesTheLimiterOnServerAndCallerTime) {
   auto store = make_store("limiter");
-  limiter<gcra, redis::cluster_store, redis::server_clock> server(gcra::config("2/1h"), store);
+  limiter<gcra, redis::cluster_store, redis::server_clock> server(
+      gcra::config("2/1h", bucket_options{.name = "t"}), store);
   EXPECT_TRUE(server.try_acquire("+15550001").allowed);
   EXPECT_TRUE(server.try_acquire("+15550001").allowed);
   EXPECT_FALSE(server.try_acquire("+15550001").allowed);
   manual_clock clock;
-  limiter<fixed_window, redis::cluster_store, manual_clock> caller(fixed_window::config("1/1s"),
-                                                                   store, clock);
+  limiter<fixed_window, redis::cluster_store, manual_clock> caller(
+      fixed_window::config("1/1s", window_options{.name = "t"}), store, clock);
   EXPECT_TRUE(caller.try_acquire("+15550002").allowed);
   EXPECT_FALSE(caller.try_acquire("+15550002").allowed);
 }
@@ -157,7 +159,7 @@ TEST(ClusterStore, DrivesTheLimiterOnServerAndCallerTime) {
 // reloads the scripts (EVAL once per node) and is fully decided by Redis.
 TEST(ClusterStore, ReloadsScriptsAfterFlushOnEveryNode) {
   auto store = make_store("flush");
-  const token_bucket::config cfg("5/1s");
+  const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
   std::vector<std::string> keys;
   for (int i = 0; i < 60; ++i) keys.push_back("k" + std::to_string(i));
   std::vector<redis::batch_item> batch;
@@ -196,10 +198,11 @@ typename P::config random_config(std::mt19937_64& rng) {
       const rate r(limits[uniform(rng, 0, 6)], microseconds{periods[uniform(rng, 0, 7)]});
       if constexpr (std::is_same_v<P, token_bucket> || std::is_same_v<P, gcra>) {
         bucket_options o;
+        o.name = "t";
         if (uniform(rng, 0, 2) == 0) o.burst = uniform(rng, 1, 2 * r.limit() + 3);
         return typename P::config(r, o);
       } else {
-        return typename P::config(r, window_options{uniform(rng, 0, 2) == 0});
+        return typename P::config(r, window_options{uniform(rng, 0, 2) == 0, "t"});
       }
     } catch (const std::invalid_argument&) {
       // e.g. GCRA faster than 1/us: draw again
@@ -372,8 +375,8 @@ long admitted_across_processes(const redis::cluster_options& o, const Config& cf
 TEST(ClusterConcurrency, ProcessesAndThreadsOnOneKeyAdmitExactlyTheLimit) {
   auto o = rltest::shared_cluster().options();
   o.node.prefix = unique_prefix("conc");
-  const fixed_window::config window("100/1h");
-  const gcra::config bucket("100/1h");
+  const fixed_window::config window("100/1h", window_options{.name = "t"});
+  const gcra::config bucket("100/1h", bucket_options{.name = "t"});
   redis::cluster_store probe(o);
   probe.refresh_topology();
   std::set<std::string> nodes;
@@ -425,7 +428,7 @@ TEST(ClusterResharding, ChecksDuringMigrationMatchMemoryStore) {
       keys.push_back(k);
     }
   }
-  const token_bucket::config cfg("5/1s");
+  const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
   struct check {
     std::size_t key;
     std::int64_t t;
@@ -523,7 +526,7 @@ TEST(ClusterStore, ChecksWithoutASlotMapReturnWithinTheirBudget) {
   o.node.command_timeout = 100ms;
   o.node.on_failure = redis::failure_policy::fail_open;
   redis::cluster_store store(o);
-  const gcra::config cfg("10/1h");
+  const gcra::config cfg("10/1h", bucket_options{.name = "t"});
   const auto bound = o.node.connect_timeout + o.node.command_timeout + 300ms;
   std::vector<std::thread> threads;
   std::atomic<int> slow{0};

@@ -148,7 +148,7 @@ TEST(ClusterTopology, ChecksOnAMigratingSlotFollowAskAndMatchMemoryStore) {
   slot_migration m(slot);
   ASSERT_EQ(store.node_for_slot(slot), name_of(m.from()));
 
-  const token_bucket::config cfg("4/1s");
+  const token_bucket::config cfg("4/1s", bucket_options{.name = "t"});
   memory_store<token_bucket> reference;
   std::int64_t t = t0;
   const auto check = [&](const std::string& k) {
@@ -214,7 +214,8 @@ using two_limits = compound<token_bucket, fixed_window>;
 TEST(ClusterTopology, ResetRetriesTryagainWhileACompoundKeysSlotIsHalfMigrated) {
   redis::cluster_store store(cluster_opts("tryagain"));
   store.refresh_topology();
-  const two_limits::config cfg(token_bucket::config("5/1s"), fixed_window::config("9/1min"));
+  const two_limits::config cfg(compound_options{.name = "two"}, token_bucket::config("5/1s"),
+                              fixed_window::config("9/1min"));
   const std::string user = "split-user";
   const std::uint16_t slot = store.slot_for<two_limits>(user);
   slot_migration m(slot);
@@ -261,7 +262,7 @@ TEST(ClusterTopology, ResetRetriesTryagainWhileACompoundKeysSlotIsHalfMigrated) 
 // moves and a check learns so from MOVED; the older map must not send the
 // slot back to its old master.
 TEST(ClusterTopology, SlotMapReadBeforeAMovedUpdateIsNotInstalled) {
-  const token_bucket::config cfg("5/1s");
+  const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
   std::atomic<int> reads{0};
   std::atomic<bool> release{false};
   std::atomic<bool> moved_in_hook{false};

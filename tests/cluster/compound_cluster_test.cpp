@@ -76,10 +76,13 @@ int port_of(const std::string& node) {
 }
 
 const five_policies::config& five() {
-  static const five_policies::config cfg{sliding_window_log::config{"5/2s", window_options{true}},
-                                         fixed_window::config{"50/1min"},
-                                         sliding_window_counter::config{"40/10s"},
-                                         token_bucket::config{"10/30s"}, gcra::config{"20/1h"}};
+  static const five_policies::config cfg{
+      compound_options{"t"},
+      sliding_window_log::config{"5/2s", window_options{true, "t"}},
+      fixed_window::config{"50/1min", window_options{.name = "t"}},
+      sliding_window_counter::config{"40/10s", window_options{.name = "t"}},
+      token_bucket::config{"10/30s", bucket_options{.name = "t"}},
+      gcra::config{"20/1h", bucket_options{.name = "t"}}};
   return cfg;
 }
 
@@ -90,7 +93,8 @@ const five_policies::config& five() {
 // store's slot_for, for ordinary user keys and prefixes.
 TEST(CompoundClusterSlot, EverySubKeyIsInTheUserKeysSlot) {
   const int port = rltest::shared_cluster().ports().front();
-  const compound_of<sliding_window_log>::config three{"1/1s", "10/1min", "100/1h"};
+  const compound_of<sliding_window_log>::config three({"1/1s", "10/1min", "100/1h"},
+                                                      compound_options{"t"});
   const std::vector<std::string> users = {"+15551234567",
                                           "a}b",
                                           "{",
@@ -167,7 +171,7 @@ TEST(CompoundClusterStore, UserKeysStartingWithABraceAreStillLimited) {
   auto o = cluster_opts("brace");
   o.node.on_failure = redis::failure_policy::fail_open;
   redis::cluster_store store(o);
-  const compound_of<fixed_window>::config cfg{"3/1h", "5/1h"};
+  const compound_of<fixed_window>::config cfg({"3/1h", "5/1h"}, compound_options{"t"});
   for (const std::string user : {"}", "}alice", "}{:"}) {
     int admitted = 0;
     int refused = 0;
@@ -234,10 +238,11 @@ typename P::config random_part(std::mt19937_64& rng) {
       const rate r(limits[uniform(rng, 0, 6)], microseconds{p});
       if constexpr (std::is_same_v<P, token_bucket> || std::is_same_v<P, gcra>) {
         bucket_options o;
+        o.name = "t";
         if (uniform(rng, 0, 2) == 0) o.burst = uniform(rng, 1, 2 * r.limit() + 3);
         return typename P::config(r, o);
       } else {
-        return typename P::config(r, window_options{uniform(rng, 0, 1) == 0});
+        return typename P::config(r, window_options{uniform(rng, 0, 1) == 0, "t"});
       }
     } catch (const std::invalid_argument&) {
       // e.g. GCRA faster than 1/us: draw again
@@ -254,7 +259,7 @@ struct random_config<compound_of<P>> {
     std::vector<typename P::config> parts;
     const auto n = uniform(rng, 1, 3);
     for (std::int64_t i = 0; i < n; ++i) parts.push_back(random_part<P>(rng));
-    return typename compound_of<P>::config(std::move(parts));
+    return typename compound_of<P>::config(std::move(parts), compound_options{"t"});
   }
 };
 
@@ -262,8 +267,11 @@ template <policy... Ps>
 struct random_config<compound<Ps...>> {
   static typename compound<Ps...>::config make(std::mt19937_64& rng) {
     // Braced lists evaluate left to right: a seed gives one config.
-    return std::apply([](auto... p) { return typename compound<Ps...>::config(std::move(p)...); },
-                      std::tuple<typename Ps::config...>{random_part<Ps>(rng)...});
+    return std::apply(
+        [](auto... p) {
+          return typename compound<Ps...>::config(compound_options{"t"}, std::move(p)...);
+        },
+        std::tuple<typename Ps::config...>{random_part<Ps>(rng)...});
   }
 };
 
@@ -460,10 +468,13 @@ long admitted_across_processes(const redis::cluster_options& o, const Config& cf
 TEST(CompoundClusterConcurrency, ProcessesAndThreadsAdmitExactlyTheSmallerLimit) {
   const auto o = cluster_opts("conc");
   using window_and_bucket = compound<sliding_window_log, gcra>;
-  const window_and_bucket::config server_cfg{sliding_window_log::config{"40/1h"},
-                                             gcra::config{"17/1h"}};
+  const window_and_bucket::config server_cfg{
+      compound_options{"t"}, sliding_window_log::config{"40/1h", window_options{.name = "t"}},
+      gcra::config{"17/1h", bucket_options{.name = "t"}}};
   const compound_of<fixed_window>::config caller_cfg(
-      {fixed_window::config{"23/1h"}, fixed_window::config{"50/1h", window_options{true}}});
+      {fixed_window::config{"23/1h", window_options{.name = "t"}},
+       fixed_window::config{"50/1h", window_options{true, "t"}}},
+      compound_options{"t"});
   redis::cluster_store probe(o);
   probe.refresh_topology();
   std::set<std::string> nodes;

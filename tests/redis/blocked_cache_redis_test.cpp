@@ -7,6 +7,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis.hpp"
@@ -54,7 +55,8 @@ TEST(BlockedCacheRedis, CachedRejectionsMakeNoRoundTrip) {
   redis::options o = server.options();
   o.prefix = "cache:";
   limiter<sliding_window_log, cached_redis, redis::server_clock> lim(
-      sliding_window_log::config("3/1h"), cached_redis(redis::redis_store(o)));
+      sliding_window_log::config("3/1h", window_options{.name = "t"}),
+      cached_redis(redis::redis_store(o)));
   const std::uint64_t before = script_calls(o);
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(lim.try_acquire("+15550001").allowed);
   const decision first = lim.try_acquire("+15550001");
@@ -81,14 +83,15 @@ TEST(BlockedCacheRedis, CachedRejectionsMakeNoRoundTrip) {
 
 TEST(BlockedCacheRedis, ResetDeletesTheKeyAndTheEntry) {
   const redis::options o = fresh_options("cache-reset");
-  limiter<gcra, cached_redis, redis::server_clock> lim(gcra::config("1/1h"),
-                                                       cached_redis(redis::redis_store(o)));
+  limiter<gcra, cached_redis, redis::server_clock> lim(
+      gcra::config("1/1h", bucket_options{.name = "t"}), cached_redis(redis::redis_store(o)));
   EXPECT_TRUE(lim.try_acquire("k").allowed);
   EXPECT_EQ(lim.try_acquire("k").source, decision_source::store);
   EXPECT_EQ(lim.try_acquire("k").source, decision_source::local_cache);
   lim.reset("k");
   EXPECT_EQ(lim.store().size(), 0u);
-  EXPECT_EQ(rltest::command(o, {"EXISTS", lim.store().inner().key_for<gcra>("k")})->integer, 0);
+  EXPECT_EQ(rltest::command(o, {"EXISTS", lim.store().inner().key_for(lim.config(), "k")})->integer,
+            0);
   const decision d = lim.try_acquire("k");
   EXPECT_TRUE(d.allowed);
   EXPECT_EQ(d.source, decision_source::store);
@@ -103,7 +106,7 @@ TEST(BlockedCacheRedis, FailClosedIsNotCached) {
   o.command_timeout = 200ms;
   cached_redis c(redis::redis_store(o), blocked_cache_options{.threshold = 0us});
   server.stop();
-  const gcra::config cfg("1/1h");
+  const gcra::config cfg("1/1h", bucket_options{.name = "t"});
   for (int i = 0; i < 5; ++i) {
     const decision d = c.apply(cfg, "k", store_time, 1, ratelimit::access::consume);
     EXPECT_EQ(d.source, decision_source::fail_closed);
@@ -124,7 +127,13 @@ TYPED_TEST_SUITE(BlockedCacheRedisTrace, all_policies);
 // it claims to.
 TYPED_TEST(BlockedCacheRedisTrace, SameDecisionsAsTheUncachedStore) {
   using P = TypeParam;
-  const typename P::config cfg("4/10s");
+  const typename P::config cfg = [] {
+    if constexpr (std::is_same_v<P, token_bucket> || std::is_same_v<P, gcra>) {
+      return typename P::config("4/10s", bucket_options{.name = "t"});
+    } else {
+      return typename P::config("4/10s", window_options{.name = "t"});
+    }
+  }();
   redis::redis_store plain(fresh_options("plain"));
   cached_redis cached(redis::redis_store(fresh_options("cached")),
                       blocked_cache_options{.threshold = 500ms});

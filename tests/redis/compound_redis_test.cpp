@@ -43,8 +43,8 @@ class script_driver {
   [[nodiscard]] std::vector<std::string> keys(const Config& cfg, std::string_view key) const {
     using P = typename Config::policy_type;
     std::vector<std::string> out;
-    redis::script_for<P>::append_keys(cfg, opts_.prefix + "{" + std::string(key) + "}:compound",
-                                      out);
+    redis::script_for<P>::append_keys(
+        cfg, opts_.prefix + "{" + std::string(key) + "}:compound:" + cfg.name(), out);
     return out;
   }
 
@@ -142,10 +142,11 @@ typename P::config random_part(std::mt19937_64& rng) {
       const rate r = random_rate(rng);
       if constexpr (std::is_same_v<P, token_bucket> || std::is_same_v<P, gcra>) {
         bucket_options o;
+        o.name = "t";
         if (uniform(rng, 0, 2) == 0) o.burst = uniform(rng, 1, 2 * r.limit() + 3);
         return typename P::config(r, o);
       } else {
-        return typename P::config(r, window_options{uniform(rng, 0, 1) == 0});
+        return typename P::config(r, window_options{uniform(rng, 0, 1) == 0, "t"});
       }
     } catch (const std::invalid_argument&) {
       // e.g. GCRA faster than 1/us: draw again
@@ -162,7 +163,7 @@ struct random_config<compound_of<P>> {
     std::vector<typename P::config> parts;
     const auto n = uniform(rng, 1, 3);
     for (std::int64_t i = 0; i < n; ++i) parts.push_back(random_part<P>(rng));
-    return typename compound_of<P>::config(std::move(parts));
+    return typename compound_of<P>::config(std::move(parts), compound_options{"t"});
   }
 };
 
@@ -170,8 +171,11 @@ template <policy... Ps>
 struct random_config<compound<Ps...>> {
   static typename compound<Ps...>::config make(std::mt19937_64& rng) {
     // Braced lists evaluate left to right: a seed gives one config.
-    return std::apply([](auto... p) { return typename compound<Ps...>::config(std::move(p)...); },
-                      std::tuple<typename Ps::config...>{random_part<Ps>(rng)...});
+    return std::apply(
+        [](auto... p) {
+          return typename compound<Ps...>::config(compound_options{"t"}, std::move(p)...);
+        },
+        std::tuple<typename Ps::config...>{random_part<Ps>(rng)...});
   }
 };
 
@@ -371,10 +375,13 @@ TEST(CompoundRedis, StoreResetDeletesEverySubKey) {
   redis::redis_store store(o);
   using all5 =
       compound<sliding_window_log, fixed_window, sliding_window_counter, token_bucket, gcra>;
-  const all5::config five{sliding_window_log::config{"5/2s", window_options{true}},
-                          fixed_window::config{"50/1min"}, sliding_window_counter::config{"40/10s"},
-                          token_bucket::config{"10/30s"}, gcra::config{"20/1h"}};
-  const compound_of<fixed_window>::config three{"1/1s", "2/1min", "3/1h"};
+  const all5::config five{compound_options{"t"},
+                          sliding_window_log::config{"5/2s", window_options{true, "t"}},
+                          fixed_window::config{"50/1min", window_options{.name = "t"}},
+                          sliding_window_counter::config{"40/10s", window_options{.name = "t"}},
+                          token_bucket::config{"10/30s", bucket_options{.name = "t"}},
+                          gcra::config{"20/1h", bucket_options{.name = "t"}}};
+  const compound_of<fixed_window>::config three({"1/1s", "2/1min", "3/1h"}, compound_options{"t"});
   const std::vector<std::string> users = {"alice", std::string("n\0ul", 4), "a}b", "{x}", "bob"};
   const auto check = [&](const auto& cfg, std::size_t n) {
     for (const std::string& u : users) {
@@ -405,7 +412,7 @@ TEST(CompoundRedis, WorkedExample) {
   redis::options o = rltest::shared_redis();
   o.prefix = rltest::unique_prefix("example");
   script_driver redis_side(o);
-  const compound_of<sliding_window_log>::config cfg{"3/15min", "5/day"};
+  const compound_of<sliding_window_log>::config cfg({"3/15min", "5/day"}, compound_options{"t"});
   const std::int64_t min = 60'000'000;
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(redis_side.apply(cfg, "k", microseconds{0}, 1).allowed);
   for (int i = 0; i < 2; ++i) {
@@ -419,8 +426,8 @@ TEST(CompoundRedis, WorkedExample) {
   EXPECT_EQ(d.retry_after, microseconds{(24 * 60 - 30) * min});
   const auto keys = redis_side.keys(cfg, "k");
   ASSERT_EQ(keys.size(), 2u);
-  EXPECT_EQ(keys[0], o.prefix + "{k}:compound:0:sliding_log");
-  EXPECT_EQ(keys[1], o.prefix + "{k}:compound:1:sliding_log");
+  EXPECT_EQ(keys[0], o.prefix + "{k}:compound:t:0:sliding_log");
+  EXPECT_EQ(keys[1], o.prefix + "{k}:compound:t:1:sliding_log");
 }
 
 // Verifies that 8 threads on one key with "5/min and 3/min" (server time)
@@ -428,8 +435,9 @@ TEST(CompoundRedis, WorkedExample) {
 TEST(CompoundRedis, ThreadsOnOneKeyAdmitExactlyTheSmallerLimit) {
   redis::options o = rltest::shared_redis();
   o.prefix = rltest::unique_prefix("threads");
-  const compound<sliding_window_log, fixed_window>::config cfg{sliding_window_log::config{"5/min"},
-                                                               fixed_window::config{"3/1h"}};
+  const compound<sliding_window_log, fixed_window>::config cfg{
+      compound_options{"t"}, sliding_window_log::config{"5/min", window_options{.name = "t"}},
+      fixed_window::config{"3/1h", window_options{.name = "t"}}};
   for (int round = 0; round < 5; ++round) {
     const std::string key = "user" + std::to_string(round);
     std::atomic<long> admitted{0};
@@ -454,10 +462,13 @@ TEST(CompoundRedis, EveryKeyHasTheTtlOfItsOwnSubLimit) {
   o.prefix = rltest::unique_prefix("ttl");
   script_driver redis_side(o);
   const compound<sliding_window_log, fixed_window, sliding_window_counter, token_bucket,
-                 gcra>::config cfg{sliding_window_log::config{"5/2s", window_options{true}},
-                                   fixed_window::config{"50/1min"},
-                                   sliding_window_counter::config{"40/10s"},
-                                   token_bucket::config{"10/30s"}, gcra::config{"20/1h"}};
+                 gcra>::config cfg{
+      compound_options{"t"},
+      sliding_window_log::config{"5/2s", window_options{true, "t"}},
+      fixed_window::config{"50/1min", window_options{.name = "t"}},
+      sliding_window_counter::config{"40/10s", window_options{.name = "t"}},
+      token_bucket::config{"10/30s", bucket_options{.name = "t"}},
+      gcra::config{"20/1h", bucket_options{.name = "t"}}};
   const std::int64_t bounds_ms[] = {2 * 2000 + 1000, 2 * 60'000 + 1000, 2 * 10'000 + 1000, 30'000,
                                     3'600'000};
   for (int i = 0; i < 40; ++i) {
@@ -490,7 +501,7 @@ TEST(CompoundRedis, LimiterWithRedisStore) {
   redis::options o = rltest::shared_redis();
   o.prefix = rltest::unique_prefix("limiter");
   o.caller_time_ttl_floor = std::chrono::milliseconds{0};
-  const C::config cfg{"3/15min", "5/day"};
+  const C::config cfg({"3/15min", "5/day"}, compound_options{"t"});
   limiter<C, redis::redis_store, manual_clock> caller(cfg, redis::redis_store(o));
   limiter<C> memory(cfg);
   manual_clock& clock = caller.clock();

@@ -87,30 +87,38 @@ redis::options fresh(std::string_view what) {
 // caller-supplied time admit exactly the limit (the burst for bucket/GCRA).
 TEST(RedisConcurrency, TwoProcessesSixteenThreadsAdmitExactlyTheLimit) {
   const std::chrono::microseconds t{1'700'000'000'000'000};
-  EXPECT_EQ(admitted_across_processes(fresh("c-fw"), fixed_window::config("100/1h"), t), 100);
-  EXPECT_EQ(admitted_across_processes(fresh("c-log"), sliding_window_log::config("100/1h"), t),
-            100);
-  EXPECT_EQ(admitted_across_processes(fresh("c-ctr"), sliding_window_counter::config("100/1h"), t),
+  EXPECT_EQ(admitted_across_processes(
+                fresh("c-fw"), fixed_window::config("100/1h", window_options{.name = "t"}), t),
             100);
   EXPECT_EQ(
-      admitted_across_processes(fresh("c-tb"), token_bucket::config("1/1h", bucket_options{77}), t),
-      77);
-  EXPECT_EQ(admitted_across_processes(fresh("c-gcra"), gcra::config("1/1h", bucket_options{77}), t),
+      admitted_across_processes(
+          fresh("c-log"), sliding_window_log::config("100/1h", window_options{.name = "t"}), t),
+      100);
+  EXPECT_EQ(
+      admitted_across_processes(
+          fresh("c-ctr"), sliding_window_counter::config("100/1h", window_options{.name = "t"}), t),
+      100);
+  EXPECT_EQ(admitted_across_processes(fresh("c-tb"),
+                                      token_bucket::config("1/1h", bucket_options{77, "t"}), t),
             77);
+  EXPECT_EQ(
+      admitted_across_processes(fresh("c-gcra"), gcra::config("1/1h", bucket_options{77, "t"}), t),
+      77);
 }
 
 // Verifies the same on the server's clock (no refill can complete a token in
 // the test's duration at 1 per hour).
 TEST(RedisConcurrency, TwoProcessesOnServerClockAdmitExactlyTheBurst) {
-  EXPECT_EQ(admitted_across_processes(fresh("s-gcra"), gcra::config("1/1h", bucket_options{50}),
-                                      store_time),
+  EXPECT_EQ(admitted_across_processes(fresh("s-gcra"),
+                                      gcra::config("1/1h", bucket_options{50, "t"}), store_time),
             50);
-  EXPECT_EQ(admitted_across_processes(fresh("s-tb"),
-                                      token_bucket::config("1/1h", bucket_options{50}), store_time),
+  EXPECT_EQ(admitted_across_processes(
+                fresh("s-tb"), token_bucket::config("1/1h", bucket_options{50, "t"}), store_time),
             50);
-  EXPECT_EQ(
-      admitted_across_processes(fresh("s-log"), sliding_window_log::config("50/1h"), store_time),
-      50);
+  EXPECT_EQ(admitted_across_processes(
+                fresh("s-log"), sliding_window_log::config("50/1h", window_options{.name = "t"}),
+                store_time),
+            50);
 }
 
 // Verifies that a client killed with SIGKILL mid-run leaves no key without a
@@ -120,11 +128,11 @@ TEST(RedisConcurrency, KilledClientLeavesNoKeyWithoutTtl) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     redis::redis_store store(o);
-    const fixed_window::config fw("5/10s", window_options{true});
-    const sliding_window_log::config log("5/10s");
-    const sliding_window_counter::config ctr("5/10s");
-    const token_bucket::config tb("5/10s");
-    const gcra::config g("5/10s");
+    const fixed_window::config fw("5/10s", window_options{true, "t"});
+    const sliding_window_log::config log("5/10s", window_options{.name = "t"});
+    const sliding_window_counter::config ctr("5/10s", window_options{.name = "t"});
+    const token_bucket::config tb("5/10s", bucket_options{.name = "t"});
+    const gcra::config g("5/10s", bucket_options{.name = "t"});
     std::vector<std::thread> pool;
     for (int th = 0; th < 4; ++th) {
       pool.emplace_back([&, th] {

@@ -68,10 +68,11 @@ typename P::config random_config(std::mt19937_64& rng) {
       const rate r = random_rate(rng);
       if constexpr (std::is_same_v<P, token_bucket> || std::is_same_v<P, gcra>) {
         bucket_options o;
+        o.name = "t";
         if (uniform(rng, 0, 2) == 0) o.burst = uniform(rng, 1, 2 * r.limit() + 3);
         return typename P::config(r, o);
       } else {
-        return typename P::config(r, window_options{uniform(rng, 0, 2) == 0});
+        return typename P::config(r, window_options{uniform(rng, 0, 2) == 0, "t"});
       }
     } catch (const std::invalid_argument&) {
       // e.g. GCRA faster than 1/us: draw again
@@ -215,7 +216,7 @@ TEST(RedisDifferential, SlidingLogRebasesHugeRunningTotals) {
   o.prefix = rltest::unique_prefix("rebase");
   redis::redis_store store(o);
   const sliding_window_log::config cfg(rate(max_units, std::chrono::hours(1)),
-                                       window_options{true});
+                                       window_options{true, "t"});
   memory_store<sliding_window_log> memory;
   std::int64_t t = 1'000'000;
   for (int i = 0; i < 40; ++i) {

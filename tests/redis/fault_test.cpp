@@ -80,7 +80,7 @@ TEST_P(RedisFault, KilledServerThenRestartRecoversWithoutUserAction) {
   rltest::redis_server server;
   const auto o = fault_options(server, GetParam());
   redis::redis_store store(o);
-  const gcra::config cfg("10/1h");
+  const gcra::config cfg("10/1h", bucket_options{.name = "t"});
   const auto bound = o.connect_timeout + o.command_timeout + margin;
 
   const auto up = check(store, cfg, "a");
@@ -166,7 +166,7 @@ TEST(RedisFaultTimeout, PausedServerTimesOutWithinTheCommandTimeout) {
   rltest::redis_server server;
   const auto o = fault_options(server, redis::failure_policy::throw_error);
   redis::redis_store store(o);
-  const gcra::config cfg("10/1h");
+  const gcra::config cfg("10/1h", bucket_options{.name = "t"});
   ASSERT_FALSE(check(store, cfg, "a").threw);
   server.pause();
   const auto start = clk::now();
@@ -191,7 +191,7 @@ TEST(RedisFaultTimeout, PausedServerTimesOutWithinTheCommandTimeout) {
 /// A store against a stopped server whose breaker is open.
 redis::redis_store opened_store(const redis::options& o) {
   redis::redis_store store(o);
-  const gcra::config cfg("10/1h");
+  const gcra::config cfg("10/1h", bucket_options{.name = "t"});
   for (std::uint32_t i = 0; i < o.breaker_threshold; ++i) (void)check(store, cfg, "a");
   return store;
 }
@@ -251,7 +251,8 @@ TEST(RedisFaultBreaker, ForkedChildrenUseTheirOwnStores) {
         if (mine.stats().probes == 0) code = 3;
       }
       redis::redis_store theirs(o);
-      const auto d = theirs.apply(gcra::config("10/1h"), "child", store_time, 1, access::consume);
+      const auto d = theirs.apply(gcra::config("10/1h", bucket_options{.name = "t"}), "child",
+                                  store_time, 1, access::consume);
       if (d.source != decision_source::store) code = 4;
       parents.reset();  // the parent's thread does not exist here: must not join it
     } catch (...) {
@@ -276,7 +277,7 @@ TEST(RedisFaultFallback, FallbackAdmitsLimitOverDivisor) {
   const auto o = fault_options(server, redis::failure_policy::fallback);
   redis::redis_store store(o);
   server.stop();
-  const fixed_window::config cfg("10/1h");
+  const fixed_window::config cfg("10/1h", window_options{.name = "t"});
   int admitted = 0;
   for (int i = 0; i < 20; ++i) {
     const auto d = store.apply(cfg, "k", std::chrono::microseconds{1'000'000}, 1, access::consume);

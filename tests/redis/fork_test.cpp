@@ -51,7 +51,7 @@ TEST(RedisFork, ChildDestroysStoresWhoseProberRuns) {
   down.on_failure = redis::failure_policy::fail_open;
   auto broken = std::make_unique<redis::redis_store>(down);
   auto working = std::make_unique<redis::redis_store>(live("destroy"));
-  const token_bucket::config cfg("5/1s");
+  const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
   ASSERT_TRUE(working->apply(cfg, "k", microseconds{t0}, 1).allowed);
   while (!broken->circuit_open()) (void)broken->apply(cfg, "k", microseconds{t0}, 1);
   ASSERT_TRUE(eventually([&] { return broken->stats().probes >= 1; }));
@@ -73,7 +73,7 @@ TEST(RedisFork, ChildDestroysStoresWhoseProberRuns) {
 TEST(RedisFork, ChildUsingAnInheritedStoreGetsALogicErrorAndANewStoreWorks) {
   const redis::options o = live("use");
   redis::redis_store store(o);
-  const token_bucket::config cfg("5/1s");
+  const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
   ASSERT_EQ(store.apply(cfg, "k", microseconds{t0}, 1).remaining, 4);
   ASSERT_EQ(store.apply(cfg, "k", microseconds{t0}, 1).remaining, 3);
   const rltest::child_end end = rltest::in_child([&] {
@@ -112,7 +112,7 @@ TEST(RedisFork, ChildUsingAnInheritedStoreGetsALogicErrorAndANewStoreWorks) {
 // can be used there, on the child's copy of the state, and destroyed.
 TEST(MemoryFork, ChildUsesAndDestroysAnInheritedStore) {
   auto store = std::make_unique<memory_store<token_bucket>>();
-  const token_bucket::config cfg("5/1s");
+  const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
   ASSERT_EQ(store->apply(cfg, "k", microseconds{t0}, 1, access::consume).remaining, 4);
   const rltest::child_end end = rltest::in_child([&] {
     if (store->apply(cfg, "k", microseconds{t0}, 1, access::consume).remaining != 3) return 1;

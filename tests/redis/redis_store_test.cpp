@@ -68,9 +68,11 @@ std::vector<std::string> scan_all(const redis::options& o, const std::string& pr
 
 TEST(RedisStore, ServerClockLimiterAdmitsExactlyTheLimit) {
   const auto o = fresh_options("server");
-  server_limiter<fixed_window> fw(fixed_window::config("5/1h"), redis::redis_store(o));
-  server_limiter<gcra> g(gcra::config("5/1h"), redis::redis_store(o));
-  server_limiter<sliding_window_log> log(sliding_window_log::config("5/1h"), redis::redis_store(o));
+  server_limiter<fixed_window> fw(fixed_window::config("5/1h", window_options{.name = "t"}),
+                                  redis::redis_store(o));
+  server_limiter<gcra> g(gcra::config("5/1h", bucket_options{.name = "t"}), redis::redis_store(o));
+  server_limiter<sliding_window_log> log(
+      sliding_window_log::config("5/1h", window_options{.name = "t"}), redis::redis_store(o));
   int admitted_fw = 0, admitted_g = 0, admitted_log = 0;
   for (int i = 0; i < 8; ++i) {
     admitted_fw += fw.try_acquire("+15551234567").allowed ? 1 : 0;
@@ -93,7 +95,7 @@ TEST(RedisStore, ServerClockLimiterAdmitsExactlyTheLimit) {
 TEST(RedisStore, BinaryKeysRoundTripWithoutCollisions) {
   const auto o = fresh_options("binary");
   redis::redis_store store(o);
-  const fixed_window::config cfg("3/1h");
+  const fixed_window::config cfg("3/1h", window_options{.name = "t"});
   const std::vector<std::string> keys = {std::string("a\0b", 3),
                                          std::string("a\0c", 3),
                                          "a",
@@ -114,12 +116,12 @@ TEST(RedisStore, BinaryKeysRoundTripWithoutCollisions) {
     const auto d = store.apply(cfg, keys[i], t, 1, access::peek);
     // A peek reports what admitting it would leave.
     EXPECT_EQ(d.remaining, std::max<units>(0, 3 - static_cast<units>(i + 2))) << i;
-    const std::string k = store.key_for<fixed_window>(keys[i]);
+    const std::string k = store.key_for(cfg, keys[i]);
     // A key starting with '}' would leave the hash tag empty: it gets its own.
     const std::string expected = keys[i].starts_with('}')
                                      ? o.prefix + "{~" + std::to_string(redis::key_slot(keys[i])) +
-                                           "}{" + keys[i] + "}:fixed_window!"
-                                     : o.prefix + "{" + keys[i] + "}:fixed_window";
+                                           "}{" + keys[i] + "}:fixed_window:t!"
+                                     : o.prefix + "{" + keys[i] + "}:fixed_window:t";
     EXPECT_EQ(k, expected);
     EXPECT_EQ(rltest::command(o, {"EXISTS", k})->integer, 1) << i;
   }
@@ -137,11 +139,11 @@ TEST(RedisStore, EveryKeyHasABoundedTtl) {
   auto o = fresh_options("ttl");
   redis::redis_store store(o);
   const auto period = 10s;
-  const fixed_window::config fw(rate(4, period), window_options{true});
-  const sliding_window_log::config log(rate(4, period));
-  const sliding_window_counter::config ctr(rate(4, period), window_options{true});
-  const token_bucket::config tb(rate(4, period), bucket_options{6});
-  const gcra::config g(rate(4, period));
+  const fixed_window::config fw(rate(4, period), window_options{true, "t"});
+  const sliding_window_log::config log(rate(4, period), window_options{.name = "t"});
+  const sliding_window_counter::config ctr(rate(4, period), window_options{true, "t"});
+  const token_bucket::config tb(rate(4, period), bucket_options{6, "t"});
+  const gcra::config g(rate(4, period), bucket_options{.name = "t"});
   std::mt19937 rng(7);
   for (int i = 0; i < 2000; ++i) {
     const std::string key = "k" + std::to_string(rng() % 50);
@@ -163,9 +165,9 @@ TEST(RedisStore, EveryKeyHasABoundedTtl) {
     const long long ms = pttl(o, k);
     EXPECT_GT(ms, 0) << k;
     long long bound = window_bound;
-    if (k.ends_with(":token_bucket")) bound = bucket_bound;
-    if (k.ends_with(":gcra")) bound = gcra_bound;
-    if (k.ends_with(":fixed_window")) bound = 10'000;
+    if (k.ends_with(":token_bucket:t")) bound = bucket_bound;
+    if (k.ends_with(":gcra:t")) bound = gcra_bound;
+    if (k.ends_with(":fixed_window:t")) bound = 10'000;
     EXPECT_LE(ms, bound) << k;
   }
 
@@ -173,10 +175,14 @@ TEST(RedisStore, EveryKeyHasABoundedTtl) {
   o.prefix = rltest::unique_prefix("ttl-caller");
   o.caller_time_ttl_floor = 60s;
   redis::redis_store caller(o);
-  (void)caller.apply(fixed_window::config("1/10us"), "short", 1000us, 1, access::consume);
-  (void)caller.apply(fixed_window::config("1/1h"), "long", 0us, 1, access::consume);
-  const long long short_ms = pttl(o, caller.key_for<fixed_window>("short"));
-  const long long long_ms = pttl(o, caller.key_for<fixed_window>("long"));
+  (void)caller.apply(fixed_window::config("1/10us", window_options{.name = "t"}), "short", 1000us,
+                     1, access::consume);
+  (void)caller.apply(fixed_window::config("1/1h", window_options{.name = "t"}), "long", 0us, 1,
+                     access::consume);
+  const long long short_ms = pttl(
+      o, caller.key_for(fixed_window::config("1/10us", window_options{.name = "t"}), "short"));
+  const long long long_ms = pttl(
+      o, caller.key_for(fixed_window::config("1/1h", window_options{.name = "t"}), "long"));
   EXPECT_GT(short_ms, 55'000);
   EXPECT_LE(short_ms, 60'000);
   EXPECT_GT(long_ms, 3'590'000);
@@ -187,7 +193,7 @@ TEST(RedisStore, EveryKeyHasABoundedTtl) {
 TEST(RedisStore, FixedWindowExpiryIsSetOnceWhenTheWindowStarts) {
   const auto o = fresh_options("fwttl");
   redis::redis_store store(o);
-  const fixed_window::config cfg("1000/1h");
+  const fixed_window::config cfg("1000/1h", window_options{.name = "t"});
   const auto first = store.apply(cfg, "k", microseconds{3'600'000'000LL * 100 + 1'000'000}, 1,
                                  access::consume);
   EXPECT_TRUE(first.allowed);
@@ -195,7 +201,7 @@ TEST(RedisStore, FixedWindowExpiryIsSetOnceWhenTheWindowStarts) {
   o2.caller_time_ttl_floor = 0ms;
   redis::redis_store no_floor(o2);
   // Same window, later: PTTL must not grow back.
-  const std::string k = store.key_for<fixed_window>("k");
+  const std::string k = store.key_for(cfg, "k");
   const long long before = pttl(o, k);
   for (int i = 0; i < 5; ++i) {
     (void)no_floor.apply(cfg, "k", microseconds{3'600'000'000LL * 100 + 2'000'000 + i}, 1,
@@ -212,8 +218,8 @@ TEST(RedisStore, FixedWindowExpiryIsSetOnceWhenTheWindowStarts) {
 TEST(RedisStore, PeekAndRejectionWriteNothing) {
   const auto o = fresh_options("peek");
   redis::redis_store store(o);
-  const gcra::config g("2/1s");
-  const sliding_window_log::config log("2/1s");
+  const gcra::config g("2/1s", bucket_options{.name = "t"});
+  const sliding_window_log::config log("2/1s", window_options{.name = "t"});
   (void)store.apply(g, "p", 10us, 1, access::peek);
   (void)store.apply(log, "p", 10us, 1, access::peek);
   EXPECT_TRUE(scan_all(o, o.prefix).empty());
@@ -229,7 +235,7 @@ TEST(RedisStore, PeekAndRejectionWriteNothing) {
 
 TEST(RedisStore, RejectsCallerTimesThatLuaCannotHoldExactly) {
   redis::redis_store store(fresh_options("time"));
-  const gcra::config g("2/1s");
+  const gcra::config g("2/1s", bucket_options{.name = "t"});
   EXPECT_NO_THROW((void)store.apply(g, "k", redis::max_script_time, 1, access::consume));
   EXPECT_THROW((void)store.apply(g, "k", redis::max_script_time + 1us, 1, access::consume),
                std::invalid_argument);
@@ -242,7 +248,7 @@ TEST(RedisStore, RejectsCallerTimesThatLuaCannotHoldExactly) {
 TEST(RedisStore, ScriptFlushMidRunIsInvisible) {
   const auto o = fresh_options("flush");
   redis::redis_store store(o);
-  const token_bucket::config tb("10/1s");
+  const token_bucket::config tb("10/1s", bucket_options{.name = "t"});
   memory_store<token_bucket> memory;
   std::vector<redis::batch_item> batch;
   for (int i = 0; i < 300; ++i) {
@@ -266,7 +272,7 @@ TEST(RedisStore, ScriptFlushMidRunIsInvisible) {
 TEST(RedisStore, BatchDecidesLikeSequentialChecks) {
   const auto o = fresh_options("batch");
   redis::redis_store store(o);
-  const sliding_window_counter::config cfg("7/100ms");
+  const sliding_window_counter::config cfg("7/100ms", window_options{.name = "t"});
   memory_store<sliding_window_counter> memory;
   std::vector<std::string> keys;
   for (int i = 0; i < 100; ++i) keys.push_back("phone-" + std::to_string(i % 13));
@@ -297,13 +303,20 @@ TEST(RedisStore, AclUserWithPasswordAndWrongPassword) {
   o.password = "s3cret";
   o.database = 0;
   redis::redis_store store(o);
-  EXPECT_TRUE(store.apply(gcra::config("1/1s"), "k", store_time, 1, access::consume).allowed);
-  EXPECT_FALSE(store.apply(gcra::config("1/1s"), "k", store_time, 1, access::consume).allowed);
+  EXPECT_TRUE(store
+                  .apply(gcra::config("1/1s", bucket_options{.name = "t"}), "k", store_time, 1,
+                         access::consume)
+                  .allowed);
+  EXPECT_FALSE(store
+                   .apply(gcra::config("1/1s", bucket_options{.name = "t"}), "k", store_time, 1,
+                          access::consume)
+                   .allowed);
 
   o.password = "wrong";
   redis::redis_store bad(o);
   try {
-    (void)bad.apply(gcra::config("1/1s"), "k", store_time, 1, access::consume);
+    (void)bad.apply(gcra::config("1/1s", bucket_options{.name = "t"}), "k", store_time, 1,
+                    access::consume);
     FAIL() << "expected connection_error";
   } catch (const redis::connection_error& e) {
     const std::string what = e.what();
@@ -318,11 +331,14 @@ TEST(RedisStore, DatabaseIndexAndUnixSocket) {
   redis::options o = redis::parse_url("unix://" + sock + "?db=3");
   EXPECT_EQ(o.database, 3);
   redis::redis_store store(o);
-  EXPECT_TRUE(store.apply(gcra::config("1/1s"), "k", store_time, 1, access::consume).allowed);
+  EXPECT_TRUE(store
+                  .apply(gcra::config("1/1s", bucket_options{.name = "t"}), "k", store_time, 1,
+                         access::consume)
+                  .allowed);
   auto tcp = server.options();
-  EXPECT_EQ(rltest::command(tcp, {"EXISTS", "rl:{k}:gcra"})->integer, 0);
+  EXPECT_EQ(rltest::command(tcp, {"EXISTS", "rl:{k}:gcra:t"})->integer, 0);
   tcp.database = 3;
-  EXPECT_EQ(rltest::command(tcp, {"EXISTS", "rl:{k}:gcra"})->integer, 1);
+  EXPECT_EQ(rltest::command(tcp, {"EXISTS", "rl:{k}:gcra:t"})->integer, 1);
 }
 
 TEST(RedisOptions, ParsesUrls) {

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <stdexcept>
+#include <string>
 #include <string_view>
 #include <tuple>
 #include <utility>
@@ -46,9 +47,18 @@
 
 #include "ratelimit/concepts.hpp"
 #include "ratelimit/decision.hpp"
+#include "ratelimit/detail/limiter_name.hpp"
 #include "ratelimit/rate.hpp"
 
 namespace ratelimit {
+
+/// Options of a compound limit as a whole.
+struct compound_options {
+  /// The compound limiter's name, its identity in shared stores: 1..64 bytes
+  /// of [A-Za-z0-9_.-], or empty (unnamed; the Redis stores refuse it). The
+  /// sub-limits' own names play no part in a compound.
+  std::string name = {};
+};
 
 namespace detail {
 
@@ -221,10 +231,19 @@ struct compound {
     /// @param parts one config per sub-limit, in the order of `Ps`; each was
     ///   validated by its own constructor
     explicit config(typename Ps::config... parts)
+        : config(compound_options{}, std::move(parts)...) {}
+    /// As above, named by `o.name`.
+    /// @throws std::invalid_argument for a bad name
+    explicit config(compound_options o, typename Ps::config... parts)
         : parts_(std::move(parts)...),
-          limit_(detail::smallest_limit(parts_, std::index_sequence_for<Ps...>{})) {}
+          limit_(detail::smallest_limit(parts_, std::index_sequence_for<Ps...>{})),
+          name_(std::move(o.name)) {
+      detail::check_name(name_);
+    }
     /// The smallest sub-limit: a cost above it is never admitted.
     [[nodiscard]] units limit() const noexcept { return limit_; }
+    /// The compound's name (compound_options::name), empty when unnamed.
+    [[nodiscard]] const std::string& name() const noexcept { return name_; }
     [[nodiscard]] const std::tuple<typename Ps::config...>& parts() const noexcept {
       return parts_;
     }
@@ -236,6 +255,7 @@ struct compound {
    private:
     std::tuple<typename Ps::config...> parts_;
     units limit_;
+    std::string name_;
   };
 
   /// One state per sub-limit. Value-initialised = key never seen.
@@ -283,6 +303,14 @@ template <class... Configs>
   return typename compound<typename Configs::policy_type...>::config(std::move(parts)...);
 }
 
+/// As above, named: `make_compound(compound_options{.name = "logins"}, ...)`.
+template <class... Configs>
+  requires(sizeof...(Configs) >= 1 && (policy<typename Configs::policy_type> && ...))
+[[nodiscard]] auto make_compound(compound_options o, Configs... parts) {
+  return typename compound<typename Configs::policy_type...>::config(std::move(o),
+                                                                     std::move(parts)...);
+}
+
 /// Any number of limits of one policy P, chosen at run time, on one key:
 /// `compound_of<sliding_window_log>::config{"10/15min", "100/day"}`. Same
 /// semantics as `compound` (all or nothing; count_rejected sub-limits record
@@ -300,8 +328,10 @@ struct compound_of {
   class config {
    public:
     using policy_type = compound_of;
-    /// @throws std::invalid_argument when `parts` is empty
-    explicit config(std::vector<typename P::config> parts) : parts_(std::move(parts)) {
+    /// @throws std::invalid_argument when `parts` is empty or the name is bad
+    explicit config(std::vector<typename P::config> parts, compound_options o = {})
+        : parts_(std::move(parts)), name_(std::move(o.name)) {
+      detail::check_name(name_);
       if (parts_.empty()) {
         throw std::invalid_argument("ratelimit: a compound limit needs at least one sub-limit");
       }
@@ -313,15 +343,22 @@ struct compound_of {
     config(std::initializer_list<std::string_view> rates)
       requires std::constructible_from<typename P::config, std::string_view>
         : config(parse(rates)) {}
-    /// Parses each rate with the same options (`window_options`, `bucket_options`).
+    /// As above, named by `o.name`.
+    config(std::initializer_list<std::string_view> rates, compound_options o)
+      requires std::constructible_from<typename P::config, std::string_view>
+        : config(parse(rates), std::move(o)) {}
+    /// Parses each rate with the same options (`window_options`,
+    /// `bucket_options`); the compound takes their `name`.
     /// @throws std::invalid_argument for an empty list or a bad rate or option
     template <class Options>
       requires std::constructible_from<typename P::config, std::string_view, const Options&>
     config(std::initializer_list<std::string_view> rates, const Options& options)
-        : config(parse(rates, options)) {}
+        : config(parse(rates, options), compound_options{options.name}) {}
 
     /// The smallest sub-limit: a cost above it is never admitted.
     [[nodiscard]] units limit() const noexcept { return limit_; }
+    /// The compound's name (compound_options::name), empty when unnamed.
+    [[nodiscard]] const std::string& name() const noexcept { return name_; }
     [[nodiscard]] const std::vector<typename P::config>& parts() const noexcept { return parts_; }
     [[nodiscard]] std::size_t size() const noexcept { return parts_.size(); }
 
@@ -336,6 +373,7 @@ struct compound_of {
     }
     std::vector<typename P::config> parts_;
     units limit_ = 0;
+    std::string name_;
   };
 
   /// One state per sub-limit, or none for a key never seen.

@@ -10,9 +10,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <utility>
 
 #include "ratelimit/decision.hpp"
+#include "ratelimit/detail/limiter_name.hpp"
 #include "ratelimit/rate.hpp"
 
 namespace ratelimit {
@@ -22,6 +25,10 @@ struct window_options {
   /// Count rejected attempts too (anti-fraud: a caller who keeps calling while
   /// blocked stays blocked). Default false: a rejection consumes nothing.
   bool count_rejected = false;
+  /// The limiter's name, its identity in shared stores: 1..64 bytes of
+  /// [A-Za-z0-9_.-], or empty (unnamed; the Redis stores refuse it). Two
+  /// limiters with one name on one Redis share their state.
+  std::string name = {};
 };
 
 namespace detail {
@@ -32,14 +39,18 @@ template <class Policy>
 class window_config {
  public:
   using policy_type = Policy;
-  /// @throws std::invalid_argument (via rate) for a bad limit or period
-  explicit window_config(rate r, window_options o = {}) : rate_(r), options_(o) {}
+  /// @throws std::invalid_argument for a bad limit or period (via rate) or name
+  explicit window_config(rate r, window_options o = {}) : rate_(r), options_(std::move(o)) {
+    check_name(options_.name);
+  }
   explicit window_config(std::string_view r, window_options o = {})
-      : window_config(rate::parse(r), o) {}
+      : window_config(rate::parse(r), std::move(o)) {}
   [[nodiscard]] units limit() const noexcept { return rate_.limit(); }
   [[nodiscard]] std::int64_t period_us() const noexcept { return rate_.period().count(); }
   [[nodiscard]] const rate& get_rate() const noexcept { return rate_; }
   [[nodiscard]] bool count_rejected() const noexcept { return options_.count_rejected; }
+  /// The limiter's name (window_options::name), empty when unnamed.
+  [[nodiscard]] const std::string& name() const noexcept { return options_.name; }
 
  private:
   rate rate_;

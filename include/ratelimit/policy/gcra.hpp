@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "ratelimit/decision.hpp"
 #include "ratelimit/policy/token_bucket.hpp"
@@ -32,7 +33,8 @@ struct gcra {
     using policy_type = gcra;
     /// @throws std::invalid_argument for a bad rate or burst, when
     ///   period / limit rounds below 1 us, or when burst x T exceeds 2^52 us
-    explicit config(rate r, bucket_options o = {}) : rate_(r), burst_(detail::checked_burst(r, o)) {
+    explicit config(rate r, bucket_options o = {})
+        : rate_(r), burst_(detail::checked_burst(r, o)), name_(std::move(o.name)) {
       const std::int64_t p = r.period().count();
       const std::int64_t l = r.limit();
       // Round half up: T = floor(p / l + 1/2).
@@ -48,8 +50,11 @@ struct gcra {
                                     "us exceeds 2^52us");
       }
     }
-    explicit config(std::string_view r, bucket_options o = {}) : config(rate::parse(r), o) {}
+    explicit config(std::string_view r, bucket_options o = {})
+        : config(rate::parse(r), std::move(o)) {}
     [[nodiscard]] units limit() const noexcept { return burst_; }
+    /// The limiter's name (bucket_options::name), empty when unnamed.
+    [[nodiscard]] const std::string& name() const noexcept { return name_; }
     [[nodiscard]] units burst() const noexcept { return burst_; }
     [[nodiscard]] const rate& get_rate() const noexcept { return rate_; }
     /// Emission interval T in microseconds (rounded).
@@ -60,6 +65,7 @@ struct gcra {
    private:
     rate rate_;
     units burst_;
+    std::string name_;
     std::int64_t interval_us_ = 1;
   };
 

@@ -17,8 +17,10 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "ratelimit/decision.hpp"
+#include "ratelimit/detail/limiter_name.hpp"
 #include "ratelimit/rate.hpp"
 
 namespace ratelimit {
@@ -26,12 +28,17 @@ namespace ratelimit {
 /// Options of the token bucket and GCRA.
 struct bucket_options {
   /// Capacity in units (the largest burst); unset = the rate's limit.
-  std::optional<units> burst;
+  std::optional<units> burst = std::nullopt;
+  /// The limiter's name, its identity in shared stores: 1..64 bytes of
+  /// [A-Za-z0-9_.-], or empty (unnamed; the Redis stores refuse it). Two
+  /// limiters with one name on one Redis share their state.
+  std::string name = {};
 };
 
 namespace detail {
 
 [[nodiscard]] inline units checked_burst(const rate& r, const bucket_options& o) {
+  check_name(o.name);
   const units b = o.burst.value_or(r.limit());
   if (b < 1 || b > max_units) {
     throw std::invalid_argument("ratelimit: burst must be in 1.." + std::to_string(max_units) +
@@ -55,7 +62,8 @@ struct token_bucket {
     using policy_type = token_bucket;
     /// @throws std::invalid_argument for a bad rate or burst, or when
     ///   burst x (period / gcd(limit, period)) exceeds 2^52 ticks
-    explicit config(rate r, bucket_options o = {}) : rate_(r), burst_(detail::checked_burst(r, o)) {
+    explicit config(rate r, bucket_options o = {})
+        : rate_(r), burst_(detail::checked_burst(r, o)), name_(std::move(o.name)) {
       const std::int64_t g = std::gcd(r.limit(), r.period().count());
       ticks_per_us_ = r.limit() / g;
       ticks_per_token_ = r.period().count() / g;
@@ -66,8 +74,11 @@ struct token_bucket {
             "us needs more than 2^52 exact ticks; use a smaller burst or a rounder period");
       }
     }
-    explicit config(std::string_view r, bucket_options o = {}) : config(rate::parse(r), o) {}
+    explicit config(std::string_view r, bucket_options o = {})
+        : config(rate::parse(r), std::move(o)) {}
     [[nodiscard]] units limit() const noexcept { return burst_; }
+    /// The limiter's name (bucket_options::name), empty when unnamed.
+    [[nodiscard]] const std::string& name() const noexcept { return name_; }
     [[nodiscard]] units burst() const noexcept { return burst_; }
     [[nodiscard]] const rate& get_rate() const noexcept { return rate_; }
     /// Ticks gained per microsecond (L).
@@ -80,6 +91,7 @@ struct token_bucket {
    private:
     rate rate_;
     units burst_;
+    std::string name_;
     std::int64_t ticks_per_us_ = 1;
     std::int64_t ticks_per_token_ = 1;
   };

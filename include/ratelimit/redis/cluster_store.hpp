@@ -243,6 +243,13 @@ class cluster_store {
   explicit cluster_store(cluster_options o)
       : shared_(new shared(std::move(o)), detail::delete_unless_forked<shared>{}) {}
 
+  /// Refuses an unnamed config (see redis_store::check_config).
+  /// @throws std::invalid_argument when `cfg.name()` is empty
+  template <class Config>
+  static void check_config(const Config& cfg) {
+    detail::check_named(cfg);
+  }
+
   /// Applies `Config::policy_type` to `key` at the caller's time `now`
   /// (microseconds since the Unix epoch, 0 .. 2^52).
   /// @throws std::invalid_argument for a bad key, cost or time; store_error
@@ -251,6 +258,7 @@ class cluster_store {
     requires policy<typename Config::policy_type>
   decision apply(const Config& cfg, std::string_view key, timestamp now, units cost,
                  access a = access::consume) {
+    detail::check_named(cfg);
     detail::check_input(key, cost);
     detail::check_script_time(now);
     return run(cfg, std::span<const std::string_view>(&key, 1), std::span<const units>(&cost, 1),
@@ -263,6 +271,7 @@ class cluster_store {
     requires policy<typename Config::policy_type>
   decision apply(const Config& cfg, std::string_view key, store_time_t, units cost,
                  access a = access::consume) {
+    detail::check_named(cfg);
     detail::check_input(key, cost);
     return run(cfg, std::span<const std::string_view>(&key, 1), std::span<const units>(&cost, 1),
                std::span<const timestamp>(), a)
@@ -276,6 +285,7 @@ class cluster_store {
     requires policy<typename Config::policy_type>
   std::vector<decision> apply_batch(const Config& cfg, std::span<const batch_item> items,
                                     access a = access::consume) {
+    detail::check_named(cfg);
     for (const batch_item& it : items) {
       detail::check_input(it.key, it.cost);
       detail::check_script_time(it.now);
@@ -288,6 +298,7 @@ class cluster_store {
     requires policy<typename Config::policy_type>
   std::vector<decision> apply_batch(const Config& cfg, std::span<const batch_item> items,
                                     store_time_t, access a = access::consume) {
+    detail::check_named(cfg);
     for (const batch_item& it : items) detail::check_input(it.key, it.cost);
     return run_items(cfg, items, true, a);
   }
@@ -299,6 +310,7 @@ class cluster_store {
     requires policy<typename Config::policy_type>
   void reset(const Config& cfg, std::string_view key) {
     using P = typename Config::policy_type;
+    detail::check_named(cfg);
     ratelimit::detail::check_key(key);
     detail::check_same_process(shared_->owner_pid);
     if (auto* fb = shared_->degrader.template find<P>(cfg)) fb->store.reset(fb->cfg, key);
@@ -356,16 +368,32 @@ class cluster_store {
     return out;
   }
 
-  /// The Redis key holding `key`'s state for policy P: `<prefix>{<key>}:<name>`.
-  template <class P>
-  [[nodiscard]] std::string key_for(std::string_view key) const {
-    return detail::redis_key<P>(shared_->opts.node.prefix, key);
+  /// The Redis keys holding `key`'s state under `cfg` (see redis_store::keys_for).
+  /// @throws std::invalid_argument for an unnamed config or a bad key
+  template <class Config>
+  [[nodiscard]] std::vector<std::string> keys_for(const Config& cfg, std::string_view key) const {
+    ratelimit::detail::check_key(key);
+    return detail::redis_keys(shared_->opts.node.prefix, cfg, key);
   }
 
-  /// The hash slot of `key`'s Redis key for policy P (CLUSTER KEYSLOT of key_for<P>(key)).
+  /// The Redis key holding `key`'s state under a (non-compound) `cfg`.
+  /// @throws std::invalid_argument for an unnamed config or a bad key
+  template <class Config>
+  [[nodiscard]] std::string key_for(const Config& cfg, std::string_view key) const {
+    return keys_for(cfg, key).front();
+  }
+
+  /// The hash slot of `key`'s Redis keys under `cfg` (CLUSTER KEYSLOT of key_for(cfg, key)).
+  template <class Config>
+  [[nodiscard]] std::uint16_t slot_for(const Config& cfg, std::string_view key) const {
+    return key_slot(key_for(cfg, key));
+  }
+
+  /// The hash slot of `key`'s Redis keys for policy P, whatever the limiter's
+  /// name (the hash tag holds only the user key).
   template <class P>
   [[nodiscard]] std::uint16_t slot_for(std::string_view key) const {
-    return key_slot(key_for<P>(key));
+    return key_slot(detail::redis_key<P>(shared_->opts.node.prefix, key, "slot"));
   }
 
   /// Counters of decisions, errors, breakers, redirects and refreshes.

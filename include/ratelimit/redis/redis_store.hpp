@@ -24,6 +24,8 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <typeindex>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -372,17 +374,31 @@ inline void check_script_time(timestamp now) {
   return open != std::string_view::npos && open + 1 < k.size() && k[open + 1] == '}';
 }
 
-/// The Redis key of `key` for policy P: `<prefix>{<key>}:<name>`, so that
-/// every key of one user key shares its hash tag (one cluster slot).
+/// The Redis key of `key` for policy P and limiter `name`:
+/// `<prefix>{<key>}:<policy>:<name>`, so that every key of one user key
+/// shares its hash tag (one cluster slot).
 ///
-/// A user key starting with `}` would leave that
-/// tag empty: Redis would hash each whole key, and the keys of one compound
-/// check would land in different slots. Such user keys get a tag of their own,
-/// `<prefix>{~<slot of key>}{<key>}:<name>!`; the trailing `!` ends no
-/// policy name, so this form never equals the usual one for another key.
+/// A user key starting with `}` would leave that tag empty: Redis would hash
+/// each whole key, and the keys of one compound check would land in different
+/// slots. Such user keys get a tag of their own,
+/// `<prefix>{~<slot of key>}{<key>}:<policy>:<name>!`.
+///
+/// Why two (prefix, key, policy, name) never share a key, compound sub-keys
+/// (`<this>:<i>:<sub-policy>`, scripts/compound.hpp) included: names are
+/// [A-Za-z0-9_.-]+ and policy names [a-z_]+, so neither holds ':', '{', '}'
+/// or '!'. Read a key (after the store's fixed prefix) from its end: when the
+/// second-to-last ':'-segment is digits it is a compound sub-key (no policy
+/// name is digits) and the segments before are `<name>[!]` and `compound`;
+/// otherwise the last two segments are `<policy>` and `<name>[!]`. A trailing
+/// `!` on the name marks the second form (no name ends in `!`). The user key
+/// is then everything between the first `{` (usual form) or the second `{`
+/// (second form, whose `~<slot>` is a function of the key) and the `}` just
+/// before `:<policy>`; user keys may hold any byte, but the parse never
+/// searches inside them. So each component is recovered from the key.
 /// @throws std::invalid_argument for a prefix whose first `{` is followed by `}`
 template <class P>
-[[nodiscard]] std::string redis_key(std::string_view prefix, std::string_view key) {
+[[nodiscard]] std::string redis_key(std::string_view prefix, std::string_view key,
+                                    std::string_view limiter_name) {
   if (has_empty_hash_tag(prefix)) {
     throw std::invalid_argument("ratelimit: redis key prefix \"" + std::string(prefix) +
                                 "\" holds an empty hash tag {}: keys of one user key could "
@@ -390,12 +406,14 @@ template <class P>
   }
   std::string k;
   const std::string_view name = script_for<P>::name;
-  k.reserve(prefix.size() + key.size() + name.size() + 12);
+  k.reserve(prefix.size() + key.size() + name.size() + limiter_name.size() + 14);
   k.append(prefix);
   k += '{';
   k.append(key);
   k += "}:";
   k.append(name);
+  k += ':';
+  k.append(limiter_name);
   if (!has_empty_hash_tag(k)) return k;
   k.clear();
   k.append(prefix);
@@ -405,8 +423,25 @@ template <class P>
   k.append(key);
   k += "}:";
   k.append(name);
+  k += ':';
+  k.append(limiter_name);
   k += '!';
   return k;
+}
+
+/// Refuses an unnamed config: Redis state outlives processes and deploys, and
+/// two unnamed limiters of one policy would read and write one key.
+/// @throws std::invalid_argument when `cfg.name()` is empty
+template <class Config>
+void check_named(const Config& cfg) {
+  if (cfg.name().empty()) {
+    throw std::invalid_argument(
+        "ratelimit: redis: a limiter needs a name to keep its state in Redis (it is part of "
+        "the key, so that two limiters never share state); give it one, e.g. "
+        "fixed_window::config{\"10/s\", window_options{.name = \"calls\"}}, "
+        "gcra::config{\"10/s\", bucket_options{.name = \"calls\"}} or, for a compound, "
+        "compound_options{.name = \"calls\"}");
+  }
 }
 
 /// The Redis keys of one check: `redis_key<P>` alone, or, when script_for<P>
@@ -415,7 +450,8 @@ template <class Config>
 [[nodiscard]] std::vector<std::string> redis_keys(std::string_view prefix, const Config& cfg,
                                                   std::string_view key) {
   using P = typename Config::policy_type;
-  std::string base = redis_key<P>(prefix, key);
+  check_named(cfg);
+  std::string base = redis_key<P>(prefix, key, cfg.name());
   std::vector<std::string> out;
   if constexpr (requires { script_for<P>::append_keys(cfg, base, out); }) {
     script_for<P>::append_keys(cfg, base, out);
@@ -425,7 +461,9 @@ template <class Config>
   return out;
 }
 
-/// The policy name and its script arguments: identifies one config.
+/// The policy name and its script arguments, without the limiter's name:
+/// what the state's meaning depends on. The scripts store the arguments part
+/// (joined by ',') with the state as its fingerprint.
 template <class Config>
 [[nodiscard]] std::string config_id(const Config& cfg) {
   using P = typename Config::policy_type;
@@ -482,10 +520,25 @@ template <class Config>
     }
     v[i] = r.element[i]->integer;
   }
+  // Only a reply a script of this library could give decides a check.
+  const long long limit = r.elements == 6 ? v[5] : cfg.limit();
+  const long long far = std::int64_t{1} << 53;
+  const bool ok = (v[0] == 0 || v[0] == 1) && (v[1] == 0 || v[1] == 1) &&
+                  (v[0] == 0 || v[1] == 1) && limit >= 1 && limit <= max_units && v[2] >= 0 &&
+                  v[2] <= limit && v[3] >= -1 && v[3] <= far && (v[0] == 0 || v[3] == 0) &&
+                  v[4] >= 0 && v[4] <= far;
+  if (!ok) {
+    std::string got;
+    for (std::size_t i = 0; i < r.elements; ++i) {
+      got += i == 0 ? "{" : ", ";
+      got += std::to_string(v[i]);
+    }
+    throw script_error("ratelimit: redis: script reply out of range: " + got + "}");
+  }
   decision d;
   d.allowed = v[0] != 0;
   d.counted = v[1] != 0;
-  d.limit = r.elements == 6 ? static_cast<units>(v[5]) : cfg.limit();
+  d.limit = static_cast<units>(limit);
   d.remaining = static_cast<units>(v[2]);
   d.retry_after = v[3] < 0 ? never : std::chrono::microseconds{v[3]};
   d.reset_after = std::chrono::microseconds{v[4]};
@@ -513,7 +566,7 @@ class degrader {
   /// The fallback limiter of `cfg`, or nullptr when none was made yet.
   template <class P>
   [[nodiscard]] fallback_limiter<P>* find(const typename P::config& cfg) {
-    const std::string id = config_id(cfg);
+    const fallback_id id = id_of<P>(cfg);
     std::lock_guard<std::mutex> lock(mutex_);
     const auto it = fallbacks_.find(id);
     return it == fallbacks_.end() ? nullptr : static_cast<fallback_limiter<P>*>(it->second.get());
@@ -554,11 +607,24 @@ class degrader {
   }
 
  private:
+  /// A fallback limiter belongs to one policy type (the static_casts rely on
+  /// it: compound<A, A> and compound_of<A> share config ids), one limiter
+  /// name and one config.
+  using fallback_id = std::pair<std::type_index, std::string>;
+
+  template <class P>
+  [[nodiscard]] static fallback_id id_of(const typename P::config& cfg) {
+    std::string id = cfg.name();
+    id += '/';
+    id += config_id(cfg);
+    return fallback_id{std::type_index(typeid(P)), std::move(id)};
+  }
+
   template <class P>
   [[nodiscard]] fallback_limiter<P>& fallback_for(const typename P::config& cfg) {
-    const std::string id = config_id(cfg);
+    fallback_id id = id_of<P>(cfg);
     std::lock_guard<std::mutex> lock(mutex_);
-    auto& slot = fallbacks_[id];
+    auto& slot = fallbacks_[std::move(id)];
     if (slot == nullptr) {
       slot = std::make_unique<fallback_limiter<P>>(script_for<P>::scaled(cfg, divisor_));
     }
@@ -568,7 +634,7 @@ class degrader {
   failure_policy policy_;
   units divisor_;
   std::mutex mutex_;
-  std::map<std::string, std::unique_ptr<fallback_base>, std::less<>> fallbacks_;
+  std::map<fallback_id, std::unique_ptr<fallback_base>> fallbacks_;
 };
 
 }  // namespace detail
@@ -576,8 +642,11 @@ class degrader {
 /// Stores the state of every policy in Redis: each check runs the policy's
 /// Lua script (script_for<P>) with EVALSHA, atomically and in one round trip;
 /// on NOSCRIPT the script is resent once with EVAL. Keys are
-/// `<prefix>{<user key>}:<policy>`; every key written carries a TTL set in the
-/// same script.
+/// `<prefix>{<user key>}:<policy>:<limiter name>` (detail::redis_key), so every
+/// config must be named (check_config); every key written carries a TTL set
+/// in the same script, and the fingerprint of the config that wrote it: state
+/// written under another config is converted or ignored per policy (see
+/// docs/semantics.md, "State written under another config").
 ///
 /// A cheap copyable handle: copies share one connection pool, circuit
 /// breaker, fallback limiters and counters.
@@ -596,6 +665,14 @@ class redis_store {
   explicit redis_store(options o = {})
       : shared_(new shared(std::move(o)), detail::delete_unless_forked<shared>{}) {}
 
+  /// Refuses a config this store cannot key: an unnamed one. `limiter`'s
+  /// constructor calls it, so a missing name fails at start-up.
+  /// @throws std::invalid_argument when `cfg.name()` is empty
+  template <class Config>
+  static void check_config(const Config& cfg) {
+    detail::check_named(cfg);
+  }
+
   /// Applies `Config::policy_type` to `key` at the caller's time `now`.
   /// @param now  microseconds since the Unix epoch (or any epoch shared by all
   ///             callers), 0 .. 2^52 us
@@ -606,6 +683,7 @@ class redis_store {
     requires policy<typename Config::policy_type>
   decision apply(const Config& cfg, std::string_view key, timestamp now, units cost,
                  access a = access::consume) {
+    detail::check_named(cfg);
     check_input(key, cost);
     check_script_time(now);
     return run(cfg, key, std::optional<timestamp>{now}, cost, a);
@@ -616,6 +694,7 @@ class redis_store {
     requires policy<typename Config::policy_type>
   decision apply(const Config& cfg, std::string_view key, store_time_t, units cost,
                  access a = access::consume) {
+    detail::check_named(cfg);
     check_input(key, cost);
     return run(cfg, key, std::optional<timestamp>{}, cost, a);
   }
@@ -627,6 +706,7 @@ class redis_store {
     requires policy<typename Config::policy_type>
   std::vector<decision> apply_batch(const Config& cfg, std::span<const batch_item> items,
                                     access a = access::consume) {
+    detail::check_named(cfg);
     for (const batch_item& it : items) {
       check_input(it.key, it.cost);
       check_script_time(it.now);
@@ -639,6 +719,7 @@ class redis_store {
     requires policy<typename Config::policy_type>
   std::vector<decision> apply_batch(const Config& cfg, std::span<const batch_item> items,
                                     store_time_t, access a = access::consume) {
+    detail::check_named(cfg);
     for (const batch_item& it : items) check_input(it.key, it.cost);
     return run_batch(cfg, items, true, a);
   }
@@ -649,6 +730,7 @@ class redis_store {
     requires policy<typename Config::policy_type>
   void reset(const Config& cfg, std::string_view key) {
     using P = typename Config::policy_type;
+    detail::check_named(cfg);
     ratelimit::detail::check_key(key);
     detail::check_same_process(shared_->owner_pid);
     if (auto* fb = shared_->degrader.template find<P>(cfg)) fb->store.reset(fb->cfg, key);
@@ -672,10 +754,21 @@ class redis_store {
       throw connection_error("ratelimit: redis: PING failed: " + std::string(r->str, r->len));
   }
 
-  /// The Redis key holding `key`'s state for policy P: `<prefix>{<key>}:<name>`.
-  template <class P>
-  [[nodiscard]] std::string key_for(std::string_view key) const {
-    return detail::redis_key<P>(shared_->opts.prefix, key);
+  /// The Redis keys holding `key`'s state under `cfg`: one,
+  /// `<prefix>{<key>}:<policy>:<cfg.name()>`, or one per sub-limit of a
+  /// compound (that followed by `:<i>:<sub-policy>`).
+  /// @throws std::invalid_argument for an unnamed config or a bad key
+  template <class Config>
+  [[nodiscard]] std::vector<std::string> keys_for(const Config& cfg, std::string_view key) const {
+    ratelimit::detail::check_key(key);
+    return detail::redis_keys(shared_->opts.prefix, cfg, key);
+  }
+
+  /// The Redis key holding `key`'s state under a (non-compound) `cfg`.
+  /// @throws std::invalid_argument for an unnamed config or a bad key
+  template <class Config>
+  [[nodiscard]] std::string key_for(const Config& cfg, std::string_view key) const {
+    return keys_for(cfg, key).front();
   }
 
   /// Counters of decisions made without Redis, errors and breaker activity.

@@ -73,9 +73,12 @@ struct blocked_cache_stats {
 ///   the block is timed on `LocalClock`, from the moment before the store was
 ///   called (never later than the store's own decision time).
 /// - `reset` forwards to the store, then drops the key from the cache.
-/// - Entries remember the policy name and `cfg.limit()`: a check under another
-///   policy or limit misses. One cache serves one configuration per policy,
-///   as in a limiter, which holds its store by value.
+/// - Entries remember the policy name, the limiter's name (`cfg.name()`) and
+///   `cfg.limit()`: a check under another policy, limiter or limit misses. One
+///   cache serves one configuration per policy and name, as in a limiter,
+///   which holds its store by value; a cache used directly by two configs
+///   never answers one with the other's rejection unless both are the same
+///   named limiter.
 ///
 /// Memory: at most `max_entries` keys; an expired entry is reclaimed when it is
 /// looked up, when its shard is full, and by `sweep`; a full shard with no
@@ -134,6 +137,13 @@ class blocked_cache {
   decision apply(const Config& cfg, std::string_view key, store_time_t, units cost, access a) {
     return decide(cfg, key, local_now(), true, cost, a,
                   [&] { return inner_.apply(cfg, key, store_time, cost, a); });
+  }
+
+  /// Forwards the wrapped store's config check (limiter's constructor calls it).
+  template <class Config>
+    requires requires(const Store& s, const Config& c) { s.check_config(c); }
+  void check_config(const Config& cfg) const {
+    inner_.check_config(cfg);
   }
 
   /// Forgets `key` in the wrapped store, then in the cache (also when the
@@ -225,6 +235,7 @@ class blocked_cache {
     units limit = 0;            ///< decision.limit of the cached rejection (reported)
     units config_limit = 0;     ///< cfg.limit() of the check: what a later check must match
     std::string_view policy;    ///< P::name (static storage)
+    std::string name;           ///< cfg.name() of the check
     bool local = false;         ///< timed on LocalClock (store_time checks)
   };
 
@@ -296,14 +307,15 @@ class blocked_cache {
     using P = typename Config::policy_type;
     shard& sh = shard_for(key);
     std::uint64_t generation = 0;
-    if (auto hit = lookup(sh, key, P::name, cfg.limit(), now, local, cost, generation)) {
+    if (auto hit = lookup(sh, key, P::name, cfg.name(), cfg.limit(), now, local, cost,
+                          generation)) {
       counters_->hits.fetch_add(1, std::memory_order_relaxed);
       return *hit;
     }
     decision d = call();
     if (a == access::consume && !d.allowed && d.source == decision_source::store &&
         d.retry_after >= options_.threshold) {
-      store(sh, key, P::name, cfg.limit(), now, local, cost, d, generation);
+      store(sh, key, P::name, cfg.name(), cfg.limit(), now, local, cost, d, generation);
     }
     return d;
   }
@@ -311,8 +323,8 @@ class blocked_cache {
   /// The cached rejection covering (key, cost) at `now`, if any; else reads
   /// the shard's generation into `generation` for a later `store`.
   std::optional<decision> lookup(shard& sh, std::string_view key, std::string_view policy,
-                                 units limit, std::int64_t now, bool local, units cost,
-                                 std::uint64_t& generation) {
+                                 std::string_view name, units limit, std::int64_t now, bool local,
+                                 units cost, std::uint64_t& generation) {
     if (sh.size.load(std::memory_order_acquire) == 0) {
       generation = sh.generation.load(std::memory_order_acquire);
       return std::nullopt;
@@ -322,7 +334,9 @@ class blocked_cache {
     const auto it = sh.map.find(key);
     if (it == sh.map.end()) return std::nullopt;
     const entry& e = it->second;
-    if (e.local != local || e.policy != policy || e.config_limit != limit) return std::nullopt;
+    if (e.local != local || e.policy != policy || e.config_limit != limit || e.name != name) {
+      return std::nullopt;
+    }
     if (now >= e.until) {
       sh.map.erase(it);
       sh.publish_size();
@@ -344,8 +358,8 @@ class blocked_cache {
     return d;
   }
 
-  void store(shard& sh, std::string_view key, std::string_view policy, units config_limit,
-             std::int64_t now, bool local, units cost, const decision& d,
+  void store(shard& sh, std::string_view key, std::string_view policy, std::string_view name,
+             units config_limit, std::int64_t now, bool local, units cost, const decision& d,
              std::uint64_t generation) {
     entry e;
     e.until = add_sat(now, options_.max_block.count() > 0
@@ -357,6 +371,7 @@ class blocked_cache {
     e.limit = d.limit;
     e.config_limit = config_limit;
     e.policy = policy;
+    e.name = name;
     e.local = local;
     std::lock_guard<detail::spin_lock> guard(sh.lock);
     if (sh.generation.load(std::memory_order_relaxed) != generation) {

@@ -127,6 +127,13 @@ class observed_store {
                    [&] { return inner_.apply(cfg, key, store_time, cost, a); });
   }
 
+  /// Forwards the wrapped store's config check (limiter's constructor calls it).
+  template <class Config>
+    requires requires(const Store& s, const Config& c) { s.check_config(c); }
+  void check_config(const Config& cfg) const {
+    inner_.check_config(cfg);
+  }
+
   /// Forwards `reset` (not observed: it decides nothing).
   template <class Config>
     requires requires(Store& s, const Config& c, std::string_view k) { s.reset(c, k); }

@@ -1,12 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // Lua script of the compound policies (policy/compound.hpp, field for field): all sub-limits in one script.
 //
-// Keys: one per sub-limit, `<prefix>{<user key>}:compound:<i>:<sub-policy>`
+// Keys: one per sub-limit, `<prefix>{<user key>}:compound:<name>:<i>:<sub-policy>`
 // (i from 0 in configuration order), all in KEYS and all sharing the user
 // key's hash tag, so the script is legal in Redis Cluster. Each key holds the
-// sub-limit's state exactly as the policy's own script keeps it, and gets its
-// TTL from the same code. One script text serves every compound type: it
-// contains the five policy functions (scripts/<policy>.hpp) and dispatches on
+// sub-limit's state exactly as the policy's own script keeps it, with the
+// fingerprint of that sub-limit's config, and gets its TTL from the same code:
+// a sub-limit whose config changed (or that moved to another index when the
+// sub-limits were reordered) finds another fingerprint and converts or starts
+// fresh as the policy alone would. A sub-limit that the compound does not
+// commit still writes its converted state (convert(), log and GCRA).
+//
+// One script text serves every compound type: it contains the five policy functions (scripts/<policy>.hpp) and dispatches on
 // the sub-policy names in ARGV, so EVALSHA caching works and user keys never
 // appear in the text.
 //
@@ -105,8 +110,10 @@ for i = 1, n do
       end
     end
   elseif not d.allowed then
+    if not peek then d.convert() end
     wait = d.retry
   else
+    if not peek then d.convert() end
     binding = false
     if d.idle_at <= t then until_reset = 0 else until_reset = from_now(d.idle_at) end
   end
@@ -156,7 +163,7 @@ void append_compound_key(std::string_view base, std::size_t i, std::vector<std::
 /// Compound of sub-policies fixed at compile time. Beyond the usual members
 /// (script_for.hpp) it declares its keys: `append_keys(cfg, base, out)`
 /// appends one Redis key per sub-limit, each `base` (the store's
-/// `<prefix>{<user key>}:compound`) followed by `:<i>:<sub-policy>`; the
+/// `<prefix>{<user key>}:compound:<name>`) followed by `:<i>:<sub-policy>`; the
 /// reply's sixth element is the binding sub-limit's limit.
 template <policy... Ps>
 struct script_for<compound<Ps...>> {
@@ -179,7 +186,9 @@ struct script_for<compound<Ps...>> {
   /// The fallback limiter: every sub-limit scaled as it would be alone.
   static config scaled(const config& cfg, units divisor) {
     return std::apply(
-        [&](const auto&... part) { return config(script_for<Ps>::scaled(part, divisor)...); },
+        [&](const auto&... part) {
+          return config(compound_options{cfg.name()}, script_for<Ps>::scaled(part, divisor)...);
+        },
         cfg.parts());
   }
 
@@ -214,7 +223,7 @@ struct script_for<compound_of<P>> {
     std::vector<typename P::config> parts;
     parts.reserve(cfg.size());
     for (const auto& part : cfg.parts()) parts.push_back(script_for<P>::scaled(part, divisor));
-    return config(std::move(parts));
+    return config(std::move(parts), compound_options{cfg.name()});
   }
 };
 

@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // Lua script of the fixed-window policy (policy/fixed_window.hpp, bit for bit).
 //
-// State: one string "<window index>:<count>". Its expiry is set only when a
-// window's first units are recorded (SET ... PX end-of-window), and kept with
-// KEEPTTL afterwards, so calling again never extends a window.
+// State: one string "<window index>:<count>;<W>,<limit>,<count_rejected>",
+// the state and the fingerprint of the config that wrote it. Its expiry is
+// set only when a window's first units are recorded (SET ... PX
+// end-of-window), and kept with KEEPTTL afterwards, so calling again never
+// extends a window. State written under another config is ignored (a count
+// means nothing under another limit or window length): the key starts fresh,
+// as a new limiter with this config would.
 #pragma once
 
 #include <string>
@@ -25,12 +29,13 @@ namespace detail {
 /// the state read becomes empty), for the compound script.
 inline constexpr std::string_view fixed_window_lua = R"lua(
 local function fixed_window(key, t, cost, W, limit, count_rejected)
+  local fp = int(W) .. ',' .. int(limit) .. ',' .. (count_rejected and '1' or '0')
   local sw, sn = 0, 0
   local raw = redis.call('GET', key)
   if raw then
-    local p = string.find(raw, ':', 1, true)
-    sw = tonumber(string.sub(raw, 1, p - 1))
-    sn = tonumber(string.sub(raw, p + 1))
+    local f, written_under = split_state(key, raw, 2)
+    local w, c = whole(key, f[1], 0, CEILING), whole(key, f[2], 0, CEILING)
+    if written_under == fp then sw, sn = w, c end
   end
   local idle_at = 0
   if sn > 0 then idle_at = (sw + 1) * W end
@@ -49,7 +54,7 @@ local function fixed_window(key, t, cost, W, limit, count_rejected)
   end
   local function commit()
     if counted == 0 then return end
-    local v = int(k) .. ':' .. int(n)
+    local v = int(k) .. ':' .. int(n) .. ';' .. fp
     if same then
       redis.call('SET', key, v, 'KEEPTTL')
     else
@@ -69,7 +74,8 @@ local function fixed_window(key, t, cost, W, limit, count_rejected)
   local reset = 0
   if n > 0 then reset = stop - t end
   return {allowed = allowed, counted = counted, remaining = remaining, retry = retry,
-          reset = reset, again = again, idle_at = idle_at, commit = commit}
+          reset = reset, again = again, idle_at = idle_at, commit = commit,
+          convert = function() end}
 end
 )lua";
 

@@ -1,8 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // Lua script of the GCRA policy (policy/gcra.hpp, bit for bit).
 //
-// State: one integer string, the theoretical arrival time in microseconds,
-// written with an expiry of TAT - t (the time until the key is at rest).
+// State: one string "<TAT us>;<T>,<burst>", the theoretical arrival time and
+// the fingerprint of the config that wrote it, written with an expiry of
+// TAT - t (the time until the key is at rest). A TAT is an absolute time, so
+// state written under another config is converted, not dropped: TAT is
+// clamped to at most t + burst' x T' (the most debt the new config can hold),
+// and the converted state is written back (by any check that is not a peek),
+// so that it is converted once.
 #pragma once
 
 #include <string>
@@ -23,9 +28,27 @@ namespace detail {
 inline constexpr std::string_view gcra_lua = R"lua(
 local function gcra(key, t, cost, tv, burst)
   local tol = burst * tv
+  local fp = int(tv) .. ',' .. int(burst)
   local tat = 0
+  local converted = false
   local raw = redis.call('GET', key)
-  if raw then tat = tonumber(raw) end
+  if raw then
+    local f, written_under = split_state(key, raw, 1)
+    tat = whole(key, f[1], 0, 2 * CEILING)
+    if written_under ~= fp then
+      converted = true
+      if tat > t + tol then tat = t + tol end
+    end
+  end
+  local tat0 = tat
+  local function convert()
+    if not converted then return end
+    if tat0 > t then
+      redis.call('SET', key, int(tat0) .. ';' .. fp, 'PX', ttl(tat0 - t))
+    else
+      redis.call('DEL', key)
+    end
+  end
   local idle_at = tat
   local base = tat
   if t > base then base = t end
@@ -36,8 +59,8 @@ local function gcra(key, t, cost, tv, burst)
     counted = 1
   end
   local function commit()
-    if counted == 0 then return end
-    redis.call('SET', key, int(tat), 'PX', ttl(tat - t))
+    if counted == 0 then return convert() end
+    redis.call('SET', key, int(tat) .. ';' .. fp, 'PX', ttl(tat - t))
   end
   local debt = tat - t
   if debt < 0 then debt = 0 end
@@ -48,7 +71,7 @@ local function gcra(key, t, cost, tv, burst)
     if cost > burst then retry = -1 else retry = (tat - t) + cost * tv - tol end
   end
   return {allowed = allowed, counted = counted, remaining = remaining, retry = retry,
-          reset = debt, again = 0, idle_at = idle_at, commit = commit}
+          reset = debt, again = 0, idle_at = idle_at, commit = commit, convert = convert}
 end
 )lua";
 
@@ -76,7 +99,7 @@ struct script_for<gcra> {
   static gcra::config scaled(const gcra::config& cfg, units divisor) {
     return gcra::config(
         rate(detail::scaled_limit(cfg.get_rate().limit(), divisor), cfg.get_rate().period()),
-        bucket_options{detail::scaled_limit(cfg.burst(), divisor)});
+        bucket_options{detail::scaled_limit(cfg.burst(), divisor), cfg.name()});
   }
 };
 

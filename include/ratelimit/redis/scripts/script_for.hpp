@@ -35,38 +35,77 @@ struct script_for;
 inline constexpr timestamp max_script_time{std::int64_t{1} << 52};
 
 /// Lua shared by every script: exact integer helpers on doubles, the decision
-/// time, the TTL rule. All integers stay below 2^53, where doubles are exact.
-/// Numbers are written with string.format('%d') because Lua's tostring keeps
-/// only 14 significant digits.
-#define RATELIMIT_REDIS_LUA_PRELUDE                              \
-  "local CEILING = 4503599627370496\n"                           \
-  "local function int(n) return string.format('%d', n) end\n"    \
-  "local function fdiv(a, b)\n"                                  \
-  "  local q = math.floor(a / b)\n"                              \
-  "  local r = a - q * b\n"                                      \
-  "  if r < 0 then q = q - 1 elseif r >= b then q = q + 1 end\n" \
-  "  return q\n"                                                 \
-  "end\n"                                                        \
-  "local function cdiv(a, b)\n"                                  \
-  "  local q = fdiv(a, b)\n"                                     \
-  "  if q * b < a then q = q + 1 end\n"                          \
-  "  return q\n"                                                 \
-  "end\n"                                                        \
-  "local t\n"                                                    \
-  "if ARGV[1] == '' then\n"                                      \
-  "  local tm = redis.call('TIME')\n"                            \
-  "  t = tonumber(tm[1]) * 1000000 + tonumber(tm[2])\n"          \
-  "else\n"                                                       \
-  "  t = tonumber(ARGV[1])\n"                                    \
-  "end\n"                                                        \
-  "local cost = tonumber(ARGV[2])\n"                             \
-  "local peek = ARGV[3] == '1'\n"                                \
-  "local floor_ms = tonumber(ARGV[4])\n"                         \
-  "local function ttl(need_us)\n"                                \
-  "  local ms = cdiv(need_us, 1000)\n"                           \
-  "  if ms < floor_ms then ms = floor_ms end\n"                  \
-  "  if ms < 1 then ms = 1 end\n"                                \
-  "  return int(ms)\n"                                           \
+/// time, the TTL rule, and the strict readers of stored state. All integers
+/// stay below 2^53, where doubles are exact. Numbers are written with
+/// string.format('%d') because Lua's tostring keeps only 14 significant digits.
+///
+/// Stored state is read strictly: `whole` accepts only an integer string
+/// (`-?[0-9]+`, at most 17 bytes) within the field's range, and
+/// `split_state` a string value `<field>:<field>...;<fingerprint>` with the
+/// policy's number of fields. Anything else (a foreign value, a value of
+/// another version, a corrupt one) raises a script error naming the key and
+/// the value, so the store's failure policy decides the check and the key is
+/// left as it was; a key of the wrong type fails in Redis itself (WRONGTYPE).
+/// The fingerprint is the config's script arguments (ARGV[5..]) joined by
+/// ',': state whose fingerprint differs was written under another config
+/// (a deploy that changed the rate, or a rolling one) and is converted or
+/// ignored by each policy's script.
+#define RATELIMIT_REDIS_LUA_PRELUDE                                               \
+  "local CEILING = 4503599627370496\n"                                            \
+  "local function int(n) return string.format('%d', n) end\n"                     \
+  "local function bad(key, why, v)\n"                                             \
+  "  error({err = 'ratelimit: foreign or corrupt state in ' ..\n"                 \
+  "    key .. ': ' .. why .. ' ' .. string.sub(tostring(v), 1, 80)})\n"           \
+  "end\n"                                                                         \
+  "local function whole(key, s, lo, hi)\n"                                        \
+  "  if #s > 17 or not string.find(s, '^%-?%d+$') then\n"                         \
+  "    bad(key, 'not an integer:', s)\n"                                          \
+  "  end\n"                                                                       \
+  "  local n = tonumber(s)\n"                                                     \
+  "  if n < lo or n > hi then bad(key, 'out of range:', s) end\n"                 \
+  "  return n\n"                                                                  \
+  "end\n"                                                                         \
+  "local function split_state(key, raw, n)\n"                                     \
+  "  local sep = string.find(raw, ';', 1, true)\n"                                \
+  "  if sep == nil then bad(key, 'no config fingerprint:', raw) end\n"            \
+  "  local fp = string.sub(raw, sep + 1)\n"                                       \
+  "  if not (string.find(fp, '^%d+,%d+$') or\n"                                   \
+  "          string.find(fp, '^%d+,%d+,%d+$')) then\n"                            \
+  "    bad(key, 'bad config fingerprint:', raw)\n"                                \
+  "  end\n"                                                                       \
+  "  local out = {}\n"                                                            \
+  "  for x in string.gmatch(string.sub(raw, 1, sep - 1) .. ':', '([^:]*):') do\n" \
+  "    out[#out + 1] = x\n"                                                       \
+  "  end\n"                                                                       \
+  "  if #out ~= n then bad(key, 'wrong number of fields:', raw) end\n"            \
+  "  return out, fp\n"                                                            \
+  "end\n"                                                                         \
+  "local function fdiv(a, b)\n"                                                   \
+  "  local q = math.floor(a / b)\n"                                               \
+  "  local r = a - q * b\n"                                                       \
+  "  if r < 0 then q = q - 1 elseif r >= b then q = q + 1 end\n"                  \
+  "  return q\n"                                                                  \
+  "end\n"                                                                         \
+  "local function cdiv(a, b)\n"                                                   \
+  "  local q = fdiv(a, b)\n"                                                      \
+  "  if q * b < a then q = q + 1 end\n"                                           \
+  "  return q\n"                                                                  \
+  "end\n"                                                                         \
+  "local t\n"                                                                     \
+  "if ARGV[1] == '' then\n"                                                       \
+  "  local tm = redis.call('TIME')\n"                                             \
+  "  t = tonumber(tm[1]) * 1000000 + tonumber(tm[2])\n"                           \
+  "else\n"                                                                        \
+  "  t = tonumber(ARGV[1])\n"                                                     \
+  "end\n"                                                                         \
+  "local cost = tonumber(ARGV[2])\n"                                              \
+  "local peek = ARGV[3] == '1'\n"                                                 \
+  "local floor_ms = tonumber(ARGV[4])\n"                                          \
+  "local function ttl(need_us)\n"                                                 \
+  "  local ms = cdiv(need_us, 1000)\n"                                            \
+  "  if ms < floor_ms then ms = floor_ms end\n"                                   \
+  "  if ms < 1 then ms = 1 end\n"                                                 \
+  "  return int(ms)\n"                                                            \
   "end\n"
 
 namespace detail {
@@ -178,7 +217,7 @@ struct window_script {
 
   static typename P::config scaled(const typename P::config& cfg, units divisor) {
     return typename P::config(rate(scaled_limit(cfg.limit(), divisor), cfg.get_rate().period()),
-                              window_options{cfg.count_rejected()});
+                              window_options{cfg.count_rejected(), cfg.name()});
   }
 };
 

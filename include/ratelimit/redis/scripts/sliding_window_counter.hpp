@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Lua script of the sliding-window counter (policy/sliding_window_counter.hpp, bit for bit).
 //
-// State: one string "<window index>:<current count>:<previous count>", written
-// with an expiry at the end of the window after the current one. The weighted
+// State: one string "<window index>:<current count>:<previous count>;<W>,
+// <limit>,<count_rejected>" (the state, then the fingerprint of the config that
+// wrote it), written with an expiry at the end of the window after the
+// current one. State written under another config is ignored (its counts are
+// in another window's units): the key starts fresh. The weighted
 // test runs in IEEE double in the same order as the C++ (Lua executes each
 // operation separately, so nothing is fused).
 #pragma once
@@ -24,14 +27,14 @@ namespace detail {
 /// `idle_at` as in detail::fixed_window_lua.
 inline constexpr std::string_view sliding_window_counter_lua = R"lua(
 local function sliding_window_counter(key, t, cost, W, limit, count_rejected)
+  local fp = int(W) .. ',' .. int(limit) .. ',' .. (count_rejected and '1' or '0')
   local sk, scur, sprev = 0, 0, 0
   local raw = redis.call('GET', key)
   if raw then
-    local a = string.find(raw, ':', 1, true)
-    local b = string.find(raw, ':', a + 1, true)
-    sk = tonumber(string.sub(raw, 1, a - 1))
-    scur = tonumber(string.sub(raw, a + 1, b - 1))
-    sprev = tonumber(string.sub(raw, b + 1))
+    local f, written_under = split_state(key, raw, 3)
+    local k0 = whole(key, f[1], 0, CEILING)
+    local c0, p0 = whole(key, f[2], 0, CEILING), whole(key, f[3], 0, CEILING)
+    if written_under == fp then sk, scur, sprev = k0, c0, p0 end
   end
   local seen = scur > 0 or sprev > 0
   local idle_at = 0
@@ -73,7 +76,8 @@ local function sliding_window_counter(key, t, cost, W, limit, count_rejected)
   end
   local function commit()
     if counted == 0 then return end
-    redis.call('SET', key, int(k) .. ':' .. int(cur) .. ':' .. int(prev), 'PX', ttl((k + 2) * W - t))
+    redis.call('SET', key, int(k) .. ':' .. int(cur) .. ':' .. int(prev) .. ';' .. fp, 'PX',
+               ttl((k + 2) * W - t))
   end
   local room = limit - estimate(prev, cur, e, 0)
   local remaining = 0
@@ -109,7 +113,8 @@ local function sliding_window_counter(key, t, cost, W, limit, count_rejected)
     reset = (k + 1) * W - t
   end
   return {allowed = allowed, counted = counted, remaining = remaining, retry = retry,
-          reset = reset, again = again, idle_at = idle_at, commit = commit}
+          reset = reset, again = again, idle_at = idle_at, commit = commit,
+          convert = function() end}
 end
 )lua";
 

@@ -1,12 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 // Lua script of the sliding-window log (policy/sliding_window_log.hpp, bit for bit).
 //
-// State: a LIST, oldest first, of entries "<ts us>:<cost>:<running total>".
-// Two requests in the same microsecond are two entries. Like the C++ ring
-// buffer it holds at most `limit` entries (the same trim rule under
-// count_rejected), and its expiry is newest entry + W. Entries are read lazily
-// with LINDEX (a bisection finds the expired ones), and only a recorded
-// attempt writes: a rejection leaves the list as it was.
+// State: a LIST whose first element is a header "#<W>,<limit>,<count_rejected>",
+// the fingerprint of the config that wrote it, followed by the entries,
+// oldest first, "<ts us>:<cost>:<running total>". Two requests in the same
+// microsecond are two entries. Like the C++ ring buffer it holds at most
+// `limit` entries (the same trim rule under count_rejected), and its expiry
+// is newest entry + W. Entries are read lazily with LINDEX (a bisection finds
+// the expired ones), and only a recorded attempt writes: a rejection leaves
+// the list as it was.
+//
+// Entries are absolute times, so a log written under another config is
+// converted, not dropped: the entries the new window no longer holds (at or
+// before t - W') are dropped, the rest trimmed as the new limit's log would
+// be (`trim`), and the converted log is written back under the new header by
+// any check that is not a peek, so that it is converted once.
 #pragma once
 
 #include <string>
@@ -26,7 +34,18 @@ namespace detail {
 /// detail::fixed_window_lua.
 inline constexpr std::string_view sliding_window_log_lua = R"lua(
 local function sliding_window_log(key, t, cost, W, limit, count_rejected)
-  local len = redis.call('LLEN', key)
+  local header = '#' .. int(W) .. ',' .. int(limit) .. ',' .. (count_rejected and '1' or '0')
+  local stored = redis.call('LLEN', key)
+  -- `len` entries follow the header, at list indices 1..len.
+  local len, converted = 0, false
+  if stored > 0 then
+    local h = redis.call('LINDEX', key, 0)
+    if stored < 2 or not string.find(h, '^#%d+,%d+,[01]$') then
+      bad(key, 'not a log header:', h)
+    end
+    len = stored - 1
+    converted = h ~= header
+  end
   -- The log is the stored entries [head, len) followed by at most one pushed
   -- entry; `offset` rebases running totals (always < 2^53).
   local head, size, offset = 0, len, 0
@@ -37,11 +56,11 @@ local function sliding_window_log(key, t, cost, W, limit, count_rejected)
     if j == len then return pushed end
     local e = cache[j]
     if e == nil then
-      local s = redis.call('LINDEX', key, j)
-      local a = string.find(s, ':', 1, true)
-      local b = string.find(s, ':', a + 1, true)
-      e = {tonumber(string.sub(s, 1, a - 1)), tonumber(string.sub(s, a + 1, b - 1)),
-           tonumber(string.sub(s, b + 1))}
+      local s = redis.call('LINDEX', key, j + 1)
+      local a, b, c = string.match(s, '^([^:]*):([^:]*):([^:]*)$')
+      if a == nil then bad(key, 'not a log entry:', s) end
+      e = {whole(key, a, 0, CEILING), whole(key, b, 1, CEILING), whole(key, c, 1, CEILING)}
+      if e[2] > e[3] then bad(key, 'log entry cost above its running total:', s) end
       cache[j] = e
     end
     return {e[1], e[2], e[3] - offset}
@@ -55,16 +74,27 @@ local function sliding_window_log(key, t, cost, W, limit, count_rejected)
     local f = at(0)
     return at(size - 1)[3] - (f[3] - f[2])
   end
+  -- Index of the oldest entry newer than `horizon` (entry times never decrease).
+  local function first_after(horizon)
+    local lo, hi = 0, size
+    while lo < hi do
+      local mid = lo + math.floor((hi - lo) / 2)
+      if at(mid)[1] <= horizon then lo = mid + 1 else hi = mid end
+    end
+    return lo
+  end
+  if size > 0 and t < at(size - 1)[1] then t = at(size - 1)[1] end
+  if converted then
+    for _ = 1, first_after(t - W) do pop() end
+    while size > 1 and at(size - 1)[3] - at(0)[3] >= limit do pop() end
+  end
+  -- The log as read (and converted), for convert().
+  local head0, size0, offset0 = head, size, offset
   local idle_at = 0
   if size > 0 then idle_at = at(size - 1)[1] + W end
-  if size > 0 and t < at(size - 1)[1] then t = at(size - 1)[1] end
   -- Entries at or before t - W have left the window; they are dropped only
   -- when this attempt is recorded (a rejection writes nothing).
-  local first, hi = 0, size
-  while first < hi do
-    local mid = first + math.floor((hi - first) / 2)
-    if at(mid)[1] <= t - W then first = mid + 1 else hi = mid end
-  end
+  local first = first_after(t - W)
   local in_window = total()
   if first > 0 then in_window = at(size - 1)[3] - at(first - 1)[3] end
   local allowed = in_window + cost <= limit
@@ -110,20 +140,41 @@ local function sliding_window_log(key, t, cost, W, limit, count_rejected)
   end
   local reset = 0
   if in_window > 0 or counted == 1 then reset = at(size - 1)[1] + W - t end
+  local function entry(e) return int(e[1]) .. ':' .. int(e[2]) .. ':' .. int(e[3]) end
+  -- Writes the log [head, head + size) under this config's header. Every
+  -- entry is read before the DEL: `at` reads the list lazily.
+  local function rewrite()
+    local es = {}
+    for i = 0, size - 1 do es[i + 1] = entry(at(i)) end
+    local expire = 0
+    if size > 0 then expire = at(size - 1)[1] + W - t end
+    redis.call('DEL', key)
+    if size == 0 then return end
+    redis.call('RPUSH', key, header)
+    for i = 1, size do redis.call('RPUSH', key, es[i]) end
+    redis.call('PEXPIRE', key, ttl(expire))
+  end
+  -- Writes the converted log as read, without this attempt.
+  local function convert()
+    if not converted then return end
+    head, size, offset, pushed = head0, size0, offset0, nil
+    rewrite()
+  end
   local function commit()
-    local function entry(e) return int(e[1]) .. ':' .. int(e[2]) .. ':' .. int(e[3]) end
-    if rebased then
-      redis.call('DEL', key)
-      for i = 0, size - 1 do redis.call('RPUSH', key, entry(at(i))) end
-      redis.call('PEXPIRE', key, ttl(reset))
-    elseif counted == 1 then
-      if head > 0 then redis.call('LTRIM', key, head, -1) end
-      redis.call('RPUSH', key, entry(pushed))
-      redis.call('PEXPIRE', key, ttl(reset))
+    if counted == 0 then return convert() end
+    if rebased or converted then return rewrite() end
+    if len == 0 then
+      redis.call('RPUSH', key, header)
+    elseif head > 0 then
+      -- Drops list indices 1..head: the header moves onto the last of them.
+      redis.call('LSET', key, head, header)
+      redis.call('LTRIM', key, head, -1)
     end
+    redis.call('RPUSH', key, entry(pushed))
+    redis.call('PEXPIRE', key, ttl(reset))
   end
   return {allowed = allowed, counted = counted, remaining = remaining, retry = retry,
-          reset = reset, again = again, idle_at = idle_at, commit = commit}
+          reset = reset, again = again, idle_at = idle_at, commit = commit, convert = convert}
 end
 )lua";
 

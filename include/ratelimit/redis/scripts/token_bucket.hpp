@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Lua script of the token-bucket policy (policy/token_bucket.hpp, bit for bit).
 //
-// State: one string "<deficit ticks>:<time of last admission us>", written
-// with an expiry of the time until the bucket is full again.
+// State: one string "<deficit ticks>:<time of last admission us>;<L>,<P>,
+// <burst>" (the state, then the fingerprint of the config that wrote it),
+// written with an expiry of the time until the bucket is full again. State
+// written under another config is ignored (a deficit is counted in that
+// config's ticks): the bucket starts full, as a new limiter's would.
 #pragma once
 
 #include <string>
@@ -23,12 +26,16 @@ namespace detail {
 inline constexpr std::string_view token_bucket_lua = R"lua(
 local function token_bucket(key, t, cost, L, P, burst)
   local cap = burst * P
+  local fp = int(L) .. ',' .. int(P) .. ',' .. int(burst)
   local sd, sl = 0, 0
   local raw = redis.call('GET', key)
   if raw then
-    local p = string.find(raw, ':', 1, true)
-    sd = tonumber(string.sub(raw, 1, p - 1))
-    sl = tonumber(string.sub(raw, p + 1))
+    local f, written_under = split_state(key, raw, 2)
+    local d0, l0 = whole(key, f[1], 0, CEILING), whole(key, f[2], 0, CEILING)
+    if written_under == fp then
+      if d0 > cap then bad(key, 'deficit above the capacity:', raw) end
+      sd, sl = d0, l0
+    end
   end
   local idle_at = 0
   if sd > 0 then idle_at = sl + cdiv(sd, L) end
@@ -46,7 +53,7 @@ local function token_bucket(key, t, cost, L, P, burst)
   end
   local function commit()
     if counted == 0 then return end
-    redis.call('SET', key, int(deficit) .. ':' .. int(t), 'PX', ttl(cdiv(deficit, L)))
+    redis.call('SET', key, int(deficit) .. ':' .. int(t) .. ';' .. fp, 'PX', ttl(cdiv(deficit, L)))
   end
   local remaining = fdiv(cap - deficit, P)
   local retry = 0
@@ -54,7 +61,8 @@ local function token_bucket(key, t, cost, L, P, burst)
     if cost > burst then retry = -1 else retry = cdiv(deficit + cost * P - cap, L) end
   end
   return {allowed = allowed, counted = counted, remaining = remaining, retry = retry,
-          reset = cdiv(deficit, L), again = 0, idle_at = idle_at, commit = commit}
+          reset = cdiv(deficit, L), again = 0, idle_at = idle_at, commit = commit,
+          convert = function() end}
 end
 )lua";
 
@@ -83,7 +91,7 @@ struct script_for<token_bucket> {
   static token_bucket::config scaled(const token_bucket::config& cfg, units divisor) {
     return token_bucket::config(
         rate(detail::scaled_limit(cfg.get_rate().limit(), divisor), cfg.get_rate().period()),
-        bucket_options{detail::scaled_limit(cfg.burst(), divisor)});
+        bucket_options{detail::scaled_limit(cfg.burst(), divisor), cfg.name()});
   }
 };
 
