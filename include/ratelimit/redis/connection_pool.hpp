@@ -207,6 +207,7 @@ class connection {
     login(o, until);
   }
 
+  /// `host:port` (`[host]:port` for IPv6) or the socket path, for messages.
   [[nodiscard]] const std::string& where() const noexcept { return where_; }
 
   connection(const connection&) = delete;
