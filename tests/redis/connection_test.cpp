@@ -376,6 +376,15 @@ TEST(RedisResolve, ResolverAddressesAreTriedInOrder) {
   redis::redis_store empty(o);
   EXPECT_THROW((void)empty.apply(gcra::config("10/1h"), "k", store_time, 1, access::consume),
                redis::connection_error);
+  // A name (which hiredis would resolve with no deadline) is refused.
+  o.resolver = [](const std::string&) { return std::vector<std::string>{"localhost"}; };
+  redis::redis_store by_name(o);
+  try {
+    (void)by_name.apply(gcra::config("10/1h"), "k", store_time, 1, access::consume);
+    ADD_FAILURE() << "a resolver's host name was accepted";
+  } catch (const redis::connection_error& e) {
+    EXPECT_NE(std::string(e.what()).find("no numeric address"), std::string::npos) << e.what();
+  }
 }
 
 // Verifies the system resolver (localhost, from /etc/hosts) and an IPv6 URL.

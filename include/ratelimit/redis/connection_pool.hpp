@@ -169,6 +169,13 @@ namespace detail {
   if (st->addresses.empty()) {
     throw connection_error("ratelimit: redis: \"" + o.host + "\" resolved to no address");
   }
+  // hiredis would resolve a name itself, with no deadline.
+  for (const std::string& a : st->addresses) {
+    if (!is_numeric_host(a)) {
+      throw connection_error("ratelimit: redis: \"" + o.host + "\" resolved to \"" + a +
+                             "\", which is no numeric address");
+    }
+  }
   return std::move(st->addresses);
 }
 

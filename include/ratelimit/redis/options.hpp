@@ -75,8 +75,8 @@ struct options {
   /// most connect_timeout: when it takes longer the connect fails with
   /// timeout_error and the thread finishes on its own with its own copy of
   /// this function (which must therefore stay callable after the store is
-  /// gone). Throwing, or returning no address, fails the connect with
-  /// connection_error.
+  /// gone). Throwing, or returning no address or anything but numeric
+  /// addresses, fails the connect with connection_error.
   std::function<std::vector<std::string>(const std::string& host)> resolver;
   /// Receives a warning about the server's configuration (one line without a
   /// newline): an `allkeys-*` maxmemory-policy, under which Redis may evict
