@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,6 +44,16 @@ int spread_checks(redis::cluster_store& store) {
   return bad.load();
 }
 
+/// Normal client connections of the node on `port`, CLIENT LIST's own included.
+int normal_clients(int port) {
+  const std::string list = rltest::redis_cluster::ask(port, {"CLIENT", "LIST", "TYPE", "normal"});
+  int n = 0;
+  for (std::size_t at = list.find("id="); at != std::string::npos; at = list.find("id=", at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
 void set_on_every_node(const char* name, const char* value) {
   auto& cluster = rltest::shared_cluster();
   for (const int p : cluster.live_ports()) {
@@ -58,7 +69,14 @@ TEST(ClusterConnection, IdleConnectionsClosedByTheNodesAreReplaced) {
   redis::cluster_store store(o);
   ASSERT_EQ(spread_checks(store), 0);
   set_on_every_node("timeout", "1");
-  std::this_thread::sleep_for(2500ms);  // a fault test: the nodes drop idle clients
+  // A fault test: the nodes drop clients idle for more than 1 s (counted in
+  // whole seconds, so after 2 s at most), in a cron that runs 10 times a second.
+  std::this_thread::sleep_for(2500ms);
+  for (const int p : rltest::shared_cluster().live_ports()) {
+    const auto until = clk::now() + 10s;
+    while (normal_clients(p) > 1 && clk::now() < until) std::this_thread::sleep_for(50ms);
+    ASSERT_EQ(normal_clients(p), 1) << p;  // only CLIENT LIST's own
+  }
   EXPECT_EQ(spread_checks(store), 0);
   const auto s = store.stats();
   EXPECT_EQ(s.errors, 0u);
