@@ -203,6 +203,47 @@ TEST(RedisConnection, ConnectionKilledAfterTheScriptWasSentIsNotRetried) {
   EXPECT_EQ(store.stats().errors, 1u);
 }
 
+/// Whether detail::is_node_failure holds for an error reply saying `text`.
+bool node_failure(std::string text) {
+  redisReply r{};
+  r.type = REDIS_REPLY_ERROR;
+  r.str = text.data();
+  r.len = text.size();
+  return redis::detail::is_node_failure(r);
+}
+
+TEST(RedisReplies, NodeFailuresAreToldFromScriptErrorsAndRedirects) {
+  for (const char* yes :
+       {"READONLY You can't write against a read only replica.", "LOADING Redis is loading",
+        "MASTERDOWN Link with MASTER is down", "BUSY Redis is busy running a script.",
+        "MISCONF Redis is configured to save RDB snapshots", "NOREPLICAS Not enough good replicas",
+        "NOAUTH Authentication required.", "WRONGPASS invalid username-password pair", "LOADING",
+        "READONLY You can't write against a read only replica. script: 1f2e, on @user_script:9.",
+        "ERR Error running script (call to f_1f2e): @user_script:9: @user_script: 9: -READONLY "
+        "You can't write against a read only replica. "}) {
+    EXPECT_TRUE(node_failure(yes)) << yes;
+  }
+  for (const char* no :
+       {"NOSCRIPT No matching script.", "MOVED 3999 127.0.0.1:6381", "ASK 3999 127.0.0.1:6381",
+        "TRYAGAIN Multiple keys request during rehashing of slot",
+        "CLUSTERDOWN The cluster is down", "BUSYKEY Target key name already exists.",
+        "BUSYGROUP Consumer Group name already exists",
+        "NOTBUSY No scripts in execution right now.", "OOM command not allowed",
+        "NOPERM this user has no permissions", "ERR wrong number of arguments",
+        "WRONGTYPE Operation against a key holding the wrong kind of value",
+        "ERR Error running script (call to f_1f2e): @user_script:9: user_script:9: "
+        "attempt to compare nil with number",
+        "ERR READONLY in a message", "READONLYX"}) {
+    EXPECT_FALSE(node_failure(no)) << no;
+  }
+  redisReply status{};
+  status.type = REDIS_REPLY_STATUS;
+  std::string ro = "READONLY";
+  status.str = ro.data();
+  status.len = ro.size();
+  EXPECT_FALSE(redis::detail::is_node_failure(status));
+}
+
 /// A thread making checks until stopped, tallying how each was decided.
 struct load {
   explicit load(redis::redis_store& store) {

@@ -67,14 +67,32 @@ namespace detail {
 /// writes (MISCONF, NOREPLICAS) or wants authentication. These are failures
 /// of the node, not of the script. Cluster answers (MOVED, ASK, TRYAGAIN,
 /// CLUSTERDOWN) are not among them: the cluster store handles those.
+/// Redis before 7 wraps the error of a write inside a script, as in
+/// `ERR Error running script (...): @user_script:1: -READONLY You can't...`;
+/// such a write error counts too.
 [[nodiscard]] inline bool is_node_failure(const redisReply& r) noexcept {
   if (r.type != REDIS_REPLY_ERROR || r.str == nullptr) return false;
   const std::string_view s(r.str, r.len);
   constexpr std::string_view codes[] = {"READONLY", "LOADING",    "MASTERDOWN", "BUSY",
                                         "MISCONF",  "NOREPLICAS", "NOAUTH",     "WRONGPASS"};
-  return std::any_of(std::begin(codes), std::end(codes), [&](std::string_view code) {
-    return s.starts_with(code) && (s.size() == code.size() || s[code.size()] == ' ');
-  });
+  const auto word_at = [&](std::size_t at, std::string_view code) {
+    return s.substr(at).starts_with(code) &&
+           (s.size() == at + code.size() || s[at + code.size()] == ' ');
+  };
+  if (std::any_of(std::begin(codes), std::end(codes),
+                  [&](std::string_view code) { return word_at(0, code); })) {
+    return true;
+  }
+  if (!s.starts_with("ERR Error running script")) return false;
+  constexpr std::string_view in_script[] = {"READONLY", "MISCONF", "NOREPLICAS"};
+  for (std::size_t dash = s.find(": -"); dash != std::string_view::npos;
+       dash = s.find(": -", dash + 1)) {
+    if (std::any_of(std::begin(in_script), std::end(in_script),
+                    [&](std::string_view code) { return word_at(dash + 3, code); })) {
+      return true;
+    }
+  }
+  return false;
 }
 
 /// True when `host` is an IPv4 or IPv6 address (no resolution needed).
