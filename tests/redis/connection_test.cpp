@@ -439,12 +439,14 @@ TEST(RedisResolve, LocalhostAndIpv6Url) {
   rltest::redis_server server({"--bind", "127.0.0.1 -::1"});
   auto o = server.options();
   o.host = "localhost";
+  // The first getaddrinfo of a process loads NSS modules: slow under sanitizers.
+  o.connect_timeout = 10s;
   redis::redis_store by_name(o);
   EXPECT_EQ(by_name.apply(gcra::config("10/1h"), "k", store_time, 1, access::consume).source,
             decision_source::store);
   auto v6 = redis::parse_url("redis://[::1]:" + std::to_string(server.port()));
   EXPECT_EQ(v6.host, "::1");
-  v6.connect_timeout = 1000ms;
+  v6.connect_timeout = 10s;
   v6.command_timeout = 2000ms;
   redis::redis_store by_v6(v6);
   try {
