@@ -70,7 +70,8 @@ TEST(ClusterFork, ChildDestroysAStoreWhoseThreadsRun) {
   EXPECT_FALSE(end.hung) << "the child hung destroying the store";
   EXPECT_EQ(end.status, 0);
   // The parent's store, its threads and connections are untouched.
-  const decision d = store->apply(token_bucket::config("5/1s", bucket_options{.name = "t"}), "after", microseconds{t0}, 1);
+  const decision d = store->apply(token_bucket::config("5/1s", bucket_options{.name = "t"}),
+                                  "after", microseconds{t0}, 1);
   EXPECT_EQ(d.source, decision_source::store);
   EXPECT_TRUE(d.allowed);
 }

@@ -215,7 +215,7 @@ TEST(ClusterTopology, ResetRetriesTryagainWhileACompoundKeysSlotIsHalfMigrated) 
   redis::cluster_store store(cluster_opts("tryagain"));
   store.refresh_topology();
   const two_limits::config cfg(compound_options{.name = "two"}, token_bucket::config("5/1s"),
-                              fixed_window::config("9/1min"));
+                               fixed_window::config("9/1min"));
   const std::string user = "split-user";
   const std::uint16_t slot = store.slot_for<two_limits>(user);
   slot_migration m(slot);

@@ -975,7 +975,7 @@ class cluster_store {
               text_sent = text_sent || text;
               detail::append_eval<P>(buf, text, it.keys, it.time, it.cost, a, policy_args, floor);
             }
-            (*g.lease)->send(buf, until);
+            g.lease->send(buf, until);  // resent only if closed before a byte left
           } catch (const connection_error&) {
             node_failed(g, std::current_exception());
           }

@@ -2,22 +2,29 @@
 // Connections to Redis with hard deadlines, and a thread-safe pool of them.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -52,6 +59,146 @@ inline void append_command(std::string& out, const std::string_view* args, std::
   }
 }
 
+namespace detail {
+
+/// True for an error reply by which the server says it cannot serve checks
+/// at all now, whatever the command: it became a replica (READONLY), is
+/// loading its dataset, lost its master, is stuck in a script (BUSY), refuses
+/// writes (MISCONF, NOREPLICAS) or wants authentication. These are failures
+/// of the node, not of the script. Cluster answers (MOVED, ASK, TRYAGAIN,
+/// CLUSTERDOWN) are not among them: the cluster store handles those.
+/// Redis before 7 wraps the error of a write inside a script, as in
+/// `ERR Error running script (...): @user_script:1: -READONLY You can't...`;
+/// such a write error counts too.
+[[nodiscard]] inline bool is_node_failure(const redisReply& r) noexcept {
+  if (r.type != REDIS_REPLY_ERROR || r.str == nullptr) return false;
+  const std::string_view s(r.str, r.len);
+  constexpr std::string_view codes[] = {"READONLY", "LOADING",    "MASTERDOWN", "BUSY",
+                                        "MISCONF",  "NOREPLICAS", "NOAUTH",     "WRONGPASS"};
+  const auto word_at = [&](std::size_t at, std::string_view code) {
+    return s.substr(at).starts_with(code) &&
+           (s.size() == at + code.size() || s[at + code.size()] == ' ');
+  };
+  if (std::any_of(std::begin(codes), std::end(codes),
+                  [&](std::string_view code) { return word_at(0, code); })) {
+    return true;
+  }
+  if (!s.starts_with("ERR Error running script")) return false;
+  constexpr std::string_view in_script[] = {"READONLY", "MISCONF", "NOREPLICAS"};
+  for (std::size_t dash = s.find(": -"); dash != std::string_view::npos;
+       dash = s.find(": -", dash + 1)) {
+    if (std::any_of(std::begin(in_script), std::end(in_script),
+                    [&](std::string_view code) { return word_at(dash + 3, code); })) {
+      return true;
+    }
+  }
+  return false;
+}
+
+/// True when `host` is an IPv4 or IPv6 address (no resolution needed).
+[[nodiscard]] inline bool is_numeric_host(const std::string& host) noexcept {
+  in6_addr buf{};
+  return ::inet_pton(AF_INET, host.c_str(), &buf) == 1 ||
+         ::inet_pton(AF_INET6, host.c_str(), &buf) == 1;
+}
+
+/// The numeric addresses of `host` from getaddrinfo (IPv4 and IPv6, as the
+/// system orders them).
+/// @throws connection_error when it cannot be resolved
+[[nodiscard]] inline std::vector<std::string> system_resolve(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* list = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &list);
+  if (rc != 0) {
+    throw connection_error("ratelimit: redis: cannot resolve \"" + host +
+                           "\": " + ::gai_strerror(rc));
+  }
+  std::vector<std::string> out;
+  try {
+    for (const addrinfo* a = list; a != nullptr; a = a->ai_next) {
+      char buf[NI_MAXHOST];
+      if (::getnameinfo(a->ai_addr, a->ai_addrlen, buf, sizeof buf, nullptr, 0, NI_NUMERICHOST) ==
+              0 &&
+          std::find(out.begin(), out.end(), buf) == out.end()) {
+        out.emplace_back(buf);
+      }
+    }
+  } catch (...) {
+    ::freeaddrinfo(list);
+    throw;
+  }
+  ::freeaddrinfo(list);
+  return out;
+}
+
+/// The addresses to connect to for `o.host`, resolved by `o.resolver` (or
+/// getaddrinfo) on a helper thread, waited for until `until` at most. The
+/// thread owns everything it uses, so a resolver that outlives the wait only
+/// finishes late, harmlessly.
+/// @throws timeout_error when `until` passes first; connection_error when
+///   resolution fails or yields nothing
+[[nodiscard]] inline std::vector<std::string> resolve(const options& o, deadline until) {
+  if (!o.resolver && is_numeric_host(o.host)) return {o.host};
+  struct state {
+    std::mutex mutex;
+    std::condition_variable done_cv;
+    bool done = false;
+    std::vector<std::string> addresses;
+    std::exception_ptr error;
+  };
+  auto st = std::make_shared<state>();
+  try {
+    std::thread([st, fn = o.resolver, host = o.host]() noexcept {
+      std::vector<std::string> got;
+      std::exception_ptr error;
+      try {
+        got = fn ? fn(host) : system_resolve(host);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(st->mutex);
+      st->addresses = std::move(got);
+      st->error = error;
+      st->done = true;
+      st->done_cv.notify_all();
+    }).detach();
+  } catch (const std::exception& e) {
+    throw connection_error(std::string("ratelimit: redis: cannot start a resolver thread: ") +
+                           e.what());
+  }
+  std::unique_lock<std::mutex> lock(st->mutex);
+  if (!st->done_cv.wait_until(lock, until, [&] { return st->done; })) {
+    throw timeout_error("ratelimit: redis: resolving \"" + o.host +
+                        "\" took longer than connect_timeout");
+  }
+  if (st->error) {
+    try {
+      std::rethrow_exception(st->error);
+    } catch (const store_error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw connection_error("ratelimit: redis: cannot resolve \"" + o.host + "\": " + e.what());
+    } catch (...) {
+      throw connection_error("ratelimit: redis: cannot resolve \"" + o.host + "\"");
+    }
+  }
+  if (st->addresses.empty()) {
+    throw connection_error("ratelimit: redis: \"" + o.host + "\" resolved to no address");
+  }
+  // hiredis would resolve a name itself, with no deadline.
+  for (const std::string& a : st->addresses) {
+    if (!is_numeric_host(a)) {
+      throw connection_error("ratelimit: redis: \"" + o.host + "\" resolved to \"" + a +
+                             "\", which is no numeric address");
+    }
+  }
+  return std::move(st->addresses);
+}
+
+}  // namespace detail
+
 /// One connection to Redis. Every operation takes a deadline and throws
 /// timeout_error when it passes; any error leaves the connection broken
 /// (`broken()`), and the pool then discards it, because a late reply could
@@ -62,20 +209,17 @@ class connection {
  public:
   /// Connects, authenticates and selects the database.
   /// @throws connection_error (timeout_error when connect_timeout passes)
-  explicit connection(const options& o) {
+  explicit connection(const options& o) : where_(describe(o)) {
     const auto timeout = o.connect_timeout.count() > 0 ? o.connect_timeout
                                                        : std::chrono::milliseconds{200};
     const deadline until = deadline_clock::now() + timeout;
-    timeval tv{};
-    tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
-    tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
     redisContext* c = o.unix_socket.empty()
-                          ? redisConnectWithTimeout(o.host.c_str(), o.port, tv)
-                          : redisConnectUnixWithTimeout(o.unix_socket.c_str(), tv);
+                          ? connect_tcp(o, until)
+                          : redisConnectUnixWithTimeout(o.unix_socket.c_str(), to_timeval(timeout));
     if (c == nullptr) throw connection_error("ratelimit: redis: cannot allocate a connection");
     ctx_.reset(c);
     if (c->err != 0) {
-      const std::string what = "ratelimit: redis: cannot connect to " + where(o) + ": " + c->errstr;
+      const std::string what = "ratelimit: redis: cannot connect to " + where_ + ": " + c->errstr;
       if (std::strstr(c->errstr, "timed out") != nullptr) throw timeout_error(what);
       throw connection_error(what);
     }
@@ -85,32 +229,11 @@ class connection {
     if (flags < 0 || ::fcntl(c->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
       throw connection_error("ratelimit: redis: cannot make the socket non-blocking");
     }
-    if (!o.password.empty()) {
-      reply_ptr r;
-      if (o.user.empty()) {
-        const std::string_view args[] = {"AUTH", o.password};
-        r = command(args, 2, until);
-      } else {
-        const std::string_view args[] = {"AUTH", o.user, o.password};
-        r = command(args, 3, until);
-      }
-      if (r->type == REDIS_REPLY_ERROR) {
-        throw connection_error(
-            "ratelimit: redis: AUTH " +
-            (o.user.empty() ? std::string("with password") : "as user \"" + o.user + "\"") +
-            " at " + where(o) + " failed: " + std::string(r->str, r->len));
-      }
-    }
-    if (o.database != 0) {
-      const std::string db = std::to_string(o.database);
-      const std::string_view args[] = {"SELECT", db};
-      reply_ptr r = command(args, 2, until);
-      if (r->type == REDIS_REPLY_ERROR) {
-        throw connection_error("ratelimit: redis: SELECT " + db + " at " + where(o) +
-                               " failed: " + std::string(r->str, r->len));
-      }
-    }
+    login(o, until);
   }
+
+  /// `host:port` (`[host]:port` for IPv6) or the socket path, for messages.
+  [[nodiscard]] const std::string& where() const noexcept { return where_; }
 
   connection(const connection&) = delete;
   connection& operator=(const connection&) = delete;
@@ -123,24 +246,142 @@ class connection {
   /// leaves replies unread (an exception between a pipelined send and its reads).
   void mark_broken() noexcept { broken_ = true; }
 
+  /// True after send() failed because the server had closed or reset the
+  /// connection before any byte of it was accepted: nothing of that send
+  /// reached the server, so what it carried cannot have run.
+  [[nodiscard]] bool closed_before_send() const noexcept { return closed_before_send_; }
+
+  /// The socket, for tests and diagnostics (reading or writing it would
+  /// desynchronise the connection).
+  [[nodiscard]] int native_handle() const noexcept { return ctx_->fd; }
+
+  /// True when the server has closed this idle connection (for example after
+  /// its `timeout`, or CLIENT KILL) or sent something unasked for; checked
+  /// without sending, in a few microseconds. Such a connection must be dropped.
+  [[nodiscard]] bool peer_closed() noexcept {
+    pollfd p{ctx_->fd, POLLIN, 0};
+    const int r = ::poll(&p, 1, 0);
+    if (r == 0 || (r < 0 && errno == EINTR)) return false;
+    char byte = 0;
+    if (r > 0) {
+      const ssize_t n = ::recv(ctx_->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+    }
+    broken_ = true;  // end of stream, an error, or bytes no command asked for
+    return true;
+  }
+
   /// Writes all of `bytes` (one or more commands, see append_command).
   void send(std::string_view bytes, deadline until) {
+    closed_before_send_ = false;
+    bool accepted = false;
     while (!bytes.empty()) {
       const ssize_t n = ::send(ctx_->fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
       if (n > 0) {
+        accepted = true;
         bytes.remove_prefix(static_cast<std::size_t>(n));
         continue;
       }
       if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        fail<connection_error>(std::string("ratelimit: redis: write failed: ") +
-                               std::strerror(errno));
+        const int e = errno;
+        closed_before_send_ = !accepted && (e == EPIPE || e == ECONNRESET || e == ENOTCONN);
+        fail<connection_error>(std::string("ratelimit: redis: write failed: ") + std::strerror(e));
       }
       wait_for(POLLOUT, until);
     }
   }
 
-  /// Reads the next reply (an error reply is a reply, not an exception).
+  /// Reads the next reply. An error reply is a reply, not an exception,
+  /// except one saying that the server cannot serve checks now (READONLY,
+  /// LOADING, MASTERDOWN, BUSY, NOAUTH...; see detail::is_node_failure):
+  /// that throws connection_error and leaves the connection broken, so the
+  /// pool drops it and the next connection resolves the host again.
   [[nodiscard]] reply_ptr receive(deadline until) {
+    reply_ptr r = read_reply(until);
+    if (detail::is_node_failure(*r)) {
+      fail<connection_error>("ratelimit: redis: " + where_ +
+                             " cannot serve checks now: " + std::string(r->str, r->len));
+    }
+    return r;
+  }
+
+  /// One command, one reply (see receive).
+  [[nodiscard]] reply_ptr command(const std::string_view* args, std::size_t n, deadline until) {
+    out_.clear();
+    append_command(out_, args, n);
+    send(out_, until);
+    return receive(until);
+  }
+
+ private:
+  struct context_deleter {
+    void operator()(redisContext* c) const noexcept { redisFree(c); }
+  };
+
+  static timeval to_timeval(std::chrono::milliseconds ms) noexcept {
+    timeval tv{};
+    tv.tv_sec = static_cast<time_t>(ms.count() / 1000);
+    tv.tv_usec = static_cast<suseconds_t>((ms.count() % 1000) * 1000);
+    return tv;
+  }
+
+  /// Resolves the host within `until` (hiredis would call getaddrinfo with
+  /// no deadline), then connects to its addresses in turn with what is left.
+  static redisContext* connect_tcp(const options& o, deadline until) {
+    const std::vector<std::string> addresses = detail::resolve(o, until);
+    redisContext* c = nullptr;
+    for (const std::string& a : addresses) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - deadline_clock::now());
+      if (left.count() <= 0) break;
+      if (c != nullptr) redisFree(c);
+      c = redisConnectWithTimeout(a.c_str(), o.port, to_timeval(left));
+      if (c == nullptr || c->err == 0) return c;
+    }
+    if (c == nullptr) {
+      throw timeout_error("ratelimit: redis: cannot connect to " + describe(o) + ": timed out");
+    }
+    return c;  // the last failure, reported by the caller
+  }
+
+  /// AUTH and SELECT, as the options ask.
+  void login(const options& o, deadline until) {
+    if (!o.password.empty()) {
+      reply_ptr r;
+      if (o.user.empty()) {
+        const std::string_view args[] = {"AUTH", o.password};
+        r = exchange(args, 2, until);
+      } else {
+        const std::string_view args[] = {"AUTH", o.user, o.password};
+        r = exchange(args, 3, until);
+      }
+      if (r->type == REDIS_REPLY_ERROR) {
+        throw connection_error(
+            "ratelimit: redis: AUTH " +
+            (o.user.empty() ? std::string("with password") : "as user \"" + o.user + "\"") +
+            " at " + where_ + " failed: " + std::string(r->str, r->len));
+      }
+    }
+    if (o.database != 0) {
+      const std::string db = std::to_string(o.database);
+      const std::string_view args[] = {"SELECT", db};
+      reply_ptr r = exchange(args, 2, until);
+      if (r->type == REDIS_REPLY_ERROR) {
+        throw connection_error("ratelimit: redis: SELECT " + db + " at " + where_ +
+                               " failed: " + std::string(r->str, r->len));
+      }
+    }
+  }
+
+  /// One command, one reply, error replies included (AUTH, SELECT).
+  [[nodiscard]] reply_ptr exchange(const std::string_view* args, std::size_t n, deadline until) {
+    out_.clear();
+    append_command(out_, args, n);
+    send(out_, until);
+    return read_reply(until);
+  }
+
+  /// Reads the next reply, whatever it is.
+  [[nodiscard]] reply_ptr read_reply(deadline until) {
     for (;;) {
       void* r = nullptr;
       if (redisReaderGetReply(ctx_->reader, &r) != REDIS_OK) {
@@ -164,21 +405,10 @@ class connection {
     }
   }
 
-  /// One command, one reply.
-  [[nodiscard]] reply_ptr command(const std::string_view* args, std::size_t n, deadline until) {
-    out_.clear();
-    append_command(out_, args, n);
-    send(out_, until);
-    return receive(until);
-  }
-
- private:
-  struct context_deleter {
-    void operator()(redisContext* c) const noexcept { redisFree(c); }
-  };
-
-  static std::string where(const options& o) {
-    return o.unix_socket.empty() ? o.host + ":" + std::to_string(o.port) : o.unix_socket;
+  static std::string describe(const options& o) {
+    if (!o.unix_socket.empty()) return o.unix_socket;
+    const bool v6 = o.host.find(':') != std::string::npos;
+    return (v6 ? "[" + o.host + "]" : o.host) + ":" + std::to_string(o.port);
   }
 
   template <class Error>
@@ -201,9 +431,11 @@ class connection {
     }
   }
 
+  std::string where_;  ///< host:port or socket path, for messages
   std::unique_ptr<redisContext, context_deleter> ctx_;
   std::string out_;
   bool broken_ = false;
+  bool closed_before_send_ = false;
 };
 
 /// At most `pool_size` connections, each lent to one thread at a time.
@@ -241,6 +473,29 @@ class connection_pool {
     /// Time spent making this connection (zero for a pooled one).
     [[nodiscard]] deadline_clock::duration connect_time() const noexcept { return connect_time_; }
 
+    /// Writes `bytes` as connection::send does, except when the connection
+    /// turns out to have been closed by the server before any byte was
+    /// accepted (it dropped the idle connection just after acquire() looked
+    /// at it): nothing reached the server, so the bytes are written once more
+    /// on a new connection, and `until` moves on by the time spent
+    /// connecting. Once a byte may have been sent, nothing is ever resent.
+    /// @throws connection_error, timeout_error
+    void send(std::string_view bytes, deadline& until) {
+      try {
+        conn_->send(bytes, until);
+        return;
+      } catch (const connection_error&) {
+        if (pool_ == nullptr || !conn_->closed_before_send()) throw;
+      }
+      const deadline start = deadline_clock::now();
+      auto fresh = std::make_unique<connection>(pool_->options_);  // same pool slot
+      const auto took = deadline_clock::now() - start;
+      until += took;
+      connect_time_ += took;
+      conn_ = std::move(fresh);
+      conn_->send(bytes, until);
+    }
+
    private:
     connection_pool* pool_;
     std::unique_ptr<connection> conn_;
@@ -248,24 +503,35 @@ class connection_pool {
   };
 
   /// Waits until `until` for a free connection, connecting a new one when
-  /// fewer than pool_size exist.
+  /// fewer than pool_size exist. An idle connection that the server closed
+  /// meanwhile (its `timeout`, CLIENT KILL, a restart, a NAT forgetting the
+  /// flow) is found without sending anything, dropped and replaced: it is
+  /// neither an error nor a failure for the circuit breaker. The first
+  /// connection the pool makes also reads the server's maxmemory-policy (see
+  /// options::on_warning).
   /// @throws timeout_error when every connection stays busy until `until`;
   ///   connection_error when connecting fails
   [[nodiscard]] lease acquire(deadline until) {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (!ready_.wait_until(lock, until, [&] { return !idle_.empty() || open_ < size_; })) {
-      throw timeout_error("ratelimit: redis: no pooled connection became free in time");
-    }
-    if (!idle_.empty()) {
+    for (;;) {
+      if (!ready_.wait_until(lock, until, [&] { return !idle_.empty() || open_ < size_; })) {
+        throw timeout_error("ratelimit: redis: no pooled connection became free in time");
+      }
+      if (idle_.empty()) break;
       std::unique_ptr<connection> c = std::move(idle_.back());
       idle_.pop_back();
-      return lease(this, std::move(c));
+      lock.unlock();
+      if (!c->peer_closed()) return lease(this, std::move(c));
+      c.reset();  // closes the socket outside the lock
+      lock.lock();
+      --open_;  // its slot is ours now: take another idle one or connect
     }
     ++open_;
     lock.unlock();
     try {
       const deadline start = deadline_clock::now();
       auto c = std::make_unique<connection>(options_);
+      if (!config_checked_.load(std::memory_order_acquire)) check_config(*c, start);
       return lease(this, std::move(c), deadline_clock::now() - start);
     } catch (...) {
       lock.lock();
@@ -287,6 +553,44 @@ class connection_pool {
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
  private:
+  /// Warns (once per pool) when the server may evict keys of any TTL: an
+  /// evicted limiter key forgets what it counted, admitting too much. Runs
+  /// within what is left of the connect's connect_timeout (skipped when
+  /// nothing is left: a later connection asks). Error replies (CONFIG
+  /// renamed, disabled or denied by ACL) are ignored; a connection that
+  /// breaks meanwhile fails the connect.
+  void check_config(connection& c, deadline start) {
+    const auto budget = options_.connect_timeout.count() > 0 ? options_.connect_timeout
+                                                             : std::chrono::milliseconds{200};
+    if (deadline_clock::now() >= start + budget) return;
+    const std::string_view args[] = {"CONFIG", "GET", "maxmemory-policy"};
+    reply_ptr r;
+    try {
+      r = c.command(args, 3, start + budget);
+    } catch (const store_error&) {
+      if (c.broken()) throw;
+      return;
+    }
+    if (config_checked_.exchange(true, std::memory_order_acq_rel)) return;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+        r->element[1]->type != REDIS_REPLY_STRING) {
+      return;
+    }
+    const std::string policy(r->element[1]->str, r->element[1]->len);
+    if (!policy.starts_with("allkeys-")) return;
+    const std::string line = "ratelimit: redis: " + c.where() + " has maxmemory-policy " + policy +
+                             ": under memory pressure Redis may evict rate-limit keys, which "
+                             "resets their counts; use noeviction (see docs/redis.md)";
+    if (options_.on_warning) {
+      try {
+        options_.on_warning(line);
+      } catch (...) {
+      }
+    } else {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+  }
+
   void give_back(std::unique_ptr<connection> c) noexcept {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -309,6 +613,7 @@ class connection_pool {
   std::condition_variable ready_;
   std::vector<std::unique_ptr<connection>> idle_;
   std::size_t open_ = 0;  ///< connections in existence (idle or lent) or being made
+  std::atomic<bool> config_checked_{false};  ///< maxmemory-policy was read (see check_config)
 };
 
 }  // namespace ratelimit::redis

@@ -6,8 +6,11 @@
 
 namespace ratelimit::redis {
 
-/// The server could not be reached or the connection broke (refused, reset,
-/// closed, authentication or SELECT failed, circuit breaker open).
+/// The server could not be reached or the connection broke (name not
+/// resolved, refused, reset, closed, authentication or SELECT failed, circuit
+/// breaker open), or the server answered that it cannot serve checks now
+/// (READONLY from a demoted master, LOADING, MASTERDOWN, BUSY, MISCONF,
+/// NOREPLICAS, NOAUTH, WRONGPASS): the connection is then dropped.
 class connection_error : public store_error {
  public:
   using store_error::store_error;
@@ -20,8 +23,9 @@ class timeout_error : public connection_error {
   using connection_error::connection_error;
 };
 
-/// Redis answered the script with an error other than NOSCRIPT (for example
-/// OOM, READONLY, or a key of the wrong type), or with a malformed reply.
+/// Redis answered the script with an error other than NOSCRIPT and the
+/// answers of connection_error (for example OOM, NOPERM, or a key of the
+/// wrong type), or with a malformed reply.
 class script_error : public store_error {
  public:
   using store_error::store_error;

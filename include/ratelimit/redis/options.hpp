@@ -5,9 +5,11 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ratelimit/decision.hpp"
 
@@ -36,7 +38,8 @@ struct options {
   std::string user;
   /// Password for AUTH; empty = no AUTH.
   std::string password;
-  /// Longest wait to establish one connection (TCP connect, AUTH, SELECT); 0 = 200 ms.
+  /// Longest wait to establish one connection (name resolution, TCP connect,
+  /// AUTH, SELECT); 0 = 200 ms.
   std::chrono::milliseconds connect_timeout{200};
   /// Longest wait for a check's round trip, including the wait for a pooled
   /// connection; 0 = 100 ms. A check that must also connect may take up to
@@ -66,33 +69,58 @@ struct options {
   std::chrono::milliseconds breaker_cooldown{200};
   /// Longest cool-down; 0 = 5 s.
   std::chrono::milliseconds breaker_max_cooldown{5000};
+  /// Resolves `host` to numeric addresses, tried in order; empty = the system
+  /// resolver (getaddrinfo). Called for each new connection to a host that is
+  /// not a numeric address, on a helper thread that the connect waits for at
+  /// most connect_timeout: when it takes longer the connect fails with
+  /// timeout_error and the thread finishes on its own with its own copy of
+  /// this function (which must therefore stay callable after the store is
+  /// gone). Throwing, or returning no address or anything but numeric
+  /// addresses, fails the connect with connection_error.
+  std::function<std::vector<std::string>(const std::string& host)> resolver;
+  /// Receives a warning about the server's configuration (one line without a
+  /// newline): an `allkeys-*` maxmemory-policy, under which Redis may evict
+  /// the limiter's keys. Called at most once per connection pool (one per
+  /// store; one per node of a cluster store), from the checking thread that
+  /// made the connection; exceptions it throws are ignored. Empty = write the
+  /// line to stderr.
+  std::function<void(std::string_view)> on_warning;
 };
 
 namespace detail {
 
-[[nodiscard]] inline int parse_small_int(std::string_view s, std::string_view url,
-                                         const char* what) {
-  if (s.empty() || s.size() > 9) {
-    throw std::invalid_argument("ratelimit: bad " + std::string(what) + " in redis URL \"" +
-                                std::string(url) + "\"");
-  }
-  int v = 0;
+/// The decimal number `s` (digits only), which must lie in lo..hi.
+/// @throws std::invalid_argument naming `s` and the URL
+[[nodiscard]] inline int parse_url_int(std::string_view s, std::string_view url, const char* what,
+                                       long long lo, long long hi) {
+  bool ok = !s.empty() && s.size() <= 10;
+  long long v = 0;
   for (const char c : s) {
-    if (c < '0' || c > '9') {
-      throw std::invalid_argument("ratelimit: bad " + std::string(what) + " in redis URL \"" +
-                                  std::string(url) + "\"");
+    if (!ok || c < '0' || c > '9') {
+      ok = false;
+      break;
     }
     v = v * 10 + (c - '0');
   }
-  return v;
+  if (!ok || v < lo || v > hi) {
+    throw std::invalid_argument("ratelimit: bad " + std::string(what) + " \"" + std::string(s) +
+                                "\" in redis URL \"" + std::string(url) + "\" (expected " +
+                                std::to_string(lo) + ".." + std::to_string(hi) + ")");
+  }
+  return static_cast<int>(v);
+}
+
+[[noreturn]] inline void bad_url(std::string_view url, const std::string& why) {
+  throw std::invalid_argument("ratelimit: redis URL \"" + std::string(url) + "\" " + why);
 }
 
 }  // namespace detail
 
 /// Parses `redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]` or
 /// `unix://[[USER]:PASSWORD@]/PATH[?db=DB]` into options (other fields keep
-/// their defaults). No percent-decoding.
-/// @throws std::invalid_argument quoting the URL
+/// their defaults). An IPv6 HOST is written in brackets:
+/// `redis://[::1]:6379`. PORT is 1..65535. No percent-decoding.
+/// @throws std::invalid_argument quoting the URL and the bad part
 [[nodiscard]] inline options parse_url(std::string_view url) {
   options o;
   std::string_view rest;
@@ -103,8 +131,7 @@ namespace detail {
     rest = url.substr(7);
     unix_path = true;
   } else {
-    throw std::invalid_argument("ratelimit: redis URL \"" + std::string(url) +
-                                "\" must start with redis:// or unix://");
+    detail::bad_url(url, "must start with redis:// or unix://");
   }
   if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
     const std::string_view cred = rest.substr(0, at);
@@ -116,33 +143,56 @@ namespace detail {
       o.password = std::string(cred);
     }
   }
+  constexpr long long max_db = 999'999'999;
   if (unix_path) {
     if (const auto q = rest.find("?db="); q != std::string_view::npos) {
-      o.database = detail::parse_small_int(rest.substr(q + 4), url, "database");
+      o.database = detail::parse_url_int(rest.substr(q + 4), url, "database", 0, max_db);
       rest = rest.substr(0, q);
     }
-    if (rest.empty()) {
-      throw std::invalid_argument("ratelimit: redis URL \"" + std::string(url) +
-                                  "\" has no socket path");
-    }
+    if (rest.empty()) detail::bad_url(url, "has no socket path");
     o.unix_socket = std::string(rest);
     return o;
   }
   if (const auto slash = rest.find('/'); slash != std::string_view::npos) {
     if (slash + 1 < rest.size()) {
-      o.database = detail::parse_small_int(rest.substr(slash + 1), url, "database");
+      o.database = detail::parse_url_int(rest.substr(slash + 1), url, "database", 0, max_db);
     }
     rest = rest.substr(0, slash);
   }
-  if (const auto colon = rest.rfind(':');
-      colon != std::string_view::npos && rest.find(']') == std::string_view::npos) {
-    o.port = detail::parse_small_int(rest.substr(colon + 1), url, "port");
-    rest = rest.substr(0, colon);
+  std::string_view host = rest;
+  std::string_view port;
+  bool has_port = false;
+  if (rest.starts_with('[')) {
+    const auto close = rest.find(']');
+    if (close == std::string_view::npos) detail::bad_url(url, "opens [ without closing ]");
+    host = rest.substr(1, close - 1);
+    if (host.find(':') == std::string_view::npos || host.find('[') != std::string_view::npos) {
+      detail::bad_url(url, "holds \"[" + std::string(host) + "]\", which is no IPv6 address");
+    }
+    const std::string_view after = rest.substr(close + 1);
+    if (!after.empty()) {
+      if (after.front() != ':') {
+        detail::bad_url(url, "has \"" + std::string(after) + "\" after the IPv6 address");
+      }
+      port = after.substr(1);
+      has_port = true;
+    }
+  } else {
+    if (rest.find_first_of("[]") != std::string_view::npos) {
+      detail::bad_url(url, "has a bracket outside [IPv6 address]");
+    }
+    if (const auto colon = rest.find(':'); colon != std::string_view::npos) {
+      if (rest.find(':', colon + 1) != std::string_view::npos) {
+        detail::bad_url(url, "has an IPv6 address without brackets (write redis://[::1]:6379)");
+      }
+      host = rest.substr(0, colon);
+      port = rest.substr(colon + 1);
+      has_port = true;
+    }
   }
-  if (rest.empty()) {
-    throw std::invalid_argument("ratelimit: redis URL \"" + std::string(url) + "\" has no host");
-  }
-  o.host = std::string(rest);
+  if (has_port) o.port = detail::parse_url_int(port, url, "port", 1, 65535);
+  if (host.empty()) detail::bad_url(url, "has no host");
+  o.host = std::string(host);
   return o;
 }
 

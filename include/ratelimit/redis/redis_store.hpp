@@ -947,7 +947,7 @@ class redis_store {
       connection_pool::lease lease = shared_->pool.acquire(start + shared_->command_timeout);
       // Time spent making a new connection (bounded by connect_timeout) does
       // not eat into the round trip's command_timeout.
-      const deadline until = start + shared_->command_timeout + lease.connect_time();
+      deadline until = start + shared_->command_timeout + lease.connect_time();
       // Whatever interrupts the exchange (I/O, a timeout, bad_alloc), the
       // connection may hold unread replies: it must not serve another caller.
       struct drop_unless_done {
@@ -957,7 +957,9 @@ class redis_store {
           if (!done) l->mark_broken();
         }
       } guard{lease};
-      lease->send(buf, until);
+      // Resent on a new connection only when the server had closed this one
+      // before it accepted a byte (see lease::send).
+      lease.send(buf, until);
       std::vector<std::size_t> retry;
       for (std::size_t i = 0; i < n; ++i) {
         if (!read_into(*lease, i, until)) retry.push_back(i);

@@ -1,0 +1,627 @@
+// SPDX-License-Identifier: Apache-2.0
+// Connections against a real redis-server: idle connections the server closed,
+// answers meaning "wrong node", bounded name resolution, authentication,
+// URL parsing and the maxmemory-policy warning.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ratelimit/ratelimit.hpp"
+#include "ratelimit/redis/redis_store.hpp"
+#include "redis_server.hpp"
+
+namespace {
+
+using namespace ratelimit;
+using namespace std::chrono_literals;
+using clk = std::chrono::steady_clock;
+
+redis::options store_options(const rltest::redis_server& server, redis::failure_policy p) {
+  auto o = server.options();
+  o.connect_timeout = 500ms;
+  o.command_timeout = 1000ms;
+  o.pool_size = 4;
+  o.breaker_threshold = 3;
+  o.breaker_cooldown = 50ms;
+  o.breaker_max_cooldown = 200ms;
+  o.on_failure = p;
+  return o;
+}
+
+std::string str(const redis::reply_ptr& r) {
+  return r->str == nullptr ? std::string() : std::string(r->str, r->len);
+}
+
+/// `threads` threads making `per_thread` checks each at once, so that the
+/// store's pool holds several connections afterwards.
+void fill_pool(redis::redis_store& store, int threads, int per_thread) {
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&store, t, per_thread] {
+      const gcra::config cfg("1000000/1s", bucket_options{.name = "c"});
+      for (int i = 0; i < per_thread; ++i) {
+        (void)store.apply(cfg, "fill" + std::to_string(t), store_time, 1, access::consume);
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+}
+
+/// Checks from several threads; every one must be decided by Redis.
+void expect_all_decided_by_redis(redis::redis_store& store) {
+  std::atomic<int> bad{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t) {
+    ts.emplace_back([&store, &bad, t] {
+      const gcra::config cfg("1000000/1s", bucket_options{.name = "c"});
+      for (int i = 0; i < 25; ++i) {
+        try {
+          const auto d = store.apply(cfg, "after" + std::to_string(t), store_time, 1,
+                                     access::consume);
+          if (d.source != decision_source::store) ++bad;
+        } catch (const store_error&) {
+          ++bad;
+        }
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+/// Normal client connections the server has now, CLIENT LIST's own included.
+int connected_clients(const redis::options& o) {
+  const std::string list = str(rltest::command(o, {"CLIENT", "LIST", "TYPE", "normal"}));
+  int n = 0;
+  for (std::size_t at = list.find("id="); at != std::string::npos; at = list.find("id=", at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+// Verifies that pooled connections closed by the server's idle `timeout` are
+// found closed before anything is sent and replaced: no check fails, no error
+// is counted and the breaker stays closed.
+TEST(RedisConnection, IdleConnectionsClosedByTheServerTimeoutAreReplaced) {
+  rltest::redis_server server;
+  const auto o = store_options(server, redis::failure_policy::throw_error);
+  redis::redis_store store(o);
+  fill_pool(store, 8, 20);
+  ASSERT_GE(connected_clients(o), 3);  // the store's pooled connections + CLIENT LIST's
+  ASSERT_EQ(str(rltest::command(o, {"CONFIG", "SET", "timeout", "1"})), "OK");
+  // A fault test: the server drops clients idle for more than 1 s (counted in
+  // whole seconds, so after 2 s at most), in a cron that runs 10 times a second.
+  std::this_thread::sleep_for(2500ms);
+  for (const auto until = clk::now() + 10s; connected_clients(o) > 1 && clk::now() < until;) {
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_EQ(connected_clients(o), 1);  // only CLIENT LIST's: the pooled ones are gone
+  expect_all_decided_by_redis(store);
+  const auto s = store.stats();
+  EXPECT_EQ(s.errors, 0u);
+  EXPECT_EQ(s.breaker_opened, 0u);
+  EXPECT_FALSE(store.circuit_open());
+}
+
+// Verifies the same after CLIENT KILL of every normal client.
+TEST(RedisConnection, IdleConnectionsKilledByClientKillAreReplaced) {
+  rltest::redis_server server;
+  const auto o = store_options(server, redis::failure_policy::throw_error);
+  redis::redis_store store(o);
+  fill_pool(store, 8, 20);
+  const auto killed = rltest::command(o, {"CLIENT", "KILL", "TYPE", "normal"});
+  ASSERT_EQ(killed->type, REDIS_REPLY_INTEGER);
+  ASSERT_GE(killed->integer, 2);
+  std::this_thread::sleep_for(100ms);  // the closes reach our sockets
+  expect_all_decided_by_redis(store);
+  const auto s = store.stats();
+  EXPECT_EQ(s.errors, 0u);
+  EXPECT_EQ(s.breaker_opened, 0u);
+}
+
+// Verifies the race after the pool's look at an idle connection: when the
+// write itself finds the connection closed before a byte left, the lease
+// writes on a new connection; a plain connection reports that nothing was sent.
+TEST(RedisConnection, WriteOnAConnectionClosedBeforeAnyByteGoesToANewConnection) {
+  rltest::redis_server server;
+  const auto o = server.options();
+  const std::string_view ping[] = {"PING"};
+  std::string bytes;
+  redis::append_command(bytes, ping, 1);
+
+  redis::connection c(o);
+  ASSERT_EQ(::shutdown(c.native_handle(), SHUT_WR), 0);
+  EXPECT_THROW(c.send(bytes, redis::deadline_clock::now() + 1s), redis::connection_error);
+  EXPECT_TRUE(c.closed_before_send());
+  EXPECT_TRUE(c.broken());
+
+  redis::connection_pool pool(o);
+  {
+    auto lease = pool.acquire(redis::deadline_clock::now() + 1s);
+    EXPECT_EQ(str(lease->command(ping, 1, redis::deadline_clock::now() + 1s)), "PONG");
+  }
+  auto lease = pool.acquire(redis::deadline_clock::now() + 1s);
+  const int old_fd = lease->native_handle();
+  ASSERT_EQ(::shutdown(old_fd, SHUT_WR), 0);  // as if closed just after acquire() looked
+  auto until = redis::deadline_clock::now() + 1s;
+  lease.send(bytes, until);
+  EXPECT_EQ(str(lease->receive(until)), "PONG");
+  EXPECT_FALSE(lease->broken());
+}
+
+// Verifies that a check whose script was sent and whose connection was then
+// killed fails (through the failure policy) and is never sent again: the
+// server had it queued (CLIENT PAUSE), so a resend would have run it.
+TEST(RedisConnection, ConnectionKilledAfterTheScriptWasSentIsNotRetried) {
+  rltest::redis_server server;
+  auto o = store_options(server, redis::failure_policy::throw_error);
+  o.command_timeout = 5000ms;
+  redis::redis_store store(o);
+  const gcra::config cfg("10/1h", bucket_options{.name = "c"});
+  ASSERT_EQ(store.apply(cfg, "k", store_time, 1, access::consume).remaining, 9);
+
+  redis::connection admin(o);
+  const auto cmd = [&](std::initializer_list<std::string_view> args) {
+    const std::vector<std::string_view> v(args);
+    return admin.command(v.data(), v.size(), redis::deadline_clock::now() + 5s);
+  };
+  ASSERT_EQ(str(cmd({"CLIENT", "PAUSE", "10000", "WRITE"})), "OK");
+  std::atomic<int> outcome{0};  // 1 = connection_error, 2 = decided, 3 = other
+  std::thread checker([&] {
+    try {
+      (void)store.apply(cfg, "k", store_time, 1, access::consume);
+      outcome = 2;
+    } catch (const redis::connection_error&) {
+      outcome = 1;
+    } catch (...) {
+      outcome = 3;
+    }
+  });
+  // Wait until the server holds the script (parsed, paused).
+  bool queued = false;
+  for (const auto until = clk::now() + 5s; !queued && clk::now() < until;) {
+    queued = str(cmd({"CLIENT", "LIST"})).find("cmd=evalsha") != std::string::npos;
+    if (!queued) std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_TRUE(queued);
+  EXPECT_GE(cmd({"CLIENT", "KILL", "TYPE", "normal"})->integer, 1);  // not this one (SKIPME)
+  checker.join();
+  EXPECT_EQ(outcome.load(), 1);
+  ASSERT_EQ(str(cmd({"CLIENT", "UNPAUSE"})), "OK");
+  // Only the first check ran: the killed one was neither run nor resent.
+  EXPECT_EQ(store.apply(cfg, "k", store_time, 1, access::consume).remaining, 8);
+  EXPECT_EQ(store.stats().errors, 1u);
+}
+
+/// Whether detail::is_node_failure holds for an error reply saying `text`.
+bool node_failure(std::string text) {
+  redisReply r{};
+  r.type = REDIS_REPLY_ERROR;
+  r.str = text.data();
+  r.len = text.size();
+  return redis::detail::is_node_failure(r);
+}
+
+TEST(RedisReplies, NodeFailuresAreToldFromScriptErrorsAndRedirects) {
+  for (const char* yes :
+       {"READONLY You can't write against a read only replica.", "LOADING Redis is loading",
+        "MASTERDOWN Link with MASTER is down", "BUSY Redis is busy running a script.",
+        "MISCONF Redis is configured to save RDB snapshots", "NOREPLICAS Not enough good replicas",
+        "NOAUTH Authentication required.", "WRONGPASS invalid username-password pair", "LOADING",
+        "READONLY You can't write against a read only replica. script: 1f2e, on @user_script:9.",
+        "ERR Error running script (call to f_1f2e): @user_script:9: @user_script: 9: -READONLY "
+        "You can't write against a read only replica. "}) {
+    EXPECT_TRUE(node_failure(yes)) << yes;
+  }
+  for (const char* no :
+       {"NOSCRIPT No matching script.", "MOVED 3999 127.0.0.1:6381", "ASK 3999 127.0.0.1:6381",
+        "TRYAGAIN Multiple keys request during rehashing of slot",
+        "CLUSTERDOWN The cluster is down", "BUSYKEY Target key name already exists.",
+        "BUSYGROUP Consumer Group name already exists",
+        "NOTBUSY No scripts in execution right now.", "OOM command not allowed",
+        "NOPERM this user has no permissions", "ERR wrong number of arguments",
+        "WRONGTYPE Operation against a key holding the wrong kind of value",
+        "ERR Error running script (call to f_1f2e): @user_script:9: user_script:9: "
+        "attempt to compare nil with number",
+        "ERR READONLY in a message", "READONLYX"}) {
+    EXPECT_FALSE(node_failure(no)) << no;
+  }
+  redisReply status{};
+  status.type = REDIS_REPLY_STATUS;
+  std::string ro = "READONLY";
+  status.str = ro.data();
+  status.len = ro.size();
+  EXPECT_FALSE(redis::detail::is_node_failure(status));
+}
+
+/// A thread making checks until stopped, tallying how each was decided.
+struct load {
+  explicit load(redis::redis_store& store) {
+    for (int t = 0; t < 3; ++t) {
+      threads.emplace_back([this, &store, t] {
+        const gcra::config cfg("1000000/1s", bucket_options{.name = "c"});
+        while (!stop) {
+          try {
+            const auto d = store.apply(cfg, "load" + std::to_string(t), store_time, 1,
+                                       access::consume);
+            (d.source == decision_source::store ? by_store : by_policy)++;
+          } catch (const redis::script_error&) {
+            ++script_errors;
+          } catch (const store_error&) {
+            ++other_errors;
+          }
+          std::this_thread::sleep_for(1ms);
+        }
+      });
+    }
+  }
+  load(const load&) = delete;
+  load& operator=(const load&) = delete;
+  ~load() { finish(); }
+  void finish() {
+    stop = true;
+    for (auto& t : threads) {
+      if (t.joinable()) t.join();
+    }
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int> by_store{0}, by_policy{0}, script_errors{0}, other_errors{0};
+  std::vector<std::thread> threads;
+};
+
+// Verifies that a master demoted to a replica under load (its answers are
+// READONLY) is a node failure: checks go through the failure policy, the
+// breaker is fed and opens, no check is decided by a script error; and that
+// once it is a master again checks are decided by Redis without user action.
+TEST(RedisConnection, DemotedMasterIsANodeFailureAndRecovers) {
+  rltest::redis_server a;
+  rltest::redis_server b;
+  const auto o = store_options(a, redis::failure_policy::fail_open);
+  redis::redis_store store(o);
+  load l(store);
+  const auto deadline = clk::now() + 10s;
+  while (l.by_store < 50 && clk::now() < deadline) std::this_thread::sleep_for(5ms);
+  ASSERT_GE(l.by_store.load(), 50);
+
+  const std::string bport = std::to_string(b.port());
+  ASSERT_EQ(str(rltest::command(o, {"REPLICAOF", "127.0.0.1", bport})), "OK");
+  const auto demoted = clk::now();
+  while (store.stats().breaker_opened == 0 && clk::now() - demoted < 10s) {
+    std::this_thread::sleep_for(5ms);
+  }
+  std::this_thread::sleep_for(300ms);  // a few probe rounds under load
+  const auto s = store.stats();
+  EXPECT_GE(s.breaker_opened, 1u);
+  EXPECT_GE(s.errors, o.breaker_threshold);
+  EXPECT_GT(s.fail_open, 0u);
+  EXPECT_EQ(l.script_errors.load(), 0);
+  EXPECT_EQ(l.other_errors.load(), 0);  // fail_open never throws
+
+  // Under throw_error the error is a connection_error, never a script_error.
+  auto to = o;
+  to.on_failure = redis::failure_policy::throw_error;
+  redis::redis_store strict(to);
+  try {
+    (void)strict.apply(gcra::config("10/1h", bucket_options{.name = "c"}), "strict", store_time, 1,
+                       access::consume);
+    ADD_FAILURE() << "a replica decided a check";
+  } catch (const redis::script_error& e) {
+    ADD_FAILURE() << "script_error: " << e.what();
+  } catch (const redis::connection_error& e) {
+    const std::string what = e.what();  // LOADING while it loads its master's data
+    EXPECT_TRUE(what.find("READONLY") != std::string::npos ||
+                what.find("LOADING") != std::string::npos)
+        << what;
+  }
+
+  ASSERT_EQ(str(rltest::command(o, {"REPLICAOF", "NO", "ONE"})), "OK");
+  const int before = l.by_store;
+  const auto promoted = clk::now();
+  while (l.by_store < before + 50 && clk::now() - promoted < 10s) {
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_GE(l.by_store.load(), before + 50) << "checks never went back to the master";
+  l.finish();
+  expect_all_decided_by_redis(store);
+  EXPECT_EQ(l.script_errors.load(), 0);
+}
+
+// Verifies that NOAUTH (a server that wants a password the options lack) is
+// a connection error that feeds the breaker, not a script error.
+TEST(RedisConnection, NoauthIsAConnectionErrorAndOpensTheBreaker) {
+  rltest::redis_server server;
+  auto o = store_options(server, redis::failure_policy::throw_error);
+  ASSERT_EQ(str(rltest::command(o, {"CONFIG", "SET", "requirepass", "s3cret"})), "OK");
+  redis::redis_store store(o);
+  const gcra::config cfg("10/1h", bucket_options{.name = "c"});
+  for (std::uint32_t i = 0; i < o.breaker_threshold; ++i) {
+    try {
+      (void)store.apply(cfg, "k", store_time, 1, access::consume);
+      ADD_FAILURE() << "decided without AUTH";
+    } catch (const redis::script_error& e) {
+      ADD_FAILURE() << "script_error: " << e.what();
+    } catch (const redis::connection_error& e) {
+      EXPECT_NE(std::string(e.what()).find("NOAUTH"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(store.circuit_open());
+  EXPECT_EQ(store.stats().breaker_opened, 1u);
+
+  o.password = "wrong";
+  redis::redis_store wrong(o);
+  EXPECT_THROW((void)wrong.apply(cfg, "k", store_time, 1, access::consume),
+               redis::connection_error);
+  o.password = "s3cret";
+  redis::redis_store right(o);
+  EXPECT_EQ(right.apply(cfg, "k", store_time, 1, access::consume).source, decision_source::store);
+}
+
+// Verifies that a slow name resolution is bounded by connect_timeout: the
+// check is answered by the failure policy long before the resolver returns.
+TEST(RedisResolve, SlowResolverIsBoundedByTheConnectTimeout) {
+  rltest::redis_server server;
+  auto o = store_options(server, redis::failure_policy::fail_open);
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  o.host = "slow.invalid";
+  o.connect_timeout = 50ms;
+  o.command_timeout = 50ms;
+  o.resolver = [finished](const std::string&) {
+    std::this_thread::sleep_for(2s);
+    finished->store(true);
+    return std::vector<std::string>{"127.0.0.1"};
+  };
+  redis::redis_store store(o);
+  const auto start = clk::now();
+  const auto d = store.apply(gcra::config("10/1h", bucket_options{.name = "c"}), "k", store_time, 1,
+                             access::consume);
+  const auto took = clk::now() - start;
+  EXPECT_EQ(d.source, decision_source::fail_open);
+  EXPECT_LT(took, 1500ms);  // a hang test: the resolver alone takes 2 s
+  EXPECT_FALSE(finished->load());
+  EXPECT_EQ(store.stats().timeouts, 1u);
+  // The resolver thread finishes on its own, after the store is gone.
+  store = redis::redis_store(server.options());
+  for (const auto until = clk::now() + 10s; !finished->load() && clk::now() < until;) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_TRUE(finished->load());
+}
+
+// Verifies that the resolver's addresses are used (tried in order), and that
+// a failing resolver is a connection error.
+TEST(RedisResolve, ResolverAddressesAreTriedInOrder) {
+  rltest::redis_server server;
+  auto o = store_options(server, redis::failure_policy::throw_error);
+  o.host = "redis.test";
+  std::atomic<int> calls{0};
+  o.resolver = [&calls](const std::string& host) {
+    ++calls;
+    EXPECT_EQ(host, "redis.test");
+    // Nothing listens on the first: refused, then the second answers.
+    return std::vector<std::string>{"127.0.0.2", "127.0.0.1"};
+  };
+  redis::redis_store store(o);
+  EXPECT_EQ(store
+                .apply(gcra::config("10/1h", bucket_options{.name = "c"}), "k", store_time, 1,
+                       access::consume)
+                .source,
+            decision_source::store);
+  EXPECT_EQ(calls.load(), 1);
+
+  o.resolver = [](const std::string&) -> std::vector<std::string> {
+    throw std::runtime_error("no such host");
+  };
+  redis::redis_store failing(o);
+  EXPECT_THROW((void)failing.apply(gcra::config("10/1h", bucket_options{.name = "c"}), "k",
+                                   store_time, 1, access::consume),
+               redis::connection_error);
+  o.resolver = [](const std::string&) { return std::vector<std::string>{}; };
+  redis::redis_store empty(o);
+  EXPECT_THROW((void)empty.apply(gcra::config("10/1h", bucket_options{.name = "c"}), "k",
+                                 store_time, 1, access::consume),
+               redis::connection_error);
+  // A name (which hiredis would resolve with no deadline) is refused.
+  o.resolver = [](const std::string&) { return std::vector<std::string>{"localhost"}; };
+  redis::redis_store by_name(o);
+  try {
+    (void)by_name.apply(gcra::config("10/1h", bucket_options{.name = "c"}), "k", store_time, 1,
+                        access::consume);
+    ADD_FAILURE() << "a resolver's host name was accepted";
+  } catch (const redis::connection_error& e) {
+    EXPECT_NE(std::string(e.what()).find("no numeric address"), std::string::npos) << e.what();
+  }
+}
+
+// Verifies the system resolver (localhost, from /etc/hosts) and an IPv6 URL.
+TEST(RedisResolve, LocalhostAndIpv6Url) {
+  rltest::redis_server server({"--bind", "127.0.0.1 -::1"});
+  auto o = server.options();
+  o.host = "localhost";
+  // The first getaddrinfo of a process loads NSS modules: slow under sanitizers.
+  o.connect_timeout = 10s;
+  redis::redis_store by_name(o);
+  EXPECT_EQ(by_name
+                .apply(gcra::config("10/1h", bucket_options{.name = "c"}), "k", store_time, 1,
+                       access::consume)
+                .source,
+            decision_source::store);
+  auto v6 = redis::parse_url("redis://[::1]:" + std::to_string(server.port()));
+  EXPECT_EQ(v6.host, "::1");
+  v6.connect_timeout = 10s;
+  v6.command_timeout = 2000ms;
+  redis::redis_store by_v6(v6);
+  try {
+    const auto d = by_v6.apply(gcra::config("10/1h", bucket_options{.name = "c"}), "k", store_time,
+                               1, access::consume);
+    EXPECT_EQ(d.source, decision_source::store);
+    EXPECT_EQ(d.remaining, 8);  // the same server as 127.0.0.1
+  } catch (const redis::connection_error& e) {
+    GTEST_SKIP() << "no IPv6 loopback here: " << e.what();
+  }
+}
+
+/// Collects the warnings of a store.
+struct warnings {
+  std::mutex mutex;
+  std::vector<std::string> lines;
+  std::function<void(std::string_view)> hook() {
+    return [this](std::string_view line) {
+      std::lock_guard<std::mutex> lock(mutex);
+      lines.emplace_back(line);
+    };
+  }
+  std::size_t count() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return lines.size();
+  }
+};
+
+/// Many checks from several threads, with every connection killed twice
+/// in between, so that the store makes many connections.
+void churn(redis::redis_store& store, const redis::options& admin) {
+  for (int round = 0; round < 3; ++round) {
+    fill_pool(store, 6, 30);
+    if (round < 2) {
+      (void)rltest::command(admin, {"CLIENT", "KILL", "TYPE", "normal"});
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+}
+
+// Verifies one warning per store for an allkeys-* maxmemory-policy, however
+// many connections it makes.
+TEST(RedisWarning, AllkeysEvictionPolicyWarnsOncePerStore) {
+  rltest::redis_server server({"--maxmemory-policy", "allkeys-lru"});
+  warnings w;
+  auto o = store_options(server, redis::failure_policy::throw_error);
+  o.on_warning = w.hook();
+  redis::redis_store store(o);
+  churn(store, server.options());
+  ASSERT_EQ(w.count(), 1u);
+  EXPECT_NE(w.lines[0].find("allkeys-lru"), std::string::npos) << w.lines[0];
+  EXPECT_NE(w.lines[0].find("noeviction"), std::string::npos) << w.lines[0];
+  EXPECT_EQ(store.stats().errors, 0u);
+  redis::redis_store another(o);
+  (void)another.apply(gcra::config("10/1h", bucket_options{.name = "c"}), "k", store_time, 1,
+                      access::consume);
+  EXPECT_EQ(w.count(), 2u);  // its own warning
+}
+
+TEST(RedisWarning, NoevictionDoesNotWarn) {
+  rltest::redis_server server;
+  warnings w;
+  auto o = store_options(server, redis::failure_policy::throw_error);
+  o.on_warning = w.hook();
+  redis::redis_store store(o);
+  churn(store, server.options());
+  EXPECT_EQ(w.count(), 0u);
+}
+
+// Verifies that a user denied CONFIG gets no warning (the error is ignored)
+// and that its checks work.
+TEST(RedisWarning, ConfigDeniedByAclIsIgnored) {
+  rltest::redis_server server({"--maxmemory-policy", "allkeys-lru"});
+  const auto admin = server.options();
+  ASSERT_EQ(str(rltest::command(
+                admin, {"ACL", "SETUSER", "limiter", "on", ">pw", "~*", "+@all", "-config"})),
+            "OK");
+  warnings w;
+  auto o = store_options(server, redis::failure_policy::throw_error);
+  o.user = "limiter";
+  o.password = "pw";
+  o.on_warning = w.hook();
+  redis::redis_store store(o);
+  churn(store, admin);
+  EXPECT_EQ(w.count(), 0u);
+  const auto s = store.stats();
+  EXPECT_EQ(s.errors, 0u);
+  EXPECT_GT(s.store, 0u);
+}
+
+/// The message of the invalid_argument that parse_url throws for `url`.
+std::string url_error(const std::string& url) {
+  try {
+    (void)redis::parse_url(url);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << url << " was accepted";
+  return {};
+}
+
+TEST(RedisUrl, PortsOutsideOneTo65535AreRejectedByValue) {
+  for (const std::string port :
+       {"0", "65536", "-1", "99999999999", "", "abc", "63 79", "6379x", "+80", "0x10"}) {
+    const std::string what = url_error("redis://h:" + port);
+    EXPECT_NE(what.find("port \"" + port + "\""), std::string::npos) << port << ": " << what;
+  }
+  EXPECT_EQ(redis::parse_url("redis://h:1").port, 1);
+  EXPECT_EQ(redis::parse_url("redis://h:65535").port, 65535);
+  EXPECT_EQ(redis::parse_url("redis://h:06380").port, 6380);
+}
+
+TEST(RedisUrl, Ipv6HostsInBrackets) {
+  const auto a = redis::parse_url("redis://[::1]:6380/2");
+  EXPECT_EQ(a.host, "::1");
+  EXPECT_EQ(a.port, 6380);
+  EXPECT_EQ(a.database, 2);
+  const auto b = redis::parse_url("redis://u:p@[2001:db8::7]");
+  EXPECT_EQ(b.host, "2001:db8::7");
+  EXPECT_EQ(b.port, 6379);
+  EXPECT_EQ(b.user, "u");
+  EXPECT_EQ(b.password, "p");
+  const auto c = redis::parse_url("redis://[::ffff:127.0.0.1]:7000/");
+  EXPECT_EQ(c.host, "::ffff:127.0.0.1");
+  EXPECT_EQ(c.port, 7000);
+  EXPECT_EQ(c.database, 0);
+  EXPECT_NE(url_error("redis://[::1").find("without closing ]"), std::string::npos);
+  EXPECT_NE(url_error("redis://[::1]6379").find("\"6379\" after"), std::string::npos);
+  EXPECT_NE(url_error("redis://::1").find("without brackets"), std::string::npos);
+  EXPECT_NE(url_error("redis://::1:6379").find("without brackets"), std::string::npos);
+  EXPECT_NE(url_error("redis://[]:6379").find("\"[]\""), std::string::npos);
+  EXPECT_NE(url_error("redis://[localhost]:6379").find("[localhost]"), std::string::npos);
+  EXPECT_NE(url_error("redis://h]:6379").find("bracket"), std::string::npos);
+  EXPECT_NE(url_error("redis://[::1]:0").find("port \"0\""), std::string::npos);
+  EXPECT_NE(url_error("redis://[::1]:").find("port \"\""), std::string::npos);
+}
+
+TEST(RedisUrl, HostsPortsAndDatabases) {
+  const auto a = redis::parse_url("redis://example.com");
+  EXPECT_EQ(a.host, "example.com");
+  EXPECT_EQ(a.port, 6379);
+  EXPECT_EQ(a.database, 0);
+  const auto b = redis::parse_url("redis://user:pa:ss@h:7000/15");
+  EXPECT_EQ(b.user, "user");
+  EXPECT_EQ(b.password, "pa:ss");
+  EXPECT_EQ(b.port, 7000);
+  EXPECT_EQ(b.database, 15);
+  EXPECT_NE(url_error("redis://:6379").find("no host"), std::string::npos);
+  EXPECT_NE(url_error("redis://").find("no host"), std::string::npos);
+  EXPECT_NE(url_error("redis://h/x").find("database \"x\""), std::string::npos);
+  EXPECT_NE(url_error("redis://h/-1").find("database \"-1\""), std::string::npos);
+  EXPECT_NE(url_error("unix:///tmp/s?db=z").find("database \"z\""), std::string::npos);
+  EXPECT_NE(url_error("rediss://h").find("must start with"), std::string::npos);
+}
+
+TEST(RedisUrl, ClusterUrlsShareTheChecks) {
+  const auto c = redis::parse_cluster_url("redis-cluster://a:7000,[::1]:7001,b");
+  ASSERT_EQ(c.seeds.size(), 3u);
+  EXPECT_EQ(c.seeds[1].host, "::1");
+  EXPECT_EQ(c.seeds[1].port, 7001);
+  EXPECT_EQ(c.seeds[2].port, 6379);
+  EXPECT_THROW((void)redis::parse_cluster_url("redis-cluster://a:0"), std::invalid_argument);
+  EXPECT_THROW((void)redis::parse_cluster_url("redis-cluster://a:65536,b"), std::invalid_argument);
+  EXPECT_THROW((void)redis::parse_cluster_url("redis-cluster://::1"), std::invalid_argument);
+}
+
+}  // namespace
