@@ -46,7 +46,7 @@ bool eventually(F done) {
 /// A store with a slot map, pooled connections on every master, its refresher
 /// thread asleep between reads and its prober thread asleep between probes.
 void start_every_thread(redis::cluster_store& store) {
-  const token_bucket::config cfg("5/1s");
+  const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
   for (int i = 0; i < 30; ++i) {
     (void)store.apply(cfg, "warm" + std::to_string(i), microseconds{t0}, 1);
   }
@@ -83,7 +83,7 @@ TEST(ClusterFork, ChildUsingAnInheritedStoreGetsALogicErrorAndANewStoreWorks) {
   const auto o = cluster_opts("use");
   redis::cluster_store store(o);
   start_every_thread(store);
-  const token_bucket::config cfg("5/1s");
+  const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
   ASSERT_EQ(store.apply(cfg, "k", microseconds{t0}, 1).remaining, 4);
   ASSERT_EQ(store.apply(cfg, "k", microseconds{t0}, 1).remaining, 3);
   const rltest::child_end end = rltest::in_child([&] {

@@ -19,7 +19,8 @@ int main() {
   o.on_failure = rl::redis::failure_policy::fail_closed;
   o.connect_timeout = std::chrono::milliseconds{100};
   rl::limiter<rl::gcra, rl::redis::redis_store, rl::manual_clock> lim{
-      rl::gcra::config{"10/s"}, rl::redis::redis_store{o}, rl::manual_clock{}};
+      rl::gcra::config{"10/s", rl::bucket_options{.name = "calls"}}, rl::redis::redis_store{o},
+      rl::manual_clock{}};
   const rl::decision d = lim.try_acquire("caller");
   std::printf("allowed=%d source=%s\n", d.allowed ? 1 : 0, rl::to_string(d.source).data());
   return 0;
