@@ -3,22 +3,38 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <thread>
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <ctime>
+#endif
 
 namespace ratelimit::detail {
 
 /// A lock whose holders are usually done within a few dozen instructions,
 /// but not always (a shard that grows its table, a peek that copies a long
 /// sliding log). A waiter first spins a bounded number of times on a relaxed
-/// load, which is all it takes for the common short section; after that it
-/// sleeps in `std::atomic::wait` (a futex on Linux) instead of burning a CPU
-/// that the holder may need to finish.
+/// load, which is all the common short section takes; then it sleeps (a
+/// futex on Linux) instead of burning a CPU the holder may need to finish.
 ///
-/// The lock word is 0 (free), 1 (held, nobody asleep) or 2 (held, maybe
-/// someone asleep). Taking a free lock is one compare-and-swap; dropping it is
-/// one exchange, and only a word of 2 costs a wake-up call. (A plain store
-/// cannot drop it: a waiter could announce itself between the holder's read
-/// of the word and its store, and would then never be woken.)
+/// The word is 0 (free), 1 (held) or 2 (held, and someone may be asleep).
+/// Taking a free lock is one compare-and-swap. Dropping it is a plain load
+/// and store when the word is 1: no locked instruction, so that the next
+/// check's loads are not held up behind it (on x86 a locked instruction
+/// waits for every earlier memory access, which on a large store costs a
+/// cache miss per check). A word of 2 is dropped by an exchange and a
+/// wake-up call.
+///
+/// The plain store can race with a waiter that turns 1 into 2 between the
+/// holder's load and store; that waiter then misses its wake-up. So sleepers
+/// sleep at most `nap` at a time and look again: a lost wake-up costs at most
+/// one nap, and only in that narrow race.
 ///
 /// Thread safety: meets the Lockable requirements.
 class spin_lock {
@@ -40,7 +56,12 @@ class spin_lock {
   }
 
   void unlock() noexcept {
-    if (word_.exchange(free, std::memory_order_release) == held_with_sleepers) word_.notify_one();
+    if (word_.load(std::memory_order_relaxed) == held) {
+      word_.store(free, std::memory_order_release);
+      return;
+    }
+    word_.store(free, std::memory_order_release);
+    wake_one();
   }
 
  private:
@@ -50,6 +71,8 @@ class spin_lock {
   /// About a microsecond or two of pause instructions: longer than the usual
   /// critical section, far shorter than a time slice.
   static constexpr unsigned spin_limit = 100;
+  /// The longest a sleeper sleeps before it looks at the word again.
+  static constexpr std::chrono::microseconds nap{200};
 
   void lock_contended() noexcept {
     for (unsigned spins = 0; spins < spin_limit; ++spins) {
@@ -66,8 +89,28 @@ class spin_lock {
     // was free. A thread that takes it this way leaves the word at 2, so its
     // unlock wakes the next sleeper (at worst one needless wake-up).
     while (word_.exchange(held_with_sleepers, std::memory_order_acquire) != free) {
-      word_.wait(held_with_sleepers, std::memory_order_relaxed);
+      sleep_while_marked();
     }
+  }
+
+  /// Sleeps until woken, until the word is no longer 2, or for one nap.
+  void sleep_while_marked() noexcept {
+#if defined(__linux__)
+    constexpr timespec timeout{0, std::chrono::nanoseconds{nap}.count()};
+    // Returns at once if the word is no longer 2; errors (EINTR, EAGAIN,
+    // ETIMEDOUT) all mean "look again".
+    (void)syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word_), FUTEX_WAIT_PRIVATE,
+                  held_with_sleepers, &timeout, nullptr, 0);
+#else
+    std::this_thread::sleep_for(nap);
+#endif
+  }
+
+  void wake_one() noexcept {
+#if defined(__linux__)
+    (void)syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word_), FUTEX_WAKE_PRIVATE, 1,
+                  nullptr, nullptr, 0);
+#endif
   }
 
   static void relax() noexcept {
@@ -78,6 +121,8 @@ class spin_lock {
 #endif
   }
 
+  static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t) &&
+                std::atomic<std::uint32_t>::is_always_lock_free);
   std::atomic<std::uint32_t> word_{free};
 };
 

@@ -92,6 +92,7 @@ class memory_store {
   /// @param now  microseconds since the clock's epoch
   /// @param cost validated by the caller (>= 1)
   /// @param a    consume (record) or peek (decide only)
+  /// @throws std::bad_alloc with the store unchanged (see the class comment)
   decision apply(const config_type& cfg, std::string_view key, timestamp now, units cost,
                  access a) {
     const std::uint64_t h = hash(key);
@@ -119,10 +120,12 @@ class memory_store {
 
   /// Drops every key idle at `now`; returns how many were dropped.
   ///
-  /// Holds a shard's lock for at most `sweep_chunk` buckets at a time, so
-  /// checks on that shard wait for one chunk, never for the whole shard.
-  /// Keys held from the start to the end of the sweep are all examined even
-  /// if other threads grow or shrink the shard's table between chunks.
+  /// Holds a shard's lock for at most 64 buckets at a time, so checks on
+  /// that shard wait for one chunk, never for the whole shard. Keys held from
+  /// the start to the end of the sweep are all examined even if other
+  /// threads grow or shrink the shard's table between chunks. A shard that
+  /// drops a key decides keys it does not hold at `now` or later from then
+  /// on (see the class comment), so pass the clock's time, not a later one.
   std::size_t sweep(const config_type& cfg, timestamp now) {
     std::size_t dropped = 0;
     for (std::size_t i = 0; i < options_.shards; ++i) {
