@@ -28,7 +28,8 @@ namespace {
 thread_local long allocations_before_failure = -1;
 }  // namespace
 
-void* operator new(std::size_t size) {
+namespace {
+void* counted_allocation(std::size_t size) {
   if (allocations_before_failure == 0) {
     allocations_before_failure = -1;
     throw std::bad_alloc();
@@ -37,10 +38,26 @@ void* operator new(std::size_t size) {
   if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
   throw std::bad_alloc();
 }
+}  // namespace
+
+// The array forms too: the sanitizers' runtimes define their own, which the
+// standard's default (forwarding to operator new) would otherwise not reach.
+void* operator new(std::size_t size) {
+  return counted_allocation(size);
+}
+void* operator new[](std::size_t size) {
+  return counted_allocation(size);
+}
 void operator delete(void* p) noexcept {
   std::free(p);
 }
 void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
   std::free(p);
 }
 
