@@ -61,8 +61,10 @@ struct memory_store_options {
 /// against a state younger than the one dropped.
 ///
 /// If a policy step or an insertion throws (std::bad_alloc), the check
-/// throws it, the shard's lock is released and the key's state, the store's
-/// size and every other key are as they were before the check.
+/// throws it, the shard's lock is released, and the key's state and every
+/// other key are as they were before the check, except for idle keys the
+/// check may already have reclaimed (which changes no decision; `size()`
+/// counts them out).
 ///
 /// Thread safety: all member functions may be called from any number of
 /// threads concurrently, except construction, destruction and move.
