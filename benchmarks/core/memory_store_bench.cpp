@@ -7,6 +7,9 @@
 //   many_keys_now       100,000 existing keys in shuffled order, time passed in, admitted
 //   many_keys_clock     100,000 existing keys, default steady_clock, admitted
 //   many_keys_rejected  100,000 keys already at 10/15min, a fixed time: every check rejected
+// and, for the fixed window only (hash flooding, one thread):
+//   flood_colliding     4,096 keys of 192 bytes that share one libstdc++ std::hash value
+//   flood_random        4,096 random keys of 192 bytes, the same checks otherwise
 // Every case runs on 1 and 2 threads with real time, so items_per_second is the
 // throughput of the whole process. Two threads on one key share it (contention);
 // on 100,000 keys each thread owns a disjoint half of them.
@@ -32,6 +35,7 @@
 #include <vector>
 
 #include "ratelimit/ratelimit.hpp"
+#include "stdhash_collisions.hpp"
 
 namespace {
 
@@ -310,6 +314,32 @@ void BM_Floor_UnorderedMap(benchmark::State& state, std::size_t key_count) {
   state.SetItemsProcessed(state.iterations());
 }
 
+/// Checks cycling over 4,096 existing keys of 192 bytes, time passed in:
+/// keys built to collide under std::hash, or random bytes of the same length.
+/// Against a store hashing with std::hash the first would walk one chain of
+/// 4,096 keys per check; with a keyed hash the two cost the same.
+void BM_Flood_FixedWindow(benchmark::State& state, bool colliding) {
+  std::vector<std::string> keys = ratelimit::test::stdhash_colliding_keys(12);
+  if (!colliding) {
+    std::mt19937_64 rng(0xf100d);
+    for (std::string& k : keys) {
+      for (char& c : k) c = static_cast<char>(rng());
+    }
+  }
+  std::shuffle(keys.begin(), keys.end(), std::mt19937_64{0x5eed});
+  rl::limiter<rl::fixed_window> lim(admit_config<rl::fixed_window>());
+  std::int64_t now = start_us;
+  for (const std::string& k : keys) (void)lim.try_acquire(k, rl::timestamp{now});
+  std::size_t i = 0;
+  for (auto _ : state) {
+    auto d = lim.try_acquire(keys[i], rl::timestamp{now});
+    benchmark::DoNotOptimize(d);
+    now += step_us;
+    if (++i == keys.size()) i = 0;
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
 constexpr scenario hot_key_now{1, time_source::passed, traffic::admitted};
 constexpr scenario hot_key_clock{1, time_source::steady, traffic::admitted};
 constexpr scenario many_keys_now{many_keys, time_source::passed, traffic::admitted};
@@ -336,6 +366,8 @@ RATELIMIT_POLICY_BENCHMARKS(BM_SlidingLog_MemoryStore);
 RATELIMIT_POLICY_BENCHMARKS(BM_SlidingCounter_MemoryStore);
 RATELIMIT_POLICY_BENCHMARKS(BM_TokenBucket_MemoryStore);
 RATELIMIT_POLICY_BENCHMARKS(BM_Gcra_MemoryStore);
+BENCHMARK_CAPTURE(BM_Flood_FixedWindow, flood_colliding, true)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Flood_FixedWindow, flood_random, false)->UseRealTime();
 
 }  // namespace
 

@@ -8,15 +8,27 @@
 // policy and in a std::unordered_map<std::string, std::uint64_t>), then for
 // each round times a pass of the floor and a pass of every policy back to
 // back, in rotating order, and reports per policy the median over rounds of
-// (policy time / floor time) measured in the same round.
+// (policy time / floor time) measured in the same round, per check.
+//
+// Two more rows measure hash flooding on the fixed window: 4,096 keys of 192
+// bytes that all share one libstdc++ std::hash value, and 4,096 random keys
+// of the same length, each checked 8 times per round in shuffled order.
+// And four rows time two parts of a check alone on the phone-number keys, so
+// that a change to them is measured against its predecessor in the same
+// rounds: the key hash (libstdc++ std::hash, which the store used before,
+// and SipHash-1-3, which it uses now) and an uncontended lock and unlock of
+// a shard lock (the previous test-and-set lock released by a plain store,
+// and the current one, released by an exchange).
 //
 // Usage: ratelimit_paired_core [--rounds N] [--keys N]
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <string_view>
@@ -24,7 +36,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ratelimit/detail/siphash.hpp"
+#include "ratelimit/detail/spin_lock.hpp"
 #include "ratelimit/ratelimit.hpp"
+#include "stdhash_collisions.hpp"
 
 namespace rl = ratelimit;
 using clk = std::chrono::steady_clock;
@@ -34,7 +49,43 @@ namespace {
 struct subject {
   std::string name;
   std::function<std::uint64_t(const std::vector<const std::string*>&, std::int64_t&)> pass;
+  /// The keys this subject checks, in order; null = the shared phone numbers.
+  const std::vector<const std::string*>* order = nullptr;
+  /// Whether to time it on two threads too (not for the parts of a check).
+  bool scaling = true;
 };
+
+/// The shard lock the store used before: test-and-test-and-set, dropped by a
+/// plain store (kept here only to time its uncontended path against the
+/// current one; its contended path is simplified).
+class previous_spin_lock {
+ public:
+  void lock() noexcept {
+    while (locked_.exchange(true, std::memory_order_acquire)) {
+      while (locked_.load(std::memory_order_relaxed)) std::this_thread::yield();
+    }
+  }
+  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> locked_{false};
+};
+
+template <class Lock>
+subject lock_subject(std::string name) {
+  auto lock = std::make_shared<Lock>();
+  return {std::move(name),
+          [lock](const std::vector<const std::string*>& order, std::int64_t&) {
+            std::uint64_t sum = 0;
+            for (const std::string* k : order) {
+              lock->lock();
+              sum += k->size();
+              lock->unlock();
+            }
+            return sum;
+          },
+          nullptr, false};
+}
 
 template <class P>
 subject make_subject(std::string name, typename P::config cfg, const std::vector<std::string>& keys,
@@ -116,6 +167,57 @@ int main(int argc, char** argv) {
   subjects.push_back(make_subject<rl::gcra>("gcra", gcra_cfg, keys, false));
   subjects.push_back(make_subject<rl::gcra>("gcra (steady_clock)", gcra_cfg, keys, true));
 
+  // Hash flooding: keys built to collide under std::hash, and random keys.
+  const std::vector<std::string> colliding = rl::test::stdhash_colliding_keys(12);
+  std::vector<std::string> random_keys = colliding;
+  std::mt19937_64 bytes{0xf100d};
+  for (std::string& k : random_keys) {
+    for (char& c : k) c = static_cast<char>(bytes());
+  }
+  const auto flood_order = [](const std::vector<std::string>& ks) {
+    std::vector<const std::string*> out;
+    std::mt19937_64 rng{0x5eed};
+    for (int rep = 0; rep < 8; ++rep) {
+      std::vector<const std::string*> once;
+      for (const auto& k : ks) once.push_back(&k);
+      std::shuffle(once.begin(), once.end(), rng);
+      out.insert(out.end(), once.begin(), once.end());
+    }
+    return out;
+  };
+  const std::vector<const std::string*> colliding_order = flood_order(colliding);
+  const std::vector<const std::string*> random_order = flood_order(random_keys);
+  subjects.push_back(make_subject<rl::fixed_window>("fixed_window, 4096 std::hash-colliding keys",
+                                                    rl::fixed_window::config{fast}, colliding,
+                                                    false));
+  subjects.back().order = &colliding_order;
+  subjects.push_back(make_subject<rl::fixed_window>("fixed_window, 4096 random keys, same length",
+                                                    rl::fixed_window::config{fast}, random_keys,
+                                                    false));
+  subjects.back().order = &random_order;
+
+  // Parts of a check alone: the key hash, old and new, and the shard lock.
+  subjects.push_back({"part: std::hash<string_view> (before)",
+                      [](const std::vector<const std::string*>& ks, std::int64_t&) {
+                        std::uint64_t sum = 0;
+                        for (const std::string* k : ks) {
+                          sum += std::hash<std::string_view>{}(*k);
+                        }
+                        return sum;
+                      },
+                      nullptr, false});
+  subjects.push_back(
+      {"part: SipHash-1-3 (now)",
+       [](const std::vector<const std::string*>& ks, std::int64_t&) {
+         const rl::detail::siphash_key key{0x0123456789abcdefULL, 0xfedcba9876543210ULL};
+         std::uint64_t sum = 0;
+         for (const std::string* k : ks) sum += rl::detail::siphash13(key, *k);
+         return sum;
+       },
+       nullptr, false});
+  subjects.push_back(lock_subject<previous_spin_lock>("part: lock + unlock, previous lock"));
+  subjects.push_back(lock_subject<rl::detail::spin_lock>("part: lock + unlock, current lock"));
+
   std::unordered_map<std::string, std::uint64_t> floor_map;
   for (const auto& k : keys) floor_map.emplace(k, 0);
   const auto floor_pass = [&] {
@@ -135,9 +237,11 @@ int main(int argc, char** argv) {
     floor_ns.push_back(f * per);
     for (std::size_t j = 0; j < subjects.size(); ++j) {
       const std::size_t s = (j + static_cast<std::size_t>(r)) % subjects.size();
-      const double t = seconds_of([&] { sink += subjects[s].pass(order, now); });
-      ns[s].push_back(t * per);
-      ratio[s].push_back(t / f);
+      const auto& keys_checked = subjects[s].order != nullptr ? *subjects[s].order : order;
+      const double t = seconds_of([&] { sink += subjects[s].pass(keys_checked, now); });
+      const double check_ns = t * 1e9 / static_cast<double>(keys_checked.size());
+      ns[s].push_back(check_ns);
+      ratio[s].push_back(check_ns / (f * per));
     }
   }
 
@@ -170,6 +274,11 @@ int main(int argc, char** argv) {
       "| check | ns/check | x floor | 2 threads / 1 (distinct keys) |\n|---|---|---|---|\n");
   std::printf("| floor: unordered_map find + increment | %.1f | 1.00 | - |\n", median(floor_ns));
   for (std::size_t s = 0; s < subjects.size(); ++s) {
+    if (subjects[s].order != nullptr || !subjects[s].scaling) {
+      std::printf("| %s | %.1f | %.2f | - |\n", subjects[s].name.c_str(), median(ns[s]),
+                  median(ratio[s]));
+      continue;
+    }
     std::printf("| %s | %.1f | %.2f | %.2f |\n", subjects[s].name.c_str(), median(ns[s]),
                 median(ratio[s]), scaling(s));
   }

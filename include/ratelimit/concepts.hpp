@@ -47,6 +47,9 @@ inline constexpr store_time_t store_time{};
 ///   state means "key never seen".
 /// - `P::step(cfg, state&, now, cost)` decides and updates the state: no I/O, no
 ///   clock, no allocation beyond the state's own; `cost` is already validated.
+///   A step whose state allocates (sliding log, compound_of) may throw
+///   std::bad_alloc, and must then leave the state unchanged; the others are
+///   noexcept.
 /// - `P::idle(cfg, state, now)` is true when the state is equivalent to a
 ///   value-initialised one at `now` and later, so a store may drop it.
 /// - `P::name` is the policy's stable name ("fixed_window", ...).
@@ -58,7 +61,7 @@ concept policy = requires(const typename P::config& cfg, typename P::state& s,
   requires std::copy_constructible<typename P::config>;
   requires std::same_as<typename P::config::policy_type, P>;
   { P::name } -> std::convertible_to<std::string_view>;
-  { P::step(cfg, s, now, cost) } noexcept -> std::same_as<decision>;
+  { P::step(cfg, s, now, cost) } -> std::same_as<decision>;
   { P::idle(cfg, cs, now) } noexcept -> std::same_as<bool>;
   { cfg.limit() } noexcept -> std::same_as<units>;
 };

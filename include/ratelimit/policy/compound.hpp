@@ -42,6 +42,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -90,11 +91,17 @@ template <class Config>
   }
 }
 
+/// True when P::step cannot throw (the sliding log's can, on std::bad_alloc).
+template <class P>
+inline constexpr bool nothrow_step = noexcept(P::step(std::declval<const typename P::config&>(),
+                                                      std::declval<typename P::state&>(),
+                                                      timestamp{}, units{}));
+
 /// Smallest d in [lo, infinity) with pred(d), for pred false-then-true,
 /// starting the search at `guess`; `never` if none is found below 2^50 us.
 template <class Pred>
 [[nodiscard]] std::chrono::microseconds first_true(std::int64_t lo, std::int64_t guess,
-                                                   Pred pred) noexcept {
+                                                   Pred pred) noexcept(noexcept(pred(lo))) {
   constexpr std::int64_t ceiling = std::int64_t{1} << 50;  // far past any reset (2^46 us periods)
   std::int64_t hi = std::max(lo, guess);
   // The guess (the state's reset time) always holds for the policies here;
@@ -115,29 +122,30 @@ template <class Pred>
   return std::chrono::microseconds{lo};
 }
 
-/// Settles sub-limit P after every sub-limit decided on a copy: commits the
-/// copy when the compound admits or when P records rejected attempts, and
-/// returns P's contribution measured on the state it keeps.
-/// @param kept  P's state in the key (updated on commit)
+/// Settles sub-limit P after every sub-limit decided on a copy: says
+/// whether the copy is to be committed (`counted`: when the compound admits
+/// or when P records rejected attempts) and returns P's contribution measured
+/// on the state P will keep. Writes nothing, so that the caller can settle
+/// every sub-limit, which may throw std::bad_alloc, before committing any:
+/// a compound step then changes all of its sub-states or none.
+/// @param kept  P's state in the key
 /// @param trial P's copy, after P::step at `now` returned `d`
 /// @param all   every sub-limit admitted
 template <policy P>
-[[nodiscard]] compound_part settle(const typename P::config& cfg, typename P::state& kept,
-                                   typename P::state& trial, const decision& d, bool all,
-                                   timestamp now, units cost) noexcept {
+[[nodiscard]] compound_part settle(const typename P::config& cfg, const typename P::state& kept,
+                                   const typename P::state& trial, const decision& d, bool all,
+                                   timestamp now, units cost) noexcept(nothrow_step<P>) {
   compound_part out;
   out.limit = d.limit;
   out.remaining = d.remaining;
   out.reset_after = d.reset_after;
   if (all) {
-    kept = std::move(trial);
     out.counted = true;
     return out;
   }
   if (!d.allowed) {
     // P rejected: its decision was taken on the state it keeps (the copy
     // holds the attempt exactly when P counted it).
-    if (d.counted) kept = std::move(trial);
     out.counted = d.counted;
     out.retry_after = d.retry_after;
     return out;
@@ -146,11 +154,10 @@ template <policy P>
     // P admitted, but the compound rejects and P records every attempt: keep
     // the copy. The copy's remaining and reset_after are exact for it; the
     // same request admits again as soon as P admits it on that state.
-    kept = std::move(trial);
     out.counted = true;
     if (d.remaining < cost) {
-      const auto admits = [&](std::int64_t after) noexcept {
-        typename P::state probe = kept;
+      const auto admits = [&](std::int64_t after) noexcept(nothrow_step<P>) {
+        typename P::state probe = trial;
         return P::step(cfg, probe, now + timestamp{after}, cost).allowed;
       };
       out.retry_after = first_true(1, d.reset_after.count(), admits);
@@ -264,7 +271,9 @@ struct compound {
     friend bool operator==(const state&, const state&) = default;
   };
 
-  static decision step(const config& cfg, state& s, timestamp now, units cost) noexcept {
+  /// Decides and records. Throws only when a sub-state's copy or step does
+  /// (std::bad_alloc, sliding log); every sub-state is then unchanged.
+  static decision step(const config& cfg, state& s, timestamp now, units cost) noexcept(nothrow) {
     return step_each(cfg, s, now, cost, std::index_sequence_for<Ps...>{});
   }
 
@@ -273,9 +282,12 @@ struct compound {
   }
 
  private:
+  static constexpr bool nothrow = (detail::nothrow_step<Ps> && ...) &&
+                                  (std::is_nothrow_copy_constructible_v<typename Ps::state> && ...);
+
   template <std::size_t... I>
   static decision step_each(const config& cfg, state& s, timestamp now, units cost,
-                            std::index_sequence<I...>) noexcept {
+                            std::index_sequence<I...>) noexcept(nothrow) {
     std::tuple<typename Ps::state...> trial = s.parts;
     // Braced lists evaluate left to right: sub-limits decide in order.
     const std::array<decision, size> sub{
@@ -284,6 +296,8 @@ struct compound {
     const std::array<detail::compound_part, size> parts{
         detail::settle<Ps>(std::get<I>(cfg.parts()), std::get<I>(s.parts), std::get<I>(trial),
                            sub[I], all, now, cost)...};
+    // Nothing below throws: states move without allocating.
+    ((parts[I].counted ? void(std::get<I>(s.parts) = std::move(std::get<I>(trial))) : void()), ...);
     return detail::combine(parts.data(), size, all);
   }
 
@@ -382,12 +396,21 @@ struct compound_of {
     friend bool operator==(const state&, const state&) = default;
   };
 
-  /// Allocates (the copies of the sub-states), like the sliding log's growth;
-  /// allocation failure terminates, as in every policy step.
-  static decision step(const config& cfg, state& s, timestamp now, units cost) noexcept {
+  /// Decides and records. Allocates (copies of the sub-states and the
+  /// per-sub-limit results), so it may throw std::bad_alloc; the state is
+  /// then unchanged: everything is computed on copies first and committed
+  /// by moves that cannot throw.
+  static decision step(const config& cfg, state& s, timestamp now, units cost) {
     const std::size_t n = cfg.size();
-    if (s.parts.size() != n) s.parts.resize(n);
-    std::vector<typename P::state> trial = s.parts;
+    // A key never seen (or held under a config with another number of
+    // sub-limits) starts from initial sub-states, built aside.
+    std::vector<typename P::state> fresh;
+    if (s.parts.size() != n) {
+      fresh = s.parts;
+      fresh.resize(n);
+    }
+    std::vector<typename P::state>& kept = s.parts.size() == n ? s.parts : fresh;
+    std::vector<typename P::state> trial = kept;
     std::vector<decision> sub;
     sub.reserve(n);
     bool all = true;
@@ -398,15 +421,19 @@ struct compound_of {
     std::vector<detail::compound_part> parts;
     parts.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
-      parts.push_back(
-          detail::settle<P>(cfg.parts()[i], s.parts[i], trial[i], sub[i], all, now, cost));
+      parts.push_back(detail::settle<P>(cfg.parts()[i], kept[i], trial[i], sub[i], all, now, cost));
     }
+    // Nothing below throws: states and vectors move without allocating.
+    for (std::size_t i = 0; i < n; ++i) {
+      if (parts[i].counted) kept[i] = std::move(trial[i]);
+    }
+    if (&kept == &fresh) s.parts.swap(fresh);
     // A key whose sub-states are all initial must compare equal to a
     // value-initialised state (stores then record nothing for it).
     const bool initial = std::all_of(
         s.parts.begin(), s.parts.end(),
         [](const typename P::state& p) { return p == typename P::state{}; });
-    if (initial) s.parts = {};
+    if (initial) std::vector<typename P::state>().swap(s.parts);
     return detail::combine(parts.data(), n, all);
   }
 

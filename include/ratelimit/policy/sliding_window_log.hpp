@@ -95,6 +95,16 @@ struct sliding_window_log {
       }
     }
 
+    /// Grows the ring now if appending after popping the `drop` oldest
+    /// entries would have to, so that those pops and that append cannot
+    /// allocate. Throws std::bad_alloc with the state unchanged.
+    void reserve_push(std::size_t drop, std::size_t max_entries) {
+      // Only a full ring with nothing to drop grows; then size_ < max_entries
+      // (the caller drops one entry from a ring of max_entries), so the
+      // grown ring holds every entry and one more.
+      if (drop == 0 && size_ == capacity_) grow(max_entries);
+    }
+
     /// Appends; `max_entries` bounds the ring's growth.
     void push_back(std::int64_t ts, units cost, std::size_t max_entries) {
       if (size_ == capacity_) grow(max_entries);
@@ -170,7 +180,10 @@ struct sliding_window_log {
     units base_ = 0;  ///< running total just before the oldest entry
   };
 
-  static decision step(const config& cfg, state& s, timestamp now, units cost) noexcept {
+  /// Decides and records. May throw std::bad_alloc when the log has to
+  /// grow; the state is then unchanged (the ring grows before anything else
+  /// is written).
+  static decision step(const config& cfg, state& s, timestamp now, units cost) {
     const std::int64_t w = cfg.period_us();
     const units limit = cfg.limit();
     std::int64_t t = now.count();
@@ -186,11 +199,13 @@ struct sliding_window_log {
     d.limit = limit;
     d.allowed = in_window + cost <= limit;
     if (d.allowed || cfg.count_rejected()) {
-      for (std::size_t i = 0; i < first; ++i) s.pop_front();
       // The ring never needs more than `limit` slots (see `trim`): a full
       // ring's oldest entry is one that trimming after this push would drop.
       const auto max_entries = static_cast<std::size_t>(limit);
-      if (s.size() >= max_entries) s.pop_front();
+      const bool drop_one_more = s.size() - first >= max_entries;
+      s.reserve_push(first + (drop_one_more ? 1 : 0), max_entries);
+      for (std::size_t i = 0; i < first; ++i) s.pop_front();
+      if (drop_one_more) s.pop_front();
       s.push_back(t, cost, max_entries);
       trim(s, limit);
       // Trimming only happens once the kept entries reach the limit, so this

@@ -2,21 +2,24 @@
 // The in-process store: a sharded hash map from key to policy state.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <mutex>  // std::lock_guard
 #include <new>
 #include <optional>
+#include <random>
 #include <string_view>
 #include <utility>
 
 #include "ratelimit/concepts.hpp"
 #include "ratelimit/decision.hpp"
+#include "ratelimit/detail/siphash.hpp"
 #include "ratelimit/detail/spin_lock.hpp"
 
 namespace ratelimit {
@@ -46,10 +49,22 @@ struct memory_store_options {
 ///
 /// Each key lives in one of N shards chosen by its hash; a check locks only
 /// that shard. A key is one allocation holding its bytes and its state, found
-/// by `std::string_view` without allocating. Keys whose state is back to empty
-/// ("idle", see `P::idle`) are reclaimed incrementally as new keys arrive, and
-/// all at once by `sweep`. Dropping an idle key never changes a decision for
-/// requests stamped at or after the time it was found idle.
+/// by `std::string_view` without allocating. Keys are hashed with SipHash-1-3
+/// under a key drawn at random for each store, so callers who choose the keys
+/// (user ids, IP addresses, API tokens) cannot make them share a bucket.
+///
+/// Keys whose state is back to empty ("idle", see `P::idle`) are reclaimed
+/// incrementally as new keys arrive, and all at once by `sweep`. Each shard
+/// remembers the latest time at which it dropped an idle key, and decides a
+/// key it does not hold at that time or later (see `try_apply`), so a request
+/// whose thread read the clock before the key was dropped is never decided
+/// against a state younger than the one dropped.
+///
+/// If a policy step or an insertion throws (std::bad_alloc), the check
+/// throws it, the shard's lock is released, and the key's state and every
+/// other key are as they were before the check, except for idle keys the
+/// check may already have reclaimed (which changes no decision; `size()`
+/// counts them out).
 ///
 /// Thread safety: all member functions may be called from any number of
 /// threads concurrently, except construction, destruction and move.
@@ -64,6 +79,7 @@ class memory_store {
   explicit memory_store(memory_store_options o)
       : options_(normalise(o)),
         shard_bits_(static_cast<unsigned>(std::countr_zero(options_.shards))),
+        seed_(make_seed(this)),
         shards_(std::make_unique<shard[]>(options_.shards)),
         count_(std::make_unique<std::atomic<std::size_t>>(0)) {}
 
@@ -78,6 +94,7 @@ class memory_store {
   /// @param now  microseconds since the clock's epoch
   /// @param cost validated by the caller (>= 1)
   /// @param a    consume (record) or peek (decide only)
+  /// @throws std::bad_alloc with the store unchanged (see the class comment)
   decision apply(const config_type& cfg, std::string_view key, timestamp now, units cost,
                  access a) {
     const std::uint64_t h = hash(key);
@@ -104,12 +121,22 @@ class memory_store {
   }
 
   /// Drops every key idle at `now`; returns how many were dropped.
+  ///
+  /// Holds a shard's lock for at most 64 buckets at a time, so checks on
+  /// that shard wait for one chunk, never for the whole shard. Keys held from
+  /// the start to the end of the sweep are all examined even if other
+  /// threads grow or shrink the shard's table between chunks. A shard that
+  /// drops a key decides keys it does not hold at `now` or later from then
+  /// on (see the class comment), so pass the clock's time, not a later one.
   std::size_t sweep(const config_type& cfg, timestamp now) {
     std::size_t dropped = 0;
     for (std::size_t i = 0; i < options_.shards; ++i) {
       shard& sh = shards_[i];
-      std::lock_guard<detail::spin_lock> guard(sh.lock);
-      dropped += sh.sweep_buckets(cfg, now, sh.bucket_count(), *count_);
+      std::uint64_t cursor = 0;
+      do {
+        std::lock_guard<detail::spin_lock> guard(sh.lock);
+        dropped += sh.sweep_chunk(cfg, now, cursor, *count_);
+      } while (cursor != 0);
     }
     return dropped;
   }
@@ -130,9 +157,29 @@ class memory_store {
 
   [[nodiscard]] const memory_store_options& options() const noexcept { return options_; }
 
+  /// The most keys found in one hash bucket, over every shard: a diagnostic
+  /// (a healthy store stays in single digits whatever the keys are).
+  /// Thread safety: takes each shard's lock in turn; walks every key, so it
+  /// is meant for tests and monitoring, not for the request path.
+  [[nodiscard]] std::size_t longest_chain() const {
+    std::size_t longest = 0;
+    for (std::size_t i = 0; i < options_.shards; ++i) {
+      shard& sh = shards_[i];
+      std::lock_guard<detail::spin_lock> guard(sh.lock);
+      for (std::size_t b = 0; b < sh.bucket_count(); ++b) {
+        std::size_t length = 0;
+        for (const node* n = sh.buckets[b]; n != nullptr; n = n->next) ++length;
+        longest = std::max(longest, length);
+      }
+    }
+    return longest;
+  }
+
  private:
   static constexpr std::size_t sweep_when_full = 64;
   static constexpr std::size_t reclaim_nodes = 256;
+  /// Buckets a full `sweep` examines per hold of a shard's lock.
+  static constexpr std::size_t sweep_chunk_buckets = 64;
 
   /// One key: this header, then the key's bytes, in one allocation.
   struct node {
@@ -164,6 +211,8 @@ class memory_store {
     std::size_t mask = 0;  ///< bucket count - 1, or 0 before the first insert
     std::size_t size = 0;
     std::size_t cursor = 0;  ///< next bucket the incremental sweep examines
+    /// The latest `now` at which this shard dropped an idle key.
+    timestamp reclaimed_at = timestamp::min();
 
     shard() = default;
     shard(const shard&) = delete;
@@ -218,16 +267,9 @@ class memory_store {
     /// Examines buckets from the cursor until `nodes` keys were looked at
     /// (or 16 buckets passed) and drops the idle ones.
     std::size_t sweep_some(const config_type& cfg, timestamp now, std::size_t nodes,
-                           std::atomic<std::size_t>& total) {
+                           std::atomic<std::size_t>& total) noexcept {
       std::size_t seen = 0;
       return sweep(cfg, now, nodes, 16, seen, total);
-    }
-
-    /// Examines up to `budget` buckets from the cursor and drops idle keys.
-    std::size_t sweep_buckets(const config_type& cfg, timestamp now, std::size_t budget,
-                              std::atomic<std::size_t>& total) {
-      std::size_t seen = 0;
-      return sweep(cfg, now, static_cast<std::size_t>(-1), budget, seen, total);
     }
 
     /// Drops idle keys from buckets after the cursor; stops after
@@ -235,37 +277,101 @@ class memory_store {
     /// `seen`). Returns how many were dropped.
     std::size_t sweep(const config_type& cfg, timestamp now, std::size_t nodes,
                       std::size_t bucket_budget, std::size_t& seen_total,
-                      std::atomic<std::size_t>& total) {
+                      std::atomic<std::size_t>& total) noexcept {
       std::size_t dropped = 0;
       std::size_t seen = 0;
       const std::size_t nb = bucket_count();
       for (std::size_t i = 0; i < bucket_budget && i < nb && seen < nodes; ++i) {
         cursor = (cursor + 1) & mask;
-        for (node** link = &buckets[cursor]; *link != nullptr;) {
-          node* n = *link;
-          ++seen;
-          ++seen_total;
-          if (P::idle(cfg, n->state, now)) {
-            *link = n->next;
-            node::destroy(n);
-            --size;
-            ++dropped;
-          } else {
-            link = &n->next;
-          }
-        }
+        dropped += drop_idle(cfg, now, buckets[cursor], seen);
       }
-      if (dropped != 0) {
-        total.fetch_sub(dropped, std::memory_order_relaxed);
-        // After a spike, shrink: a table mostly empty would make every pass
-        // of the incremental sweep long, and idle keys would linger.
-        if (nb > 16 && size < nb / 8) resize(nb / 2);
+      seen_total += seen;
+      after_drops(dropped, now, total);
+      return dropped;
+    }
+
+    /// One chunk of a full sweep: examines up to `sweep_chunk_buckets`
+    /// buckets in reverse-binary order from `scan` (0 starts a sweep) and
+    /// advances it; `scan` is 0 again once every bucket was examined.
+    ///
+    /// Reverse-binary order (as Redis's SCAN) increments the bucket index
+    /// from its top bit down. When the table doubles, bucket b splits into b
+    /// and b + old size, both ahead of or both behind the scan; when it
+    /// halves, buckets merge likewise. So a sweep spread over many lock holds
+    /// still examines every key held throughout (a key may be examined
+    /// twice after a shrink, which is harmless).
+    std::size_t sweep_chunk(const config_type& cfg, timestamp now, std::uint64_t& scan,
+                            std::atomic<std::size_t>& total) noexcept {
+      if (buckets == nullptr) {
+        scan = 0;
+        return 0;
+      }
+      std::size_t dropped = 0;
+      std::size_t seen = 0;
+      for (std::size_t i = 0; i < sweep_chunk_buckets; ++i) {
+        dropped += drop_idle(cfg, now, buckets[scan & mask], seen);
+        scan = next_in_scan(scan, mask);
+        if (scan == 0) break;
+      }
+      after_drops(dropped, now, total);
+      return dropped;
+    }
+
+    [[nodiscard]] static std::uint64_t next_in_scan(std::uint64_t scan,
+                                                    std::uint64_t table_mask) noexcept {
+      scan |= ~static_cast<std::uint64_t>(table_mask);
+      return reverse_bits(reverse_bits(scan) + 1);
+    }
+
+    [[nodiscard]] static std::uint64_t reverse_bits(std::uint64_t v) noexcept {
+      v = ((v >> 1) & 0x5555555555555555ULL) | ((v & 0x5555555555555555ULL) << 1);
+      v = ((v >> 2) & 0x3333333333333333ULL) | ((v & 0x3333333333333333ULL) << 2);
+      v = ((v >> 4) & 0x0f0f0f0f0f0f0f0fULL) | ((v & 0x0f0f0f0f0f0f0f0fULL) << 4);
+      v = ((v >> 8) & 0x00ff00ff00ff00ffULL) | ((v & 0x00ff00ff00ff00ffULL) << 8);
+      v = ((v >> 16) & 0x0000ffff0000ffffULL) | ((v & 0x0000ffff0000ffffULL) << 16);
+      return (v >> 32) | (v << 32);
+    }
+
+    /// Drops the idle keys of one chain; counts the keys looked at in `seen`.
+    std::size_t drop_idle(const config_type& cfg, timestamp now, node*& head,
+                          std::size_t& seen) noexcept {
+      std::size_t dropped = 0;
+      for (node** link = &head; *link != nullptr;) {
+        node* n = *link;
+        ++seen;
+        if (P::idle(cfg, n->state, now)) {
+          *link = n->next;
+          node::destroy(n);
+          --size;
+          ++dropped;
+        } else {
+          link = &n->next;
+        }
       }
       return dropped;
     }
 
+    /// Bookkeeping after idle keys were dropped at `now`.
+    void after_drops(std::size_t dropped, timestamp now, std::atomic<std::size_t>& total) noexcept {
+      if (dropped == 0) return;
+      total.fetch_sub(dropped, std::memory_order_relaxed);
+      reclaimed_at = std::max(reclaimed_at, now);
+      // After a spike, shrink: a table mostly empty would make every pass
+      // of the incremental sweep long, and idle keys would linger. Shrinking
+      // is only an optimisation: without memory for the smaller table, keep
+      // the larger one.
+      const std::size_t nb = bucket_count();
+      if (nb > 16 && size < nb / 8) {
+        try {
+          resize(nb / 2);
+        } catch (const std::bad_alloc&) {  // NOLINT(bugprone-empty-catch)
+        }
+      }
+    }
+
     void grow() { resize(buckets == nullptr ? 16 : (mask + 1) * 2); }
 
+    /// Rehashes into `next_count` buckets; on std::bad_alloc nothing changed.
     void resize(std::size_t next_count) {
       auto** next = new node*[next_count]();
       const std::size_t next_mask = next_count - 1;
@@ -291,8 +397,33 @@ class memory_store {
     return o;
   }
 
-  [[nodiscard]] static std::uint64_t hash(std::string_view key) noexcept {
-    return static_cast<std::uint64_t>(std::hash<std::string_view>{}(key));
+  /// SipHash-1-3 under the store's secret key. An unkeyed hash such as
+  /// libstdc++'s std::hash (MurmurHash-like) has multicollisions that do not
+  /// depend on any seed: anyone can build 2^n keys of 16n bytes that share
+  /// one 64-bit hash, which would put them all in one chain of one shard and
+  /// make every check on them cost a walk of that chain under its lock.
+  [[nodiscard]] std::uint64_t hash(std::string_view key) const noexcept {
+    return detail::siphash13(seed_, key);
+  }
+
+  /// A fresh secret key per store, from the system's random source; should
+  /// that be unavailable, from the store's address and the time, which still
+  /// differ from run to run and are not visible to a remote caller.
+  [[nodiscard]] static detail::siphash_key make_seed(const void* self) noexcept {
+    try {
+      std::random_device rd;
+      const auto word = [&rd] {
+        return (static_cast<std::uint64_t>(rd()) << 32) ^ static_cast<std::uint64_t>(rd());
+      };
+      return {word(), word()};
+    } catch (...) {  // std::random_device may throw when no entropy source exists
+      const auto ticks = static_cast<std::uint64_t>(
+          std::chrono::steady_clock::now().time_since_epoch().count());
+      const auto address = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(self));
+      // Two distinct words out of one SipHash keyed by the mixed inputs.
+      const detail::siphash_key mixed{ticks ^ 0x9e3779b97f4a7c15ULL, address};
+      return {detail::siphash13(mixed, "ratelimit.k0"), detail::siphash13(mixed, "ratelimit.k1")};
+    }
   }
 
   [[nodiscard]] shard& shard_for(std::uint64_t h) const noexcept {
@@ -302,6 +433,26 @@ class memory_store {
 
   /// Decides under the shard's lock; empty only when a new key must be
   /// recorded and the store is full.
+  ///
+  /// A key the shard does not hold is decided at `max(now, reclaimed_at)`.
+  /// Why: the caller read `now` before taking the lock. Meanwhile another
+  /// thread may have found this key idle at some later time r and dropped
+  /// it; deciding the caller's request at `now` on an empty state would then
+  /// forget requests the dropped state still counted at `now` (a key filled
+  /// to its limit at t0 would admit one more request in the window holding
+  /// t0 and `now`). Deciding at r instead is exact for every policy here:
+  /// `P::idle(s, r)` means that s decides and records every request at r or
+  /// later exactly as an empty state does (fixed window: r is in a later
+  /// window; sliding log: every entry is at or before r - W; sliding
+  /// counter: both counts are out of reach at r; token bucket: refilled by
+  /// r; GCRA: TAT <= r; compound: every part idle). So the result is the one
+  /// the dropped state would have given a request stamped r, the time the
+  /// drop itself read, no later than this check: the same as a limiter whose
+  /// thread read its clock a little later, and the usual rule that durations
+  /// are measured from the decision time holds. The mark is per shard, as a
+  /// key lives in one shard; a key never held in the shard is decided at r
+  /// too, which changes nothing for an empty state except that its first
+  /// record is stamped r (only possible when times run out of order).
   std::optional<decision> try_apply(shard& sh, const config_type& cfg, std::uint64_t h,
                                     std::string_view key, timestamp now, units cost, access a) {
     if (node* n = sh.find(h, key)) {
@@ -311,6 +462,7 @@ class memory_store {
       }
       return P::step(cfg, n->state, now, cost);
     }
+    now = std::max(now, sh.reclaimed_at);
     state_type fresh{};
     decision d = P::step(cfg, fresh, now, cost);
     if (a == access::peek || fresh == state_type{}) return d;  // nothing to record
@@ -364,6 +516,7 @@ class memory_store {
 
   memory_store_options options_;
   unsigned shard_bits_;
+  detail::siphash_key seed_;
   std::unique_ptr<shard[]> shards_;
   std::unique_ptr<std::atomic<std::size_t>> count_;
   std::unique_ptr<std::atomic<std::size_t>> reclaim_cursor_ =

@@ -1,0 +1,213 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests that std::bad_alloc during a check reaches the caller and leaves the store as it was.
+//
+// This binary replaces the global operator new so that a test can make the
+// n-th allocation from now throw std::bad_alloc. Each scenario runs one check
+// with the 0th, 1st, 2nd, ... allocation failing until the check succeeds,
+// and after every failure asserts that the key's state and the store's size
+// are unchanged and that the store still works. Before the fix, policy steps
+// that allocate were noexcept, so the first failure terminated the process.
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdlib>
+#include <functional>
+#include <new>
+#include <string>
+#include <string_view>
+
+#include "ratelimit/decision.hpp"
+#include "ratelimit/policy/compound.hpp"
+#include "ratelimit/policy/fixed_window.hpp"
+#include "ratelimit/policy/sliding_window_log.hpp"
+#include "ratelimit/rate.hpp"
+#include "ratelimit/store/memory_store.hpp"
+
+namespace {
+/// Allocations that succeed before one fails; negative: none fails.
+thread_local long allocations_before_failure = -1;
+}  // namespace
+
+namespace {
+void* counted_allocation(std::size_t size) {
+  if (allocations_before_failure == 0) {
+    allocations_before_failure = -1;
+    throw std::bad_alloc();
+  }
+  if (allocations_before_failure > 0) --allocations_before_failure;
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+}  // namespace
+
+// The array forms too: the sanitizers' runtimes define their own, which the
+// standard's default (forwarding to operator new) would otherwise not reach.
+void* operator new(std::size_t size) {
+  return counted_allocation(size);
+}
+void* operator new[](std::size_t size) {
+  return counted_allocation(size);
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
+
+namespace {
+
+using namespace std::chrono_literals;
+using ratelimit::access;
+using ratelimit::decision;
+using ratelimit::memory_store;
+using ratelimit::memory_store_options;
+using ratelimit::timestamp;
+
+/// Runs `check` on `store` with allocation n failing, for n = 0, 1, ...,
+/// until it succeeds; `twin` got the same history and runs `check` once,
+/// without failures. Asserts that each failure changed nothing and that the
+/// final success matches the twin exactly. Returns how many checks failed.
+template <class P>
+int fail_each_allocation_in_turn(memory_store<P>& store, memory_store<P>& twin,
+                                 std::string_view key,
+                                 const std::function<decision(memory_store<P>&)>& check) {
+  const decision expected = check(twin);
+  int failures = 0;
+  for (long n = 0; n < 100; ++n) {
+    const typename P::state before = store.state_of(key);
+    const std::size_t size_before = store.size();
+    decision got;
+    bool threw = false;
+    allocations_before_failure = n;
+    try {
+      got = check(store);
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    allocations_before_failure = -1;
+    if (!threw) {
+      EXPECT_EQ(got, expected);
+      EXPECT_EQ(store.state_of(key), twin.state_of(key));
+      EXPECT_EQ(store.size(), twin.size());
+      return failures;
+    }
+    ++failures;
+    EXPECT_EQ(store.state_of(key), before) << "allocation " << n;
+    EXPECT_EQ(store.size(), size_before) << "allocation " << n;
+  }
+  ADD_FAILURE() << "the check never succeeded";
+  return failures;
+}
+
+template <class P>
+void prepare(memory_store<P>& a, memory_store<P>& b, const typename P::config& cfg,
+             std::string_view key, std::initializer_list<std::int64_t> times) {
+  for (const std::int64_t t : times) {
+    (void)a.apply(cfg, key, timestamp{t}, 1, access::consume);
+    (void)b.apply(cfg, key, timestamp{t}, 1, access::consume);
+  }
+}
+
+// Verifies the sliding log's growth: its third entry moves the log to the heap.
+TEST(AllocationFailure, SlidingLogGrowthLeavesTheLogIntact) {
+  using P = ratelimit::sliding_window_log;
+  const P::config cfg{"10/1s"};
+  memory_store<P> store;
+  memory_store<P> twin;
+  prepare(store, twin, cfg, "k", {1, 2});
+  const int failures = fail_each_allocation_in_turn<P>(store, twin, "k", [&](memory_store<P>& s) {
+    return s.apply(cfg, "k", timestamp{3}, 1, access::consume);
+  });
+  EXPECT_GE(failures, 1);
+  EXPECT_EQ(store.state_of("k").size(), 3U);
+}
+
+// Verifies a peek, which copies the log, and that it then still decides.
+TEST(AllocationFailure, PeekCopyFailureChangesNothing) {
+  using P = ratelimit::sliding_window_log;
+  const P::config cfg{"10/1s"};
+  memory_store<P> store;
+  memory_store<P> twin;
+  prepare(store, twin, cfg, "k", {1, 2, 3, 4});
+  const int failures = fail_each_allocation_in_turn<P>(store, twin, "k", [&](memory_store<P>& s) {
+    return s.apply(cfg, "k", timestamp{5}, 1, access::peek);
+  });
+  EXPECT_GE(failures, 1);
+}
+
+// Verifies a run-time compound of sliding logs: every step copies vectors.
+TEST(AllocationFailure, CompoundOfStepIsAllOrNothing) {
+  using P = ratelimit::compound_of<ratelimit::sliding_window_log>;
+  const P::config cfg{"10/1s", "20/1min"};
+  memory_store<P> store;
+  memory_store<P> twin;
+  prepare(store, twin, cfg, "k", {1, 2});
+  const int failures = fail_each_allocation_in_turn<P>(store, twin, "k", [&](memory_store<P>& s) {
+    return s.apply(cfg, "k", timestamp{3}, 1, access::consume);
+  });
+  EXPECT_GE(failures, 3);
+}
+
+// Verifies a new key of a compound_of, whose first step builds its sub-states.
+TEST(AllocationFailure, CompoundOfNewKeyIsNotInserted) {
+  using P = ratelimit::compound_of<ratelimit::sliding_window_log>;
+  const P::config cfg{"10/1s", "20/1min"};
+  memory_store<P> store;
+  memory_store<P> twin;
+  prepare(store, twin, cfg, "other", {1});
+  const int failures = fail_each_allocation_in_turn<P>(store, twin, "k", [&](memory_store<P>& s) {
+    return s.apply(cfg, "k", timestamp{3}, 1, access::consume);
+  });
+  EXPECT_GE(failures, 3);
+  EXPECT_EQ(store.size(), 2U);
+}
+
+// Verifies a compile-time compound where the sliding log counts rejected
+// attempts: the fixed window rejects, the log admits and records the attempt
+// (growing to the heap), then probes copies of itself for retry_after. A
+// failure anywhere must leave both sub-states as they were.
+TEST(AllocationFailure, CompoundCommitsNoSubLimitWhenAnyAllocationFails) {
+  using P = ratelimit::compound<ratelimit::sliding_window_log, ratelimit::fixed_window>;
+  const P::config cfg{
+      ratelimit::sliding_window_log::config{"3/1s", ratelimit::window_options{true}},
+      ratelimit::fixed_window::config{"2/1s"}};
+  memory_store<P> store;
+  memory_store<P> twin;
+  prepare(store, twin, cfg, "k", {1, 2});
+  const int failures = fail_each_allocation_in_turn<P>(store, twin, "k", [&](memory_store<P>& s) {
+    return s.apply(cfg, "k", timestamp{3}, 1, access::consume);
+  });
+  EXPECT_GE(failures, 2);
+  const decision d = store.apply(cfg, "k", timestamp{4}, 1, access::peek);
+  EXPECT_FALSE(d.allowed);
+}
+
+// Verifies the store's own insertion: the node and, for the 17th key of a
+// shard, a larger bucket array.
+TEST(AllocationFailure, FailedInsertionKeepsTheCountRight) {
+  using P = ratelimit::fixed_window;
+  const P::config cfg{"10/1s"};
+  memory_store_options o;
+  o.shards = 1;
+  o.max_keys = 17;
+  memory_store<P> store(o);
+  memory_store<P> twin(o);
+  for (int i = 0; i < 16; ++i) prepare(store, twin, cfg, "k" + std::to_string(i), {1});
+  const int failures = fail_each_allocation_in_turn<P>(store, twin, "new", [&](memory_store<P>& s) {
+    return s.apply(cfg, "new", timestamp{2}, 1, access::consume);
+  });
+  EXPECT_EQ(failures, 2);  // the bucket array, then the node
+  EXPECT_EQ(store.size(), 17U);
+  // The cap still counts right: one more key is over it.
+  EXPECT_EQ(store.apply(cfg, "one-too-many", timestamp{2}, 1, access::consume).source,
+            ratelimit::decision_source::fail_open);
+}
+
+}  // namespace
