@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <istream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -65,6 +66,7 @@ class csv_reader {
   /// one where that field opened, since nothing after it can be trusted to be
   /// part of the field. `next_line() - line()` is the number of physical lines
   /// the bad record took with it.
+  /// @throws std::runtime_error when the stream reports a read error
   status next() {
     for (;;) {
       const parse_result r = parse(pos_);
@@ -113,6 +115,10 @@ class csv_reader {
     in_.read(buf_.data() + end_, static_cast<std::streamsize>(buf_.size() - end_));
     const auto got = static_cast<std::size_t>(in_.gcount());
     end_ += got;
+    // A read error (EIO, a directory opened as a file) also ends the data;
+    // taken for the end, it would replay a truncated or empty log as a
+    // success.
+    if (in_.bad()) throw std::runtime_error("cannot read the input (a read error, or a directory)");
     if (got == 0) eof_ = true;
   }
 

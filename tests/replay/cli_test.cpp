@@ -156,6 +156,33 @@ TEST(ReplayCli, UsageErrorsExitTwoNamingTheProblem) {
   }
 }
 
+// Verifies that an input the tool cannot read (a directory; the same read
+// error as EIO half way through a file) fails the run instead of being
+// replayed as an empty or truncated log with exit status 0.
+TEST(ReplayCli, AnInputThatCannotBeReadFailsTheRun) {
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  const std::vector<std::vector<std::string>> cases = {
+      {"--policy", "gcra", "--rate", "1/s", "--decisions", dir},
+      {"--policy", "gcra", "--rate", "1/s", "--skip-bad-lines", "--decisions", dir},
+      {"--rate", "1/s", dir},
+      {"--rate", "1/s", "--skip-bad-lines", dir},
+  };
+  for (const auto& args : cases) {
+    const auto r = run(args);
+    EXPECT_EQ(r.status, 1) << args.back() << " -> " << r.err;
+    EXPECT_NE(r.err.find("cannot read"), std::string::npos) << r.err;
+  }
+  // Standard input redirected from a directory.
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--policy", "gcra", "--rate", "1/s", "--decisions", "-"},
+        std::vector<std::string>{"--rate", "1/s", "-"}}) {
+    std::ifstream in(dir, std::ios::binary);
+    std::ostringstream out, err;
+    EXPECT_EQ(run_replay(args, in, out, err), 1) << err.str();
+    EXPECT_NE(err.str().find("cannot read"), std::string::npos) << err.str();
+  }
+}
+
 #ifndef RATELIMIT_REPLAY_HAVE_REDIS
 TEST(ReplayCli, RedisStoreNeedsRedisSupport) {
   const auto r = run({"--policy", "gcra", "--rate", "1/s", "--store", "redis://127.0.0.1:6379",

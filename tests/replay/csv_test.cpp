@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <ios>
 #include <sstream>
+#include <stdexcept>
+#include <streambuf>
 #include <string>
 #include <vector>
 
@@ -186,6 +189,36 @@ TEST(CsvReader, RefusesNul) {
   EXPECT_NE(v[0].error.find("NUL"), std::string::npos);
   EXPECT_EQ(v[1].fields[1], "c");
   EXPECT_EQ(v[1].line, 2u);
+}
+
+/// Gives `text`, then fails as a read error does (an EIO, or a directory
+/// opened as a file): libstdc++'s filebuf throws from underflow, which
+/// std::istream::read turns into badbit.
+class failing_buf : public std::streambuf {
+ public:
+  explicit failing_buf(std::string text) : text_(std::move(text)) {
+    setg(text_.data(), text_.data(), text_.data() + text_.size());
+  }
+
+ protected:
+  int_type underflow() override { throw std::ios_base::failure("read error"); }
+
+ private:
+  std::string text_;
+};
+
+// Verifies that a read error is not taken for the end of the input: the log
+// would be replayed truncated, with success.
+TEST(CsvReader, AReadErrorIsNotTheEndOfTheInput) {
+  failing_buf buf("1,a\n2,b\n");
+  std::istream in(&buf);
+  csv_reader r(in, 4);
+  EXPECT_THROW(
+      {
+        while (r.next() != csv_reader::status::end) {
+        }
+      },
+      std::runtime_error);
 }
 
 TEST(CsvWriter, QuotesOnlyWhenNeededAndRoundTrips) {
