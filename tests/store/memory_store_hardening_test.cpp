@@ -2,6 +2,7 @@
 // Tests of memory_store under attack: flooding keys, the reclaim race, its lock and chunked sweeps.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -343,35 +344,116 @@ TEST(SpinLock, StoreAdmitsExactlyTheLimitAcrossThreads) {
 
 // ---------------------------------------------------------------- sweep
 
-// Verifies that a sweep, which now releases the shard's lock between chunks,
-// still drops every key idle throughout, while another thread grows the
-// same shard's table (from 16 to many thousand buckets) in between.
-TEST(MemoryStoreSweep, ChunkedSweepDropsEveryIdleKeyWhileTheTableGrows) {
-  const ratelimit::fixed_window::config cfg{ratelimit::rate{5, 1ms}};
+/// A policy that lets a test see which keys a sweep examines. A key's state
+/// is the cost of its first request (its id). Keys with an id at or above
+/// `victim_ids` are idle from t = 2 on; the others never are, and
+/// every time the sweeping thread asks about one, its id is recorded. Nothing
+/// else depends on time; the tests insert at t = 1 and sweep at t = 2.
+struct probe_policy {
+  static constexpr std::string_view name = "probe";
+  static constexpr units victim_ids = 1'000'000;
+  struct config {
+    using policy_type = probe_policy;
+    [[nodiscard]] units limit() const noexcept { return units{1} << 40; }
+  };
+  struct state {
+    units id = 0;
+    friend bool operator==(const state&, const state&) = default;
+  };
+  static inline std::thread::id sweeper{};
+  static inline std::set<units>* examined = nullptr;
+
+  static decision step(const config& cfg, state& s, timestamp, units cost) noexcept {
+    if (s.id == 0) s.id = cost;
+    decision d;
+    d.allowed = true;
+    d.limit = cfg.limit();
+    d.remaining = d.limit;
+    return d;
+  }
+  static bool idle(const config&, const state& s, timestamp now) noexcept {
+    if (s.id >= victim_ids) return now.count() >= 2;
+    if (examined != nullptr && std::this_thread::get_id() == sweeper) examined->insert(s.id);
+    return false;
+  }
+};
+static_assert(ratelimit::policy<probe_policy>);
+
+/// Records what `sweep` examines for the duration of a test.
+class sweep_probe {
+ public:
+  sweep_probe() {
+    probe_policy::sweeper = std::this_thread::get_id();
+    probe_policy::examined = &examined_;
+  }
+  ~sweep_probe() { probe_policy::examined = nullptr; }
+  sweep_probe(const sweep_probe&) = delete;
+  sweep_probe& operator=(const sweep_probe&) = delete;
+  [[nodiscard]] const std::set<units>& examined() const { return examined_; }
+
+ private:
+  std::set<units> examined_;
+};
+
+// Verifies that a sweep examines every key held throughout while its own
+// drops shrink the table between its chunks (32768 buckets down to a few
+// hundred). Walking the buckets in index order would skip keys here: a
+// halving moves the keys of bucket b + n/2, not yet examined, into bucket b,
+// already examined. Deterministic: one thread.
+TEST(MemoryStoreSweep, ChunkedSweepExaminesEveryKeyWhileItsDropsShrinkTheTable) {
+  const probe_policy::config cfg;
   memory_store_options o;
   o.shards = 1;
-  o.sweep_per_insert = 1;
-  memory_store<ratelimit::fixed_window> store(o);
-  constexpr int old_keys = 3'000;
-  for (int i = 0; i < old_keys; ++i) {
-    ASSERT_TRUE(
-        store.apply(cfg, "old" + std::to_string(i), timestamp{10}, 1, access::consume).allowed);
+  memory_store<probe_policy> store(o);
+  constexpr units kept = 500;
+  constexpr units victims = 30'000;
+  for (units i = 1; i <= kept; ++i) {
+    (void)store.apply(cfg, "kept" + std::to_string(i), timestamp{1}, i, access::consume);
   }
-  constexpr int new_keys = 20'000;
+  for (units i = 0; i < victims; ++i) {
+    (void)store.apply(cfg, "victim" + std::to_string(i), timestamp{1}, probe_policy::victim_ids + i,
+                      access::consume);
+  }
+  ASSERT_EQ(store.size(), std::size_t{kept + victims});
+  sweep_probe probe;
+  EXPECT_EQ(store.sweep(cfg, timestamp{2}), std::size_t{victims});
+  EXPECT_EQ(store.size(), std::size_t{kept});
+  EXPECT_EQ(probe.examined().size(), std::size_t{kept});
+  for (units i = 1; i <= kept; ++i) {
+    EXPECT_EQ(probe.examined().count(i), 1U) << "key kept" << i << " was never examined";
+  }
+}
+
+// Verifies that a sweep examines every key held throughout while another
+// thread grows the same shard's table (16 buckets up to 32768) between its
+// chunks. The writer's keys are never idle, so nothing the writer does can
+// stand in for the sweep; how the two interleave is up to the scheduler.
+TEST(MemoryStoreSweep, ChunkedSweepExaminesEveryKeyWhileTheTableGrows) {
+  const probe_policy::config cfg;
+  memory_store_options o;
+  o.shards = 1;
+  memory_store<probe_policy> store(o);
+  constexpr units old_keys = 3'000;
+  for (units i = 1; i <= old_keys; ++i) {
+    (void)store.apply(cfg, "old" + std::to_string(i), timestamp{1}, i, access::consume);
+  }
+  constexpr units new_keys = 20'000;
+  sweep_probe probe;
+  std::atomic<bool> started{false};
   std::thread writer([&] {
-    for (int i = 0; i < new_keys; ++i) {
-      (void)store.apply(cfg, "new" + std::to_string(i), timestamp{50'000}, 1, access::consume);
+    for (units i = 0; i < new_keys; ++i) {
+      (void)store.apply(cfg, "new" + std::to_string(i), timestamp{1}, old_keys + 1 + i,
+                        access::consume);
+      started.store(true, std::memory_order_relaxed);
     }
   });
-  // At t = 5000 every old key is idle and no new key is.
-  std::size_t dropped = store.sweep(cfg, timestamp{5'000});
+  while (!started.load(std::memory_order_relaxed)) std::this_thread::yield();
+  EXPECT_EQ(store.sweep(cfg, timestamp{2}), 0U);
   writer.join();
-  for (int i = 0; i < old_keys; ++i) {
-    ASSERT_EQ(store.state_of("old" + std::to_string(i)), ratelimit::fixed_window::state{}) << i;
+  EXPECT_EQ(store.size(), std::size_t{old_keys + new_keys});
+  for (units i = 1; i <= old_keys; ++i) {
+    ASSERT_EQ(probe.examined().count(i), 1U) << "key old" << i << " was never examined";
   }
-  // Old keys dropped by the writer's incremental sweep were not the sweep's.
-  EXPECT_LE(dropped, std::size_t{old_keys});
-  EXPECT_EQ(store.size(), std::size_t{new_keys});
 }
 
 }  // namespace
