@@ -10,9 +10,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <new>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "ratelimit/limiter.hpp"
@@ -656,6 +659,69 @@ TEST(CompoundOf, ThreadsOnTheMemoryStoreAdmitExactlyTheSmallestLimit) {
   }
   for (auto& t : pool) t.join();
   EXPECT_EQ(admitted.load(), 50);
+}
+
+/// A user policy whose step cannot throw but whose state's copy can (it
+/// would allocate): a counter that never refills, counting rejected attempts.
+/// `copies_before_failure` makes the n-th copy from now throw std::bad_alloc.
+struct copy_throws {
+  static constexpr std::string_view name = "copy_throws";
+  static inline int copies_before_failure = -1;
+  struct config {
+    using policy_type = copy_throws;
+    units max = 2;
+    [[nodiscard]] units limit() const noexcept { return max; }
+    [[nodiscard]] bool count_rejected() const noexcept { return true; }
+  };
+  struct state {
+    units used = 0;
+    state() = default;
+    state(const state& o) : used(o.used) {
+      if (copies_before_failure == 0) {
+        copies_before_failure = -1;
+        throw std::bad_alloc();
+      }
+      if (copies_before_failure > 0) --copies_before_failure;
+    }
+    state& operator=(const state&) = default;
+    friend bool operator==(const state&, const state&) = default;
+  };
+  static decision step(const config& cfg, state& s, timestamp, units cost) noexcept {
+    decision d;
+    d.limit = cfg.max;
+    d.allowed = s.used + cost <= cfg.max;
+    s.used += cost;
+    d.counted = true;
+    d.remaining = cfg.max > s.used ? cfg.max - s.used : 0;
+    d.reset_after = 1s;
+    if (!d.allowed) d.retry_after = ratelimit::never;
+    return d;
+  }
+  static bool idle(const config&, const state& s, timestamp) noexcept { return s.used == 0; }
+};
+static_assert(ratelimit::policy<copy_throws>);
+static_assert(!noexcept(compound<copy_throws, fixed_window>::step(
+    std::declval<const compound<copy_throws, fixed_window>::config&>(),
+    std::declval<compound<copy_throws, fixed_window>::state&>(), timestamp{}, units{})));
+
+// Verifies that a sub-state copy that throws while the compound looks for
+// retry_after (the sub-limit admitted, counts rejected attempts, and the
+// compound rejects) reaches the caller with the state unchanged. It used to
+// happen inside a noexcept function (the step itself is noexcept), which
+// terminated the process.
+TEST(Compound, ASubStateCopyThatThrowsInTheRetrySearchReachesTheCaller) {
+  using P = compound<copy_throws, fixed_window>;
+  const P::config cfg{copy_throws::config{}, fixed_window::config{"1/1s"}};
+  P::state s;
+  ASSERT_TRUE(P::step(cfg, s, timestamp{0}, 1).allowed);
+  const P::state before = s;
+  // Copy 0 is the compound's trial copy; copy 1 the first retry probe's.
+  copy_throws::copies_before_failure = 1;
+  EXPECT_THROW((void)P::step(cfg, s, timestamp{1}, 1), std::bad_alloc);
+  copy_throws::copies_before_failure = -1;
+  EXPECT_EQ(s, before);
+  // Without failures the same step rejects (the fixed window is full).
+  EXPECT_FALSE(P::step(cfg, s, timestamp{1}, 1).allowed);
 }
 
 }  // namespace

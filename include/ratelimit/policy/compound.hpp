@@ -97,6 +97,13 @@ inline constexpr bool nothrow_step = noexcept(P::step(std::declval<const typenam
                                                       std::declval<typename P::state&>(),
                                                       timestamp{}, units{}));
 
+/// True when stepping a copy of P's state cannot throw: the retry search of
+/// `settle` copies the state for every probe, so a state whose copy may
+/// allocate makes it throwing even when P::step itself is noexcept.
+template <class P>
+inline constexpr bool nothrow_probe = nothrow_step<P> &&
+                                      std::is_nothrow_copy_constructible_v<typename P::state>;
+
 /// Smallest d in [lo, infinity) with pred(d), for pred false-then-true,
 /// starting the search at `guess`; `never` if none is found below 2^50 us.
 template <class Pred>
@@ -134,7 +141,7 @@ template <class Pred>
 template <policy P>
 [[nodiscard]] compound_part settle(const typename P::config& cfg, const typename P::state& kept,
                                    const typename P::state& trial, const decision& d, bool all,
-                                   timestamp now, units cost) noexcept(nothrow_step<P>) {
+                                   timestamp now, units cost) noexcept(nothrow_probe<P>) {
   compound_part out;
   out.limit = d.limit;
   out.remaining = d.remaining;
@@ -156,7 +163,7 @@ template <policy P>
     // same request admits again as soon as P admits it on that state.
     out.counted = true;
     if (d.remaining < cost) {
-      const auto admits = [&](std::int64_t after) noexcept(nothrow_step<P>) {
+      const auto admits = [&](std::int64_t after) noexcept(nothrow_probe<P>) {
         typename P::state probe = trial;
         return P::step(cfg, probe, now + timestamp{after}, cost).allowed;
       };
@@ -282,8 +289,7 @@ struct compound {
   }
 
  private:
-  static constexpr bool nothrow = (detail::nothrow_step<Ps> && ...) &&
-                                  (std::is_nothrow_copy_constructible_v<typename Ps::state> && ...);
+  static constexpr bool nothrow = (detail::nothrow_probe<Ps> && ...);
 
   template <std::size_t... I>
   static decision step_each(const config& cfg, state& s, timestamp now, units cost,
