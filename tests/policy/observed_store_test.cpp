@@ -26,6 +26,7 @@
 #include "ratelimit/policy/fixed_window.hpp"
 #include "ratelimit/policy/gcra.hpp"
 #include "ratelimit/policy/sliding_window_log.hpp"
+#include "ratelimit/store/blocked_cache.hpp"
 #include "ratelimit/store/memory_store.hpp"
 
 #ifndef RATELIMIT_METRICS_EXAMPLE
@@ -124,6 +125,35 @@ static_assert(ratelimit::store_for<
               ratelimit::compound_of<ratelimit::gcra>>);
 
 using observed_fw = observed_store<fw_store, basic_metrics*>;
+
+/// As scripted_store, and refuses unnamed configs as the Redis stores do.
+struct named_only_store : scripted_store {
+  template <class Config>
+  static void check_config(const Config& cfg) {
+    if (cfg.name().empty()) throw std::invalid_argument("named_only_store: unnamed config");
+  }
+};
+
+// Verifies that the decorators forward the wrapped store's config check, so
+// a limiter over an observed (and cached) Redis store refuses an unnamed
+// config at construction, not at its first check.
+TEST(ObservedStore, ForwardsTheWrappedStoresConfigCheck) {
+  using observed = observed_store<named_only_store, minimal_observer>;
+  using cached = ratelimit::blocked_cache<named_only_store>;
+  using observed_cached = observed_store<cached, minimal_observer>;
+  const fixed_window::config unnamed{"2/s"};
+  const fixed_window::config named{"2/s", ratelimit::window_options{.name = "api"}};
+  EXPECT_THROW((ratelimit::limiter<fixed_window, observed, server_clock>(
+                   unnamed, observed{named_only_store{}, minimal_observer{}})),
+               std::invalid_argument);
+  EXPECT_THROW((ratelimit::limiter<fixed_window, observed_cached, server_clock>(
+                   unnamed, observed_cached{cached{named_only_store{}}, minimal_observer{}})),
+               std::invalid_argument);
+  EXPECT_NO_THROW((ratelimit::limiter<fixed_window, observed, server_clock>(
+      named, observed{named_only_store{}, minimal_observer{}})));
+  EXPECT_NO_THROW((ratelimit::limiter<fixed_window, observed_cached, server_clock>(
+      named, observed_cached{cached{named_only_store{}}, minimal_observer{}})));
+}
 
 TEST(ObservedStore, ForwardsDecisionsUnchangedAndCountsThem) {
   basic_metrics metrics;
