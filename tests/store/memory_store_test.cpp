@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -81,6 +82,25 @@ std::vector<std::string> tricky_keys() {
 // Verifies that every tricky key gets its own state: each admits exactly one
 // request, and the store copied the key's bytes (the caller's buffers are gone
 // when the keys are read back).
+// Verifies that a shard count the store cannot round up to a power of two
+// (e.g. -1 converted to size_t from a configuration file) is refused naming
+// it; std::bit_ceil of it is undefined behaviour, and the store then indexed
+// shards it never allocated.
+TEST(MemoryStore, RefusesAShardCountOverTheMaximum) {
+  for (const std::size_t bad : {SIZE_MAX, (SIZE_MAX >> 1) + 2, ratelimit::max_shards + 1}) {
+    try {
+      fixed_store store(memory_store_options{.shards = bad});
+      ADD_FAILURE() << "accepted shards = " << bad;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::to_string(bad)), std::string::npos) << e.what();
+    }
+  }
+  const fixed_store most(memory_store_options{.shards = ratelimit::max_shards});
+  EXPECT_EQ(most.options().shards, ratelimit::max_shards);
+  const fixed_store rounded(memory_store_options{.shards = 5});
+  EXPECT_EQ(rounded.options().shards, 8U);
+}
+
 TEST(MemoryStore, BinaryKeysNeverCollideAndRoundTrip) {
   const ratelimit::fixed_window::config cfg{ratelimit::rate{1, 1s}};
   fixed_store store;

@@ -14,6 +14,8 @@
 #include <new>
 #include <optional>
 #include <random>
+#include <stdexcept>
+#include <string>
 #include <string_view>
 #include <utility>
 
@@ -31,10 +33,14 @@ enum class when_full : unsigned char {
   fail_closed,  ///< reject it (source fail_closed, retry_after 0: nothing is known)
 };
 
+/// Most shards a `memory_store` takes (64 MiB of shard headers).
+inline constexpr std::size_t max_shards = std::size_t{1} << 20;
+
 /// Options of `memory_store`. An aggregate; every field has a default.
 struct memory_store_options {
-  /// Number of independently locked shards; rounded up to a power of two;
-  /// 0 = 64. More shards = less contention between threads on distinct keys.
+  /// Number of independently locked shards, at most `max_shards`; rounded
+  /// up to a power of two; 0 = 64. More shards = less contention between
+  /// threads on distinct keys.
   std::size_t shards = 0;
   /// Hard cap on the number of keys held; 0 = no cap (idle keys are still
   /// reclaimed, so memory follows the number of active keys).
@@ -76,6 +82,7 @@ class memory_store {
   using state_type = typename P::state;
 
   memory_store() : memory_store(memory_store_options{}) {}
+  /// @throws std::invalid_argument when `o.shards` is over `max_shards`
   explicit memory_store(memory_store_options o)
       : options_(normalise(o)),
         shard_bits_(static_cast<unsigned>(std::countr_zero(options_.shards))),
@@ -392,6 +399,13 @@ class memory_store {
   };
 
   static memory_store_options normalise(memory_store_options o) {
+    // Checked before rounding up: std::bit_ceil of a count above 2^63 is
+    // undefined (a size_t from a negative number would get there).
+    if (o.shards > max_shards) {
+      throw std::invalid_argument("ratelimit: memory_store_options::shards " +
+                                  std::to_string(o.shards) + " is over the maximum of " +
+                                  std::to_string(max_shards));
+    }
     o.shards = std::bit_ceil(o.shards == 0 ? std::size_t{64} : o.shards);
     if (o.sweep_per_insert == 0) o.sweep_per_insert = 2;
     return o;
