@@ -525,8 +525,9 @@ template <class Config>
   const long long far = std::int64_t{1} << 53;
   const bool ok = (v[0] == 0 || v[0] == 1) && (v[1] == 0 || v[1] == 1) &&
                   (v[0] == 0 || v[1] == 1) && limit >= 1 && limit <= max_units && v[2] >= 0 &&
-                  v[2] <= limit && v[3] >= -1 && v[3] <= far && (v[0] == 0 || v[3] == 0) &&
-                  v[4] >= 0 && v[4] <= far;
+                  v[2] <= limit && v[3] >= -1 && v[3] <= far &&
+                  // An admission waits 0; a rejection at least 1 us, or never.
+                  (v[0] == 1 ? v[3] == 0 : v[3] != 0) && v[4] >= 0 && v[4] <= far;
   if (!ok) {
     std::string got;
     for (std::size_t i = 0; i < r.elements; ++i) {
