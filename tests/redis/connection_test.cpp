@@ -624,4 +624,27 @@ TEST(RedisUrl, ClusterUrlsShareTheChecks) {
   EXPECT_THROW((void)redis::parse_cluster_url("redis-cluster://::1"), std::invalid_argument);
 }
 
+// Verifies that the message of a bad URL never holds its password (it quoted
+// the whole URL, so a typo in a port wrote the secret to the logs), while it
+// still names the bad part, the user and the host.
+TEST(RedisUrl, MessagesDoNotQuoteThePassword) {
+  for (const std::string url :
+       {"redis://user:s3cret@h:0", "redis://:s3cret@h:99999", "redis://s3cret@h:x",
+        "redis://user:s3:cr@et@h/db", "unix://:s3cret@/tmp/s?db=z", "redis://:s3cret@[::1",
+        "redis://u:s3cret@::1"}) {
+    const std::string what = url_error(url);
+    EXPECT_EQ(what.find("s3"), std::string::npos) << what;
+    EXPECT_NE(what.find("***"), std::string::npos) << what;
+  }
+  EXPECT_NE(url_error("redis://user:s3cret@h:0").find("redis://user:***@h:0"), std::string::npos);
+  for (const std::string url : {"redis-cluster://:s3cret@a:0", "redis-cluster://u:s3cret@a,b:x"}) {
+    try {
+      (void)redis::parse_cluster_url(url);
+      ADD_FAILURE() << url << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()).find("s3cret"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace

@@ -70,7 +70,7 @@ struct cluster_options {
 [[nodiscard]] inline cluster_options parse_cluster_url(std::string_view url) {
   constexpr std::string_view scheme = "redis-cluster://";
   if (!url.starts_with(scheme)) {
-    throw std::invalid_argument("ratelimit: redis cluster URL \"" + std::string(url) +
+    throw std::invalid_argument("ratelimit: redis cluster URL \"" + detail::redacted_url(url) +
                                 "\" must start with redis-cluster://");
   }
   std::string_view rest = url.substr(scheme.size());
@@ -84,7 +84,7 @@ struct cluster_options {
     const auto comma = rest.find(',');
     const std::string_view part = rest.substr(0, comma);
     if (part.empty() || part.find('/') != std::string_view::npos) {
-      throw std::invalid_argument("ratelimit: redis cluster URL \"" + std::string(url) +
+      throw std::invalid_argument("ratelimit: redis cluster URL \"" + detail::redacted_url(url) +
                                   "\" needs HOST[:PORT] items separated by commas (no /DB)");
     }
     options one;
@@ -92,7 +92,7 @@ struct cluster_options {
       one = parse_url("redis://" + cred + std::string(part));
     } catch (const std::invalid_argument&) {
       throw std::invalid_argument("ratelimit: bad node \"" + std::string(part) +
-                                  "\" in redis cluster URL \"" + std::string(url) + "\"");
+                                  "\" in redis cluster URL \"" + detail::redacted_url(url) + "\"");
     }
     o.seeds.push_back(node_address{one.host, one.port});
     o.node.user = one.user;
