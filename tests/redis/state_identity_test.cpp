@@ -553,6 +553,10 @@ TEST(RedisForeignValue, SlidingLogIsAScriptErrorAndLeftUntouched) {
   }
   with({header, "1999999000:5:3"}, "cost above its running total");
   with({header, "1999999000:1"}, "two fields");
+  with({header, "1999999000:1:100", "1999999000:1:1"}, "running totals going down");
+  with({header, "1999999000:1:1", "1999999000:1:1"}, "a running total that does not grow");
+  with({header, "1999999000:1:5", "1999999000:1:9"}, "a running total grown by more than the cost");
+  with({header, "1999999500:1:1", "1999999000:1:2"}, "times going down");
   rltest::command(o, {"DEL", target});
   rltest::command(o, {"SET", target, "1:1:1"});
   expect_refused(o, cfg, "bad", "a string");

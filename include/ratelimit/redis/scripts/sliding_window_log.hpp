@@ -7,8 +7,9 @@
 // microsecond are two entries. Like the C++ ring buffer it holds at most
 // `limit` entries (the same trim rule under count_rejected), and its expiry
 // is newest entry + W. Entries are read lazily with LINDEX (a bisection finds
-// the expired ones), and only a recorded attempt writes: a rejection leaves
-// the list as it was.
+// the expired ones), each checked against the first, the last and its read
+// neighbours for order, and only a recorded attempt writes: a rejection
+// leaves the list as it was.
 //
 // Entries are absolute times, so a log written under another config is
 // converted, not dropped: the entries the new window no longer holds (at or
@@ -51,18 +52,38 @@ local function sliding_window_log(key, t, cost, W, limit, count_rejected)
   local head, size, offset = 0, len, 0
   local cache = {}
   local pushed = nil
+  -- Stored entries i < j must be in order: times never decrease, and each
+  -- running total is the one before plus its entry's cost (at least 1).
+  -- Every entry read is checked against the first and last entries and its
+  -- neighbours read so far, so a log whose entries were reordered or edited
+  -- is refused rather than decided on (a total going down made the window
+  -- hold less than nothing).
+  local function ordered(i, ei, j, ej, s)
+    local before = ej[3] - ej[2]
+    if ei[1] > ej[1] or before < ei[3] or ej[3] - ei[3] < j - i or
+       (j == i + 1 and before ~= ei[3]) then
+      bad(key, 'log entries out of order:', s)
+    end
+  end
+  local function load(j)
+    local e = cache[j]
+    if e ~= nil then return e end
+    local s = redis.call('LINDEX', key, j + 1)
+    local a, b, c = string.match(s, '^([^:]*):([^:]*):([^:]*)$')
+    if a == nil then bad(key, 'not a log entry:', s) end
+    e = {whole(key, a, 0, CEILING), whole(key, b, 1, CEILING), whole(key, c, 1, CEILING)}
+    if e[2] > e[3] then bad(key, 'log entry cost above its running total:', s) end
+    cache[j] = e
+    if j > 0 then ordered(0, load(0), j, e, s) end
+    if j < len - 1 then ordered(j, e, len - 1, load(len - 1), s) end
+    if cache[j - 1] ~= nil then ordered(j - 1, cache[j - 1], j, e, s) end
+    if cache[j + 1] ~= nil then ordered(j, e, j + 1, cache[j + 1], s) end
+    return e
+  end
   local function at(i)
     local j = head + i
     if j == len then return pushed end
-    local e = cache[j]
-    if e == nil then
-      local s = redis.call('LINDEX', key, j + 1)
-      local a, b, c = string.match(s, '^([^:]*):([^:]*):([^:]*)$')
-      if a == nil then bad(key, 'not a log entry:', s) end
-      e = {whole(key, a, 0, CEILING), whole(key, b, 1, CEILING), whole(key, c, 1, CEILING)}
-      if e[2] > e[3] then bad(key, 'log entry cost above its running total:', s) end
-      cache[j] = e
-    end
+    local e = load(j)
     return {e[1], e[2], e[3] - offset}
   end
   local function pop()
