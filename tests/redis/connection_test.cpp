@@ -220,7 +220,10 @@ TEST(RedisReplies, NodeFailuresAreToldFromScriptErrorsAndRedirects) {
         "NOAUTH Authentication required.", "WRONGPASS invalid username-password pair", "LOADING",
         "READONLY You can't write against a read only replica. script: 1f2e, on @user_script:9.",
         "ERR Error running script (call to f_1f2e): @user_script:9: @user_script: 9: -READONLY "
-        "You can't write against a read only replica. "}) {
+        "You can't write against a read only replica. ",
+        "ERR Error running script (call to f_1f2e): @user_script:12: -MISCONF Errors writing",
+        "ERR Error running script (call to f_1f2e): @user_script:12: @user_script: 12: "
+        "-NOREPLICAS Not enough good replicas to write."}) {
     EXPECT_TRUE(node_failure(yes)) << yes;
   }
   for (const char* no :
@@ -233,7 +236,14 @@ TEST(RedisReplies, NodeFailuresAreToldFromScriptErrorsAndRedirects) {
         "WRONGTYPE Operation against a key holding the wrong kind of value",
         "ERR Error running script (call to f_1f2e): @user_script:9: user_script:9: "
         "attempt to compare nil with number",
-        "ERR READONLY in a message", "READONLYX"}) {
+        "ERR READONLY in a message", "READONLYX",
+        // A script's own error quoting a user key and a stored value that hold
+        // error codes (the key and the value are the attacker's text).
+        "ERR Error running script (call to f_1f2e): @user_script:57: user_script:57: ratelimit: "
+        "foreign or corrupt state in rl:{a: -READONLY b}:gcra:n: not an integer: -READONLY",
+        "ERR Error running script (call to f_1f2e): @user_script:9: ratelimit: x: -MISCONF y",
+        "ERR Error running script (call to f_1f2e): @user_script:9: @user_script: 9: ERR x: "
+        "-READONLY y"}) {
     EXPECT_FALSE(node_failure(no)) << no;
   }
   redisReply status{};
