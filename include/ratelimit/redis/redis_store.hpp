@@ -383,7 +383,8 @@ inline void check_script_time(timestamp now) {
 /// slots. Such user keys get a tag of their own,
 /// `<prefix>{~<slot of key>}{<key>}:<policy>:<name>!`.
 ///
-/// Why two (prefix, key, policy, name) never share a key, compound sub-keys
+/// Why two (key, policy, name) under one prefix never share a key (two
+/// prefixes may: "p" with key "{x" and "p{" with key "x"), compound sub-keys
 /// (`<this>:<i>:<sub-policy>`, scripts/compound.hpp) included: names are
 /// [A-Za-z0-9_.-]+ and policy names [a-z_]+, so neither holds ':', '{', '}'
 /// or '!'. Read a key (after the store's fixed prefix) from its end: when the
