@@ -562,6 +562,72 @@ TEST(RedisForeignValue, SlidingLogIsAScriptErrorAndLeftUntouched) {
   expect_refused(o, cfg, "bad", "a string");
 }
 
+// ---- a peek under another config ---------------------------------------------
+
+template <class P>
+typename P::config named_config(std::string_view r) {
+  if constexpr (std::is_same_v<P, token_bucket> || std::is_same_v<P, gcra>) {
+    return typename P::config(r, bucket_options{.name = "peek"});
+  } else {
+    return typename P::config(r, window_options{.name = "peek"});
+  }
+}
+
+/// The value and the absolute expiry of every key of `keys`.
+std::string snapshot(const redis::options& o, const std::vector<std::string>& keys) {
+  std::string out;
+  for (const std::string& k : keys) {
+    const auto at = rltest::command(o, {"PEXPIRETIME", k});
+    out += dump(o, k) + "@" + std::to_string(at->integer) + ";";
+  }
+  return out;
+}
+
+template <class P>
+class RedisPeekAfterChange : public ::testing::Test {};
+TYPED_TEST_SUITE(RedisPeekAfterChange, policies);
+
+// Verifies that a peek under a new config writes nothing (neither the
+// converted state of the log and GCRA nor a fresh one), while a consume under
+// it does write: the state and its expiry stay as the old config left them.
+TYPED_TEST(RedisPeekAfterChange, WritesNothing) {
+  using P = TypeParam;
+  const auto o = fresh(std::string("peek-") + std::string(P::name));
+  redis::redis_store store(o);
+  const auto before_cfg = named_config<P>("5/1s");
+  const auto after_cfg = named_config<P>("3/2s");
+  const microseconds t{3'000'000'000};
+  for (int i = 0; i < 3; ++i) (void)store.apply(before_cfg, "u", t + microseconds{i}, 1);
+  const std::vector<std::string> keys{store.key_for(before_cfg, "u")};
+  const std::string left = snapshot(o, keys);
+  const decision peeked = store.apply(after_cfg, "u", t + 10ms, 1, access::peek);
+  EXPECT_EQ(peeked.source, decision_source::store);
+  EXPECT_EQ(snapshot(o, keys), left);
+  (void)store.apply(after_cfg, "u", t + 10ms, 1, access::consume);
+  EXPECT_NE(snapshot(o, keys), left) << "a consume under the new config should write";
+}
+
+// Verifies the same for a compound whose sub-limits all changed.
+TEST(RedisPeekAfterChange, CompoundWritesNothing) {
+  const auto o = fresh("peek-compound");
+  redis::redis_store store(o);
+  using C = compound<sliding_window_log, gcra>;
+  const C::config before_cfg(compound_options{"peek"}, sliding_window_log::config("5/1s"),
+                             gcra::config("5/1s"));
+  const C::config after_cfg(compound_options{"peek"}, sliding_window_log::config("3/2s"),
+                            gcra::config("3/2s"));
+  const microseconds t{3'000'000'000};
+  for (int i = 0; i < 3; ++i) (void)store.apply(before_cfg, "u", t + microseconds{i}, 1);
+  const std::vector<std::string> keys = store.keys_for(before_cfg, "u");
+  ASSERT_EQ(keys.size(), 2u);
+  ASSERT_EQ(rltest::command(o, {"EXISTS", keys[0], keys[1]})->integer, 2);
+  const std::string left = snapshot(o, keys);
+  (void)store.apply(after_cfg, "u", t + 10ms, 1, access::peek);
+  EXPECT_EQ(snapshot(o, keys), left);
+  (void)store.apply(after_cfg, "u", t + 10ms, 1, access::consume);
+  EXPECT_NE(snapshot(o, keys), left);
+}
+
 // ---- parse_reply ------------------------------------------------------------------
 
 // Verifies that a reply no script of this library gives is a script_error.
