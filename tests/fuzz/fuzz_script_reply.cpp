@@ -98,6 +98,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       decode(cfg.both, r);
       decode(cfg.many, r);
       (void)rl::redis::detail::is_noscript(r);
+      (void)rl::redis::detail::is_node_failure(r);
       if (const auto redirect = rl::redis::detail::parse_redirect(r, "asked-host")) {
         RATELIMIT_FUZZ_CHECK(redirect->slot < rl::redis::cluster_slots,
                              "redirect slot out of range");
