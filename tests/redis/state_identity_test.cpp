@@ -414,6 +414,62 @@ TEST(RedisLogRebase, LongLogPastTwoToThe52MatchesMemoryStore) {
   }
 }
 
+/// Calls of `command` the server counted (INFO commandstats), scripts' included.
+std::int64_t calls_of(const redis::options& o, const std::string& command) {
+  const auto r = rltest::command(o, {"INFO", "commandstats"});
+  const std::string info(r->str, r->len);
+  const std::string tag = "cmdstat_" + command + ":calls=";
+  const auto at = info.find(tag);
+  return at == std::string::npos ? 0 : std::stoll(info.substr(at + tag.size()));
+}
+
+// Verifies that trimming a long log (a config change to a much smaller
+// limit) reads O(log n) entries, not one per entry dropped: the script popped
+// one entry at a time, each read with LINDEX, which on a log of a few 100 000
+// entries blocks Redis, every other limiter included, for seconds. The
+// decision is the in-process one on the converted log.
+TEST(RedisLogRebase, TrimAfterAChangeReadsFewEntries) {
+  rltest::redis_server server;
+  redis::options o = server.options();
+  o.prefix = rltest::unique_prefix("trim");
+  redis::redis_store store(o);
+  constexpr int n = 20'000;
+  const sliding_window_log::config wide(rate(n, std::chrono::hours(1)),
+                                        window_options{.name = "trim"});
+  const sliding_window_log::config narrow(rate(2, std::chrono::hours(1)),
+                                          window_options{.name = "trim"});
+  const std::int64_t t0 = 1'000'000'000;
+  sliding_window_log::state state{};
+  const std::string key = store.key_for(wide, "u");
+  std::vector<std::string> list{
+      "RPUSH", key, "#" + std::to_string(wide.period_us()) + "," + std::to_string(n) + ",0"};
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(sliding_window_log::step(wide, state, microseconds{t0 + i}, 1).allowed);
+    list.push_back(std::to_string(t0 + i) + ":1:" + std::to_string(i + 1));
+  }
+  {
+    std::vector<std::string_view> args(list.begin(), list.end());
+    redis::connection c(o);
+    ASSERT_EQ(c.command(args.data(), args.size(), redis::deadline_clock::now() + 10s)->integer,
+              n + 1);
+  }
+  // The log as the store wrote it: a check under `wide` agrees with step().
+  {
+    sliding_window_log::state copy = state;
+    EXPECT_EQ(describe(store.apply(wide, "u", microseconds{t0 + n}, 1, access::peek)),
+              describe(sliding_window_log::step(wide, copy, microseconds{t0 + n}, 1)));
+  }
+  const std::int64_t t = t0 + n + 5;
+  const std::int64_t before = calls_of(o, "lindex");
+  const decision got = store.apply(narrow, "u", microseconds{t}, 1);
+  const std::int64_t reads = calls_of(o, "lindex") - before;
+  sliding_window_log::state converted_state = converted<sliding_window_log>(state, narrow, t);
+  EXPECT_EQ(describe(got),
+            describe(sliding_window_log::step(narrow, converted_state, microseconds{t}, 1)));
+  EXPECT_LT(reads, 200) << "LINDEX calls for one check";
+  EXPECT_EQ(rltest::command(o, {"LLEN", key})->integer, 3);  // the header and two entries
+}
+
 // ---- item 8: values the script did not write -----------------------------------
 
 /// A fresh Redis key's raw value (DUMP), for "unchanged" checks.

@@ -95,6 +95,21 @@ local function sliding_window_log(key, t, cost, W, limit, count_rejected)
     local f = at(0)
     return at(size - 1)[3] - (f[3] - f[2])
   end
+  -- Drops the oldest entries while those after the oldest reach `limit`
+  -- (policy trim). That sum only shrinks as entries go, so a bisection finds
+  -- how many go: reading each one as it went would make one check read a
+  -- whole long log (a change to a much smaller limit).
+  local function trim()
+    if size < 2 then return end
+    local last = at(size - 1)[3]
+    if last - at(0)[3] < limit then return end
+    local lo, hi = 1, size - 1
+    while lo < hi do
+      local mid = lo + math.floor((hi - lo) / 2)
+      if last - at(mid)[3] < limit then hi = mid else lo = mid + 1 end
+    end
+    for _ = 1, lo do pop() end
+  end
   -- Index of the oldest entry newer than `horizon` (entry times never decrease).
   local function first_after(horizon)
     local lo, hi = 0, size
@@ -107,7 +122,7 @@ local function sliding_window_log(key, t, cost, W, limit, count_rejected)
   if size > 0 and t < at(size - 1)[1] then t = at(size - 1)[1] end
   if converted then
     for _ = 1, first_after(t - W) do pop() end
-    while size > 1 and at(size - 1)[3] - at(0)[3] >= limit do pop() end
+    trim()
   end
   -- The log as read (and converted), for convert().
   local head0, size0, offset0 = head, size, offset
@@ -135,7 +150,7 @@ local function sliding_window_log(key, t, cost, W, limit, count_rejected)
     end
     pushed = {t, cost, last + cost}
     size = size + 1
-    while size > 1 and at(size - 1)[3] - at(0)[3] >= limit do pop() end
+    trim()
     in_window = total()
     counted = 1
   end
