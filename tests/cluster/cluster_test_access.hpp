@@ -2,7 +2,12 @@
 // Test seam into cluster_store: starts its background threads and hooks its slot-map reads.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <type_traits>
 #include <utility>
 
 #include "ratelimit/redis/cluster_store.hpp"
@@ -20,6 +25,18 @@ struct cluster_test_access {
     for (const auto& n : s.shared_->masters()) {
       while (!n->gate.is_open()) s.shared_->gate_failed(*n);
     }
+  }
+
+  /// Installs the slot map of a CLUSTER SLOTS reply `r` as if just read from
+  /// `host`; false when the reply is refused as unreadable.
+  static bool install_slots(cluster_store& s, const redisReply& r, const std::string& host) {
+    std::uint64_t started = 0;
+    {
+      std::shared_lock<std::shared_mutex> lock(s.shared_->topo_mutex);
+      started = s.shared_->generation;
+    }
+    using install = std::remove_reference_t<decltype(*s.shared_)>::install;
+    return s.shared_->apply_slots(r, host, started) != install::bad;
   }
 
   /// Runs `f` between reading CLUSTER SLOTS and installing its map (every

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Slot-map changes forced on a real cluster: checks and resets on a migrating
-// slot (ASK, TRYAGAIN), and a slot map read before a MOVED never replaces it.
+// slot (ASK, TRYAGAIN), a slot map read before a MOVED never replaces it, and
+// redirects and slot maps naming a port outside 1..65535 are refused.
 #include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
 
 #include <atomic>
 #include <chrono>
@@ -301,6 +303,63 @@ TEST(ClusterTopology, SlotMapReadBeforeAMovedUpdateIsNotInstalled) {
       eventually([&] { return store.stats().topology_refreshes > after.topology_refreshes; }));
   EXPECT_EQ(store.node_for_slot(slot), name_of(m.to()));
   EXPECT_EQ(store.apply(cfg, key, microseconds{t0}, 1).remaining, 3);
+}
+
+/// The reply hiredis reads from the RESP bytes `resp`.
+redis::reply_ptr read_reply(std::string_view resp) {
+  redisReader* reader = redisReaderCreate();
+  void* out = nullptr;
+  const bool ok = redisReaderFeed(reader, resp.data(), resp.size()) == REDIS_OK &&
+                  redisReaderGetReply(reader, &out) == REDIS_OK && out != nullptr;
+  redisReaderFree(reader);
+  if (!ok) throw std::runtime_error("bad RESP in a test");
+  return redis::reply_ptr(static_cast<redisReply*>(out));
+}
+
+// Verifies that a MOVED or ASK answer naming port 0 or a port past 65535 is
+// not taken for a redirect (it was: any 1-5 digits, 0..99999), while every
+// real port, and an IPv6 host in brackets, is.
+TEST(ClusterRedirect, PortsOutsideOneTo65535AreNotRedirects) {
+  for (const std::string_view bad :
+       {"-MOVED 1 h:0\r\n", "-MOVED 1 h:00000\r\n", "-ASK 1 h:65536\r\n", "-MOVED 1 h:99999\r\n",
+        "-MOVED 1 h:123456\r\n", "-MOVED 1 h:\r\n", "-MOVED 1 h:-1\r\n"}) {
+    EXPECT_FALSE(redis::detail::parse_redirect(*read_reply(bad), "asked")) << bad;
+  }
+  const auto low = redis::detail::parse_redirect(*read_reply("-MOVED 16383 h:1\r\n"), "asked");
+  ASSERT_TRUE(low);
+  EXPECT_EQ(low->to.port, 1);
+  EXPECT_EQ(low->slot, 16383);
+  const auto high = redis::detail::parse_redirect(*read_reply("-ASK 7 [::1]:65535\r\n"), "asked");
+  ASSERT_TRUE(high);
+  EXPECT_TRUE(high->ask);
+  EXPECT_EQ(high->to.host, "::1");
+  EXPECT_EQ(high->to.port, 65535);
+  const auto same = redis::detail::parse_redirect(*read_reply("-MOVED 7 :7001\r\n"), "asked");
+  ASSERT_TRUE(same);
+  EXPECT_EQ(same->to.host, "asked");
+}
+
+// Verifies that a CLUSTER SLOTS reply whose master port is not 1..65535 is
+// refused whole (it was installed, the port cast to int unchecked: 2^32 + 7001
+// became 7001, -1 and 0 became addresses no node has) and that the store keeps
+// routing by its old map.
+TEST(ClusterRedirect, SlotMapWithAPortOutsideOneTo65535IsRefused) {
+  redis::cluster_store store(cluster_opts("badport"));
+  const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
+  ASSERT_EQ(store.apply(cfg, "k", microseconds{t0}, 1).remaining, 4);
+  const std::string before = store.node_for_slot(0);
+  ASSERT_FALSE(before.empty());
+  const auto map = [](std::string_view port) {
+    return "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:" + std::string(port) + "\r\n";
+  };
+  for (const std::string_view port : {"0", "-1", "65536", "4294974297", "-4294967295"}) {
+    EXPECT_FALSE(redis::detail::cluster_test_access::install_slots(store, *read_reply(map(port)),
+                                                                   "127.0.0.1"))
+        << port;
+    EXPECT_EQ(store.node_for_slot(0), before) << port;
+    EXPECT_EQ(store.node_for_slot(16383).empty(), false) << port;
+  }
+  EXPECT_EQ(store.apply(cfg, "k", microseconds{t0}, 1).remaining, 3);
 }
 
 }  // namespace

@@ -220,7 +220,10 @@ TEST(RedisReplies, NodeFailuresAreToldFromScriptErrorsAndRedirects) {
         "NOAUTH Authentication required.", "WRONGPASS invalid username-password pair", "LOADING",
         "READONLY You can't write against a read only replica. script: 1f2e, on @user_script:9.",
         "ERR Error running script (call to f_1f2e): @user_script:9: @user_script: 9: -READONLY "
-        "You can't write against a read only replica. "}) {
+        "You can't write against a read only replica. ",
+        "ERR Error running script (call to f_1f2e): @user_script:12: -MISCONF Errors writing",
+        "ERR Error running script (call to f_1f2e): @user_script:12: @user_script: 12: "
+        "-NOREPLICAS Not enough good replicas to write."}) {
     EXPECT_TRUE(node_failure(yes)) << yes;
   }
   for (const char* no :
@@ -233,7 +236,14 @@ TEST(RedisReplies, NodeFailuresAreToldFromScriptErrorsAndRedirects) {
         "WRONGTYPE Operation against a key holding the wrong kind of value",
         "ERR Error running script (call to f_1f2e): @user_script:9: user_script:9: "
         "attempt to compare nil with number",
-        "ERR READONLY in a message", "READONLYX"}) {
+        "ERR READONLY in a message", "READONLYX",
+        // A script's own error quoting a user key and a stored value that hold
+        // error codes (the key and the value are the attacker's text).
+        "ERR Error running script (call to f_1f2e): @user_script:57: user_script:57: ratelimit: "
+        "foreign or corrupt state in rl:{a: -READONLY b}:gcra:n: not an integer: -READONLY",
+        "ERR Error running script (call to f_1f2e): @user_script:9: ratelimit: x: -MISCONF y",
+        "ERR Error running script (call to f_1f2e): @user_script:9: @user_script: 9: ERR x: "
+        "-READONLY y"}) {
     EXPECT_FALSE(node_failure(no)) << no;
   }
   redisReply status{};
@@ -622,6 +632,29 @@ TEST(RedisUrl, ClusterUrlsShareTheChecks) {
   EXPECT_THROW((void)redis::parse_cluster_url("redis-cluster://a:0"), std::invalid_argument);
   EXPECT_THROW((void)redis::parse_cluster_url("redis-cluster://a:65536,b"), std::invalid_argument);
   EXPECT_THROW((void)redis::parse_cluster_url("redis-cluster://::1"), std::invalid_argument);
+}
+
+// Verifies that the message of a bad URL never holds its password (it quoted
+// the whole URL, so a typo in a port wrote the secret to the logs), while it
+// still names the bad part, the user and the host.
+TEST(RedisUrl, MessagesDoNotQuoteThePassword) {
+  for (const std::string url :
+       {"redis://user:s3cret@h:0", "redis://:s3cret@h:99999", "redis://s3cret@h:x",
+        "redis://user:s3:cr@et@h/db", "unix://:s3cret@/tmp/s?db=z", "redis://:s3cret@[::1",
+        "redis://u:s3cret@::1"}) {
+    const std::string what = url_error(url);
+    EXPECT_EQ(what.find("s3"), std::string::npos) << what;
+    EXPECT_NE(what.find("***"), std::string::npos) << what;
+  }
+  EXPECT_NE(url_error("redis://user:s3cret@h:0").find("redis://user:***@h:0"), std::string::npos);
+  for (const std::string url : {"redis-cluster://:s3cret@a:0", "redis-cluster://u:s3cret@a,b:x"}) {
+    try {
+      (void)redis::parse_cluster_url(url);
+      ADD_FAILURE() << url << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()).find("s3cret"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

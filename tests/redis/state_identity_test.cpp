@@ -414,6 +414,62 @@ TEST(RedisLogRebase, LongLogPastTwoToThe52MatchesMemoryStore) {
   }
 }
 
+/// Calls of `command` the server counted (INFO commandstats), scripts' included.
+std::int64_t calls_of(const redis::options& o, const std::string& command) {
+  const auto r = rltest::command(o, {"INFO", "commandstats"});
+  const std::string info(r->str, r->len);
+  const std::string tag = "cmdstat_" + command + ":calls=";
+  const auto at = info.find(tag);
+  return at == std::string::npos ? 0 : std::stoll(info.substr(at + tag.size()));
+}
+
+// Verifies that trimming a long log (a config change to a much smaller
+// limit) reads O(log n) entries, not one per entry dropped: the script popped
+// one entry at a time, each read with LINDEX, which on a log of a few 100 000
+// entries blocks Redis, every other limiter included, for seconds. The
+// decision is the in-process one on the converted log.
+TEST(RedisLogRebase, TrimAfterAChangeReadsFewEntries) {
+  rltest::redis_server server;
+  redis::options o = server.options();
+  o.prefix = rltest::unique_prefix("trim");
+  redis::redis_store store(o);
+  constexpr int n = 20'000;
+  const sliding_window_log::config wide(rate(n, std::chrono::hours(1)),
+                                        window_options{.name = "trim"});
+  const sliding_window_log::config narrow(rate(2, std::chrono::hours(1)),
+                                          window_options{.name = "trim"});
+  const std::int64_t t0 = 1'000'000'000;
+  sliding_window_log::state state{};
+  const std::string key = store.key_for(wide, "u");
+  std::vector<std::string> list{
+      "RPUSH", key, "#" + std::to_string(wide.period_us()) + "," + std::to_string(n) + ",0"};
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(sliding_window_log::step(wide, state, microseconds{t0 + i}, 1).allowed);
+    list.push_back(std::to_string(t0 + i) + ":1:" + std::to_string(i + 1));
+  }
+  {
+    std::vector<std::string_view> args(list.begin(), list.end());
+    redis::connection c(o);
+    ASSERT_EQ(c.command(args.data(), args.size(), redis::deadline_clock::now() + 10s)->integer,
+              n + 1);
+  }
+  // The log as the store wrote it: a check under `wide` agrees with step().
+  {
+    sliding_window_log::state copy = state;
+    EXPECT_EQ(describe(store.apply(wide, "u", microseconds{t0 + n}, 1, access::peek)),
+              describe(sliding_window_log::step(wide, copy, microseconds{t0 + n}, 1)));
+  }
+  const std::int64_t t = t0 + n + 5;
+  const std::int64_t before = calls_of(o, "lindex");
+  const decision got = store.apply(narrow, "u", microseconds{t}, 1);
+  const std::int64_t reads = calls_of(o, "lindex") - before;
+  sliding_window_log::state converted_state = converted<sliding_window_log>(state, narrow, t);
+  EXPECT_EQ(describe(got),
+            describe(sliding_window_log::step(narrow, converted_state, microseconds{t}, 1)));
+  EXPECT_LT(reads, 200) << "LINDEX calls for one check";
+  EXPECT_EQ(rltest::command(o, {"LLEN", key})->integer, 3);  // the header and two entries
+}
+
 // ---- item 8: values the script did not write -----------------------------------
 
 /// A fresh Redis key's raw value (DUMP), for "unchanged" checks.
@@ -553,9 +609,79 @@ TEST(RedisForeignValue, SlidingLogIsAScriptErrorAndLeftUntouched) {
   }
   with({header, "1999999000:5:3"}, "cost above its running total");
   with({header, "1999999000:1"}, "two fields");
+  with({header, "1999999000:1:100", "1999999000:1:1"}, "running totals going down");
+  with({header, "1999999000:1:1", "1999999000:1:1"}, "a running total that does not grow");
+  with({header, "1999999000:1:5", "1999999000:1:9"}, "a running total grown by more than the cost");
+  with({header, "1999999500:1:1", "1999999000:1:2"}, "times going down");
   rltest::command(o, {"DEL", target});
   rltest::command(o, {"SET", target, "1:1:1"});
   expect_refused(o, cfg, "bad", "a string");
+}
+
+// ---- a peek under another config ---------------------------------------------
+
+template <class P>
+typename P::config named_config(std::string_view r) {
+  if constexpr (std::is_same_v<P, token_bucket> || std::is_same_v<P, gcra>) {
+    return typename P::config(r, bucket_options{.name = "peek"});
+  } else {
+    return typename P::config(r, window_options{.name = "peek"});
+  }
+}
+
+/// The value and the absolute expiry of every key of `keys`.
+std::string snapshot(const redis::options& o, const std::vector<std::string>& keys) {
+  std::string out;
+  for (const std::string& k : keys) {
+    const auto at = rltest::command(o, {"PEXPIRETIME", k});
+    out += dump(o, k) + "@" + std::to_string(at->integer) + ";";
+  }
+  return out;
+}
+
+template <class P>
+class RedisPeekAfterChange : public ::testing::Test {};
+TYPED_TEST_SUITE(RedisPeekAfterChange, policies);
+
+// Verifies that a peek under a new config writes nothing (neither the
+// converted state of the log and GCRA nor a fresh one), while a consume under
+// it does write: the state and its expiry stay as the old config left them.
+TYPED_TEST(RedisPeekAfterChange, WritesNothing) {
+  using P = TypeParam;
+  const auto o = fresh(std::string("peek-") + std::string(P::name));
+  redis::redis_store store(o);
+  const auto before_cfg = named_config<P>("5/1s");
+  const auto after_cfg = named_config<P>("3/2s");
+  const microseconds t{3'000'000'000};
+  for (int i = 0; i < 3; ++i) (void)store.apply(before_cfg, "u", t + microseconds{i}, 1);
+  const std::vector<std::string> keys{store.key_for(before_cfg, "u")};
+  const std::string left = snapshot(o, keys);
+  const decision peeked = store.apply(after_cfg, "u", t + 10ms, 1, access::peek);
+  EXPECT_EQ(peeked.source, decision_source::store);
+  EXPECT_EQ(snapshot(o, keys), left);
+  (void)store.apply(after_cfg, "u", t + 10ms, 1, access::consume);
+  EXPECT_NE(snapshot(o, keys), left) << "a consume under the new config should write";
+}
+
+// Verifies the same for a compound whose sub-limits all changed.
+TEST(RedisPeekAfterChange, CompoundWritesNothing) {
+  const auto o = fresh("peek-compound");
+  redis::redis_store store(o);
+  using C = compound<sliding_window_log, gcra>;
+  const C::config before_cfg(compound_options{"peek"}, sliding_window_log::config("5/1s"),
+                             gcra::config("5/1s"));
+  const C::config after_cfg(compound_options{"peek"}, sliding_window_log::config("3/2s"),
+                            gcra::config("3/2s"));
+  const microseconds t{3'000'000'000};
+  for (int i = 0; i < 3; ++i) (void)store.apply(before_cfg, "u", t + microseconds{i}, 1);
+  const std::vector<std::string> keys = store.keys_for(before_cfg, "u");
+  ASSERT_EQ(keys.size(), 2u);
+  ASSERT_EQ(rltest::command(o, {"EXISTS", keys[0], keys[1]})->integer, 2);
+  const std::string left = snapshot(o, keys);
+  (void)store.apply(after_cfg, "u", t + 10ms, 1, access::peek);
+  EXPECT_EQ(snapshot(o, keys), left);
+  (void)store.apply(after_cfg, "u", t + 10ms, 1, access::consume);
+  EXPECT_NE(snapshot(o, keys), left);
 }
 
 // ---- parse_reply ------------------------------------------------------------------
@@ -587,6 +713,8 @@ TEST(RedisParseReply, RejectsOutOfRangeReplies) {
                                                              {1, 1, 11, 0, 0},
                                                              {1, 1, 9, 5, 0},
                                                              {0, 0, 0, -2, 0},
+                                                             {0, 0, 0, 0, 0},
+                                                             {0, 1, 0, 0, 5},
                                                              {0, 0, 0, 0, -1},
                                                              {0, 0, 0, 0, 0, 0},
                                                              {0, 0, 4, 0, 0, 3}}) {

@@ -70,7 +70,7 @@ struct cluster_options {
 [[nodiscard]] inline cluster_options parse_cluster_url(std::string_view url) {
   constexpr std::string_view scheme = "redis-cluster://";
   if (!url.starts_with(scheme)) {
-    throw std::invalid_argument("ratelimit: redis cluster URL \"" + std::string(url) +
+    throw std::invalid_argument("ratelimit: redis cluster URL \"" + detail::redacted_url(url) +
                                 "\" must start with redis-cluster://");
   }
   std::string_view rest = url.substr(scheme.size());
@@ -84,7 +84,7 @@ struct cluster_options {
     const auto comma = rest.find(',');
     const std::string_view part = rest.substr(0, comma);
     if (part.empty() || part.find('/') != std::string_view::npos) {
-      throw std::invalid_argument("ratelimit: redis cluster URL \"" + std::string(url) +
+      throw std::invalid_argument("ratelimit: redis cluster URL \"" + detail::redacted_url(url) +
                                   "\" needs HOST[:PORT] items separated by commas (no /DB)");
     }
     options one;
@@ -92,7 +92,7 @@ struct cluster_options {
       one = parse_url("redis://" + cred + std::string(part));
     } catch (const std::invalid_argument&) {
       throw std::invalid_argument("ratelimit: bad node \"" + std::string(part) +
-                                  "\" in redis cluster URL \"" + std::string(url) + "\"");
+                                  "\" in redis cluster URL \"" + detail::redacted_url(url) + "\"");
     }
     o.seeds.push_back(node_address{one.host, one.port});
     o.node.user = one.user;
@@ -150,6 +150,8 @@ struct cluster_node : std::enable_shared_from_this<cluster_node> {
     if (c < '0' || c > '9') return std::nullopt;
     port = port * 10 + (c - '0');
   }
+  // No node listens on port 0 or past 65535: such an answer is not a redirect.
+  if (port < 1 || port > 65535) return std::nullopt;
   std::string host(s.substr(0, colon));
   if (host.empty() || host == "?") host = asked_host;
   if (host.size() > 2 && host.front() == '[' && host.back() == ']')
@@ -620,7 +622,8 @@ class cluster_store {
         if (lo.type != REDIS_REPLY_INTEGER || hi.type != REDIS_REPLY_INTEGER ||
             m.type != REDIS_REPLY_ARRAY || m.elements < 2 ||
             m.element[0]->type != REDIS_REPLY_STRING || m.element[1]->type != REDIS_REPLY_INTEGER ||
-            lo.integer < 0 || hi.integer < lo.integer || hi.integer >= cluster_slots) {
+            m.element[1]->integer < 1 || m.element[1]->integer > 65535 || lo.integer < 0 ||
+            hi.integer < lo.integer || hi.integer >= cluster_slots) {
           return install::bad;
         }
         std::string host(m.element[0]->str, m.element[0]->len);

@@ -83,16 +83,30 @@ namespace detail {
                   [&](std::string_view code) { return word_at(0, code); })) {
     return true;
   }
-  if (!s.starts_with("ERR Error running script")) return false;
-  constexpr std::string_view in_script[] = {"READONLY", "MISCONF", "NOREPLICAS"};
-  for (std::size_t dash = s.find(": -"); dash != std::string_view::npos;
-       dash = s.find(": -", dash + 1)) {
-    if (std::any_of(std::begin(in_script), std::end(in_script),
-                    [&](std::string_view code) { return word_at(dash + 3, code); })) {
-      return true;
-    }
+  // Only the position right after the wrapper's `(call to f_<sha>): ` and its
+  // `@user_script:<line>: ` markers holds the failed call's error code: text
+  // further on may quote a user key or a stored value (a script's own
+  // "foreign or corrupt state" error does), and is no error code.
+  constexpr std::string_view head = "ERR Error running script (call to ";
+  if (!s.starts_with(head)) return false;
+  std::size_t at = s.find("): ", head.size());
+  if (at == std::string_view::npos) return false;
+  at += 3;
+  for (;;) {
+    std::size_t p = at;
+    if (s.substr(p).starts_with('@')) ++p;
+    if (!s.substr(p).starts_with("user_script:")) break;
+    p += 12;
+    if (s.substr(p).starts_with(' ')) ++p;
+    const std::size_t digits = p;
+    while (p < s.size() && s[p] >= '0' && s[p] <= '9') ++p;
+    if (p == digits || !s.substr(p).starts_with(": ")) break;
+    at = p + 2;
   }
-  return false;
+  if (!s.substr(at).starts_with('-')) return false;
+  constexpr std::string_view in_script[] = {"READONLY", "MISCONF", "NOREPLICAS"};
+  return std::any_of(std::begin(in_script), std::end(in_script),
+                     [&](std::string_view code) { return word_at(at + 1, code); });
 }
 
 /// True when `host` is an IPv4 or IPv6 address (no resolution needed).

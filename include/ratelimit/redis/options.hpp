@@ -89,6 +89,21 @@ struct options {
 
 namespace detail {
 
+/// `url` as error messages quote it: the password of its userinfo (all of a
+/// userinfo without ':', which parse_url reads as a password) replaced by
+/// `***`, so that a bad URL does not leak a secret into logs.
+[[nodiscard]] inline std::string redacted_url(std::string_view url) {
+  const auto scheme = url.find("://");
+  const auto at = url.rfind('@');
+  if (scheme == std::string_view::npos || at == std::string_view::npos || at < scheme + 3) {
+    return std::string(url);
+  }
+  const std::string_view cred = url.substr(scheme + 3, at - scheme - 3);
+  const auto colon = cred.find(':');
+  const std::size_t keep = scheme + 3 + (colon == std::string_view::npos ? 0 : colon + 1);
+  return std::string(url.substr(0, keep)) + "***" + std::string(url.substr(at));
+}
+
 /// The decimal number `s` (digits only), which must lie in lo..hi.
 /// @throws std::invalid_argument naming `s` and the URL
 [[nodiscard]] inline int parse_url_int(std::string_view s, std::string_view url, const char* what,
@@ -104,14 +119,14 @@ namespace detail {
   }
   if (!ok || v < lo || v > hi) {
     throw std::invalid_argument("ratelimit: bad " + std::string(what) + " \"" + std::string(s) +
-                                "\" in redis URL \"" + std::string(url) + "\" (expected " +
+                                "\" in redis URL \"" + redacted_url(url) + "\" (expected " +
                                 std::to_string(lo) + ".." + std::to_string(hi) + ")");
   }
   return static_cast<int>(v);
 }
 
 [[noreturn]] inline void bad_url(std::string_view url, const std::string& why) {
-  throw std::invalid_argument("ratelimit: redis URL \"" + std::string(url) + "\" " + why);
+  throw std::invalid_argument("ratelimit: redis URL \"" + redacted_url(url) + "\" " + why);
 }
 
 }  // namespace detail
@@ -119,7 +134,8 @@ namespace detail {
 /// Parses `redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]` or
 /// `unix://[[USER]:PASSWORD@]/PATH[?db=DB]` into options (other fields keep
 /// their defaults). An IPv6 HOST is written in brackets:
-/// `redis://[::1]:6379`. PORT is 1..65535. No percent-decoding.
+/// `redis://[::1]:6379`. PORT is 1..65535. No percent-decoding. Error
+/// messages quote the URL with its password replaced by `***`.
 /// @throws std::invalid_argument quoting the URL and the bad part
 [[nodiscard]] inline options parse_url(std::string_view url) {
   options o;

@@ -383,7 +383,8 @@ inline void check_script_time(timestamp now) {
 /// slots. Such user keys get a tag of their own,
 /// `<prefix>{~<slot of key>}{<key>}:<policy>:<name>!`.
 ///
-/// Why two (prefix, key, policy, name) never share a key, compound sub-keys
+/// Why two (key, policy, name) under one prefix never share a key (two
+/// prefixes may: "p" with key "{x" and "p{" with key "x"), compound sub-keys
 /// (`<this>:<i>:<sub-policy>`, scripts/compound.hpp) included: names are
 /// [A-Za-z0-9_.-]+ and policy names [a-z_]+, so neither holds ':', '{', '}'
 /// or '!'. Read a key (after the store's fixed prefix) from its end: when the
@@ -525,8 +526,9 @@ template <class Config>
   const long long far = std::int64_t{1} << 53;
   const bool ok = (v[0] == 0 || v[0] == 1) && (v[1] == 0 || v[1] == 1) &&
                   (v[0] == 0 || v[1] == 1) && limit >= 1 && limit <= max_units && v[2] >= 0 &&
-                  v[2] <= limit && v[3] >= -1 && v[3] <= far && (v[0] == 0 || v[3] == 0) &&
-                  v[4] >= 0 && v[4] <= far;
+                  v[2] <= limit && v[3] >= -1 && v[3] <= far &&
+                  // An admission waits 0; a rejection at least 1 us, or never.
+                  (v[0] == 1 ? v[3] == 0 : v[3] != 0) && v[4] >= 0 && v[4] <= far;
   if (!ok) {
     std::string got;
     for (std::size_t i = 0; i < r.elements; ++i) {

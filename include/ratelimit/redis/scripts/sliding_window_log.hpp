@@ -7,8 +7,9 @@
 // microsecond are two entries. Like the C++ ring buffer it holds at most
 // `limit` entries (the same trim rule under count_rejected), and its expiry
 // is newest entry + W. Entries are read lazily with LINDEX (a bisection finds
-// the expired ones), and only a recorded attempt writes: a rejection leaves
-// the list as it was.
+// the expired ones), each checked against the first, the last and its read
+// neighbours for order, and only a recorded attempt writes: a rejection
+// leaves the list as it was.
 //
 // Entries are absolute times, so a log written under another config is
 // converted, not dropped: the entries the new window no longer holds (at or
@@ -51,18 +52,38 @@ local function sliding_window_log(key, t, cost, W, limit, count_rejected)
   local head, size, offset = 0, len, 0
   local cache = {}
   local pushed = nil
+  -- Stored entries i < j must be in order: times never decrease, and each
+  -- running total is the one before plus its entry's cost (at least 1).
+  -- Every entry read is checked against the first and last entries and its
+  -- neighbours read so far, so a log whose entries were reordered or edited
+  -- is refused rather than decided on (a total going down made the window
+  -- hold less than nothing).
+  local function ordered(i, ei, j, ej, s)
+    local before = ej[3] - ej[2]
+    if ei[1] > ej[1] or before < ei[3] or ej[3] - ei[3] < j - i or
+       (j == i + 1 and before ~= ei[3]) then
+      bad(key, 'log entries out of order:', s)
+    end
+  end
+  local function load(j)
+    local e = cache[j]
+    if e ~= nil then return e end
+    local s = redis.call('LINDEX', key, j + 1)
+    local a, b, c = string.match(s, '^([^:]*):([^:]*):([^:]*)$')
+    if a == nil then bad(key, 'not a log entry:', s) end
+    e = {whole(key, a, 0, CEILING), whole(key, b, 1, CEILING), whole(key, c, 1, CEILING)}
+    if e[2] > e[3] then bad(key, 'log entry cost above its running total:', s) end
+    cache[j] = e
+    if j > 0 then ordered(0, load(0), j, e, s) end
+    if j < len - 1 then ordered(j, e, len - 1, load(len - 1), s) end
+    if cache[j - 1] ~= nil then ordered(j - 1, cache[j - 1], j, e, s) end
+    if cache[j + 1] ~= nil then ordered(j, e, j + 1, cache[j + 1], s) end
+    return e
+  end
   local function at(i)
     local j = head + i
     if j == len then return pushed end
-    local e = cache[j]
-    if e == nil then
-      local s = redis.call('LINDEX', key, j + 1)
-      local a, b, c = string.match(s, '^([^:]*):([^:]*):([^:]*)$')
-      if a == nil then bad(key, 'not a log entry:', s) end
-      e = {whole(key, a, 0, CEILING), whole(key, b, 1, CEILING), whole(key, c, 1, CEILING)}
-      if e[2] > e[3] then bad(key, 'log entry cost above its running total:', s) end
-      cache[j] = e
-    end
+    local e = load(j)
     return {e[1], e[2], e[3] - offset}
   end
   local function pop()
@@ -73,6 +94,21 @@ local function sliding_window_log(key, t, cost, W, limit, count_rejected)
     if size == 0 then return 0 end
     local f = at(0)
     return at(size - 1)[3] - (f[3] - f[2])
+  end
+  -- Drops the oldest entries while those after the oldest reach `limit`
+  -- (policy trim). That sum only shrinks as entries go, so a bisection finds
+  -- how many go: reading each one as it went would make one check read a
+  -- whole long log (a change to a much smaller limit).
+  local function trim()
+    if size < 2 then return end
+    local last = at(size - 1)[3]
+    if last - at(0)[3] < limit then return end
+    local lo, hi = 1, size - 1
+    while lo < hi do
+      local mid = lo + math.floor((hi - lo) / 2)
+      if last - at(mid)[3] < limit then hi = mid else lo = mid + 1 end
+    end
+    for _ = 1, lo do pop() end
   end
   -- Index of the oldest entry newer than `horizon` (entry times never decrease).
   local function first_after(horizon)
@@ -86,7 +122,7 @@ local function sliding_window_log(key, t, cost, W, limit, count_rejected)
   if size > 0 and t < at(size - 1)[1] then t = at(size - 1)[1] end
   if converted then
     for _ = 1, first_after(t - W) do pop() end
-    while size > 1 and at(size - 1)[3] - at(0)[3] >= limit do pop() end
+    trim()
   end
   -- The log as read (and converted), for convert().
   local head0, size0, offset0 = head, size, offset
@@ -114,7 +150,7 @@ local function sliding_window_log(key, t, cost, W, limit, count_rejected)
     end
     pushed = {t, cost, last + cost}
     size = size + 1
-    while size > 1 and at(size - 1)[3] - at(0)[3] >= limit do pop() end
+    trim()
     in_window = total()
     counted = 1
   end
