@@ -103,13 +103,7 @@ class memory_store {
       std::lock_guard<detail::spin_lock> guard(sh.lock);
       if (auto d = try_apply(sh, cfg, h, key, now, cost, a)) return *d;
     }
-    // The store is full. Reclaim idle keys in every shard (one lock at a
-    // time, never two), then try once more; another thread may have inserted
-    // this very key meanwhile, which try_apply handles.
-    reclaim(cfg, now);
-    std::lock_guard<detail::spin_lock> guard(sh.lock);
-    if (auto d = try_apply(sh, cfg, h, key, now, cost, a)) return *d;
-    return overflow(cfg);
+    return apply_when_full(sh, cfg, h, key, now, cost, a);
   }
 
   /// Forgets `key` (its next check sees a key never seen).
@@ -462,6 +456,17 @@ class memory_store {
       }
       return P::step(cfg, n->state, now, cost);
     }
+    return apply_new(sh, cfg, h, key, now, cost, a);
+  }
+
+  // The paths below stay out of line: a check on a key already held (the
+  // common case) then runs as one short stretch of code, which leaves the
+  // processor room to start the next check's cache misses early.
+
+  /// try_apply for a key the shard does not hold.
+  [[gnu::noinline]] std::optional<decision> apply_new(shard& sh, const config_type& cfg,
+                                                      std::uint64_t h, std::string_view key,
+                                                      timestamp now, units cost, access a) {
     now = std::max(now, sh.reclaimed_at);
     state_type fresh{};
     decision d = P::step(cfg, fresh, now, cost);
@@ -477,6 +482,18 @@ class memory_store {
       throw;
     }
     return d;
+  }
+
+  /// The store is full. Reclaim idle keys in every shard (one lock at a
+  /// time, never two), then try once more; another thread may have inserted
+  /// this very key meanwhile, which try_apply handles.
+  [[gnu::noinline]] decision apply_when_full(shard& sh, const config_type& cfg, std::uint64_t h,
+                                             std::string_view key, timestamp now, units cost,
+                                             access a) {
+    reclaim(cfg, now);
+    std::lock_guard<detail::spin_lock> guard(sh.lock);
+    if (auto d = try_apply(sh, cfg, h, key, now, cost, a)) return *d;
+    return overflow(cfg);
   }
 
   /// A full store looks for idle keys shard after shard, starting from a
