@@ -187,6 +187,25 @@ class memory_store {
     }
     [[nodiscard]] std::string_view key() const noexcept { return {key_data(), size}; }
 
+    /// Whether this node holds `k`. Keys of 8 to 16 bytes (phone numbers,
+    /// IPv4 addresses, short ids) are compared with two overlapping 8-byte
+    /// loads each, inline, instead of a call to memcmp.
+    [[nodiscard]] bool holds(std::string_view k) const noexcept {
+      if (k.size() != size) return false;
+      const char* mine = key_data();
+      if (size >= 8 && size <= 16) {
+        return load8(mine) == load8(k.data()) &&
+               load8(mine + size - 8) == load8(k.data() + size - 8);
+      }
+      return std::memcmp(mine, k.data(), size) == 0;
+    }
+
+    [[nodiscard]] static std::uint64_t load8(const char* p) noexcept {
+      std::uint64_t v;
+      std::memcpy(&v, p, sizeof v);
+      return v;
+    }
+
     static node* create(std::uint64_t h, std::string_view key, state_type&& st) {
       void* mem = ::operator new(sizeof(node) + key.size());
       node* n = ::new (mem) node{nullptr, h, std::move(st), static_cast<std::uint32_t>(key.size())};
@@ -230,7 +249,7 @@ class memory_store {
     [[nodiscard]] node* find(std::uint64_t h, std::string_view key) const noexcept {
       if (buckets == nullptr) return nullptr;
       for (node* n = buckets[h & mask]; n != nullptr; n = n->next) {
-        if (n->hash == h && n->key() == key) return n;
+        if (n->hash == h && n->holds(key)) return n;
       }
       return nullptr;
     }
@@ -248,7 +267,7 @@ class memory_store {
       if (buckets == nullptr) return false;
       for (node** link = &buckets[h & mask]; *link != nullptr; link = &(*link)->next) {
         node* n = *link;
-        if (n->hash == h && n->key() == key) {
+        if (n->hash == h && n->holds(key)) {
           *link = n->next;
           node::destroy(n);
           --size;
