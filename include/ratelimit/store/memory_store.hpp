@@ -78,7 +78,7 @@ class memory_store {
   memory_store() : memory_store(memory_store_options{}) {}
   explicit memory_store(memory_store_options o)
       : options_(normalise(o)),
-        shard_bits_(static_cast<unsigned>(std::countr_zero(options_.shards))),
+        shard_shift_(63U - static_cast<unsigned>(std::countr_zero(options_.shards))),
         seed_(make_seed(this)),
         shards_(std::make_unique<shard[]>(options_.shards)),
         count_(std::make_unique<std::atomic<std::size_t>>(0)) {}
@@ -101,7 +101,10 @@ class memory_store {
     shard& sh = shard_for(h);
     {
       std::lock_guard<detail::spin_lock> guard(sh.lock);
-      if (auto d = try_apply(sh, cfg, h, key, now, cost, a)) return *d;
+      // try_apply, with the held key's case written out so that its
+      // decision is returned directly rather than through an optional.
+      if (node* n = sh.find(h, key)) return step_held(cfg, n->state, now, cost, a);
+      if (auto d = apply_new(sh, cfg, h, key, now, cost, a)) return *d;
     }
     return apply_when_full(sh, cfg, h, key, now, cost, a);
   }
@@ -441,7 +444,9 @@ class memory_store {
 
   [[nodiscard]] shard& shard_for(std::uint64_t h) const noexcept {
     // High bits pick the shard, low bits the bucket, so the two stay independent.
-    return shards_[shard_bits_ == 0 ? 0 : static_cast<std::size_t>(h >> (64 - shard_bits_))];
+    // (h >> 1) >> (63 - bits) is h >> (64 - bits) without the undefined
+    // shift by 64 when there is one shard (bits = 0), and without a branch.
+    return shards_[static_cast<std::size_t>((h >> 1) >> shard_shift_)];
   }
 
   /// Decides under the shard's lock; empty only when a new key must be
@@ -468,14 +473,18 @@ class memory_store {
   /// record is stamped r (only possible when times run out of order).
   std::optional<decision> try_apply(shard& sh, const config_type& cfg, std::uint64_t h,
                                     std::string_view key, timestamp now, units cost, access a) {
-    if (node* n = sh.find(h, key)) {
-      if (a == access::peek) {
-        state_type copy = n->state;
-        return P::step(cfg, copy, now, cost);
-      }
-      return P::step(cfg, n->state, now, cost);
-    }
+    if (node* n = sh.find(h, key)) return step_held(cfg, n->state, now, cost, a);
     return apply_new(sh, cfg, h, key, now, cost, a);
+  }
+
+  /// The policy step on a key the shard holds; a peek steps a copy.
+  static decision step_held(const config_type& cfg, state_type& held, timestamp now, units cost,
+                            access a) {
+    if (a == access::peek) {
+      state_type copy = held;
+      return P::step(cfg, copy, now, cost);
+    }
+    return P::step(cfg, held, now, cost);
   }
 
   // The paths below stay out of line: a check on a key already held (the
@@ -551,8 +560,8 @@ class memory_store {
   }
 
   memory_store_options options_;
-  unsigned shard_bits_;
-  detail::siphash_key seed_;
+  unsigned shard_shift_;  ///< 63 - log2(shards)
+  detail::siphash_prepared seed_;
   std::unique_ptr<shard[]> shards_;
   std::unique_ptr<std::atomic<std::size_t>> count_;
   std::unique_ptr<std::atomic<std::size_t>> reclaim_cursor_ =
