@@ -26,10 +26,6 @@ struct siphash_key {
 
 namespace sip {
 
-[[nodiscard]] constexpr std::uint64_t rotl(std::uint64_t x, int b) noexcept {
-  return (x << b) | (x >> (64 - b));
-}
-
 /// Reads 8 bytes as a little-endian word, whatever the host's byte order.
 [[nodiscard]] inline std::uint64_t load_le64(const unsigned char* p) noexcept {
   std::uint64_t v = 0;
@@ -41,61 +37,117 @@ namespace sip {
   return v;
 }
 
+/// Reads 4 bytes as a little-endian word.
+[[nodiscard]] inline std::uint64_t load_le32(const unsigned char* p) noexcept {
+  std::uint32_t v = 0;
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(&v, p, sizeof v);
+  } else {
+    for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+  }
+  return v;
+}
+
+/// The `r` (0..7) bytes at `p`, the last `r` of a message of `n` bytes, as
+/// a little-endian word. Reads only bytes of the message, but in at most
+/// three loads and no loop: the store hashes every key of every check, and
+/// a byte loop for the tail of a 12-byte key costs as much as a round.
+[[nodiscard]] inline std::uint64_t load_tail(const unsigned char* p, std::size_t r,
+                                             std::size_t n) noexcept {
+  if (n >= 8) {
+    // The 8 bytes that end the message overlap the whole words before them;
+    // shift those out. r == 0 would shift by 64, so it is handled apart.
+    return r == 0 ? 0 : load_le64(p + r - 8) >> (64 - 8 * r);
+  }
+  if (r >= 4) {
+    // Two 4-byte loads that overlap; the shared bytes land on the same bits.
+    return load_le32(p) | (load_le32(p + r - 4) << (8 * (r - 4)));
+  }
+  if (r == 0) return 0;
+  // 1..3 bytes: the first, the middle and the last (some the same byte).
+  return static_cast<std::uint64_t>(p[0]) |
+         (static_cast<std::uint64_t>(p[r / 2]) << (8 * (r / 2))) |
+         (static_cast<std::uint64_t>(p[r - 1]) << (8 * (r - 1)));
+}
+
 struct state {
   std::uint64_t v0, v1, v2, v3;
 
-  constexpr void round() noexcept {
+  [[gnu::always_inline]] constexpr void round() noexcept {
     v0 += v1;
-    v1 = rotl(v1, 13);
+    v1 = std::rotl(v1, 13);
     v1 ^= v0;
-    v0 = rotl(v0, 32);
+    v0 = std::rotl(v0, 32);
     v2 += v3;
-    v3 = rotl(v3, 16);
+    v3 = std::rotl(v3, 16);
     v3 ^= v2;
     v0 += v3;
-    v3 = rotl(v3, 21);
+    v3 = std::rotl(v3, 21);
     v3 ^= v0;
     v2 += v1;
-    v1 = rotl(v1, 17);
+    v1 = std::rotl(v1, 17);
     v1 ^= v2;
-    v2 = rotl(v2, 32);
+    v2 = std::rotl(v2, 32);
+  }
+
+  template <int C>
+  [[gnu::always_inline]] constexpr void compress(std::uint64_t m) noexcept {
+    v3 ^= m;
+    for (int r = 0; r < C; ++r) round();
+    v0 ^= m;
   }
 };
 
 }  // namespace sip
 
-/// SipHash-C-D of `data` under `key`, 64-bit output.
+/// A key with the specification's constants already folded in: the state
+/// every message starts from. A store hashes every check's key with the same
+/// secret key, so it keeps this form and saves the four 64-bit constants and
+/// four XORs per hash.
+struct siphash_prepared {
+  sip::state start;
+
+  constexpr explicit siphash_prepared(const siphash_key& key) noexcept
+      // "somepseudorandomlygeneratedbytes", the constants of the specification.
+      : start{key.k0 ^ 0x736f6d6570736575ULL, key.k1 ^ 0x646f72616e646f6dULL,
+              key.k0 ^ 0x6c7967656e657261ULL, key.k1 ^ 0x7465646279746573ULL} {}
+};
+
+/// SipHash-C-D of `data` under a prepared key, 64-bit output.
+///
+/// Always inlined: it sits on every check's path, and as an out-of-line call
+/// (which GCC chose) it cost the call, spills and a generic tail loop.
 /// Thread safety: a pure function.
 template <int C, int D>
-[[nodiscard]] inline std::uint64_t siphash(const siphash_key& key, std::string_view data) noexcept {
-  // "somepseudorandomlygeneratedbytes", the constants of the specification.
-  sip::state s{key.k0 ^ 0x736f6d6570736575ULL, key.k1 ^ 0x646f72616e646f6dULL,
-               key.k0 ^ 0x6c7967656e657261ULL, key.k1 ^ 0x7465646279746573ULL};
+[[nodiscard]] [[gnu::always_inline]] inline std::uint64_t siphash(const siphash_prepared& key,
+                                                                  std::string_view data) noexcept {
+  sip::state s = key.start;
   const auto* p = reinterpret_cast<const unsigned char*>(data.data());
   const std::size_t n = data.size();
-  const std::size_t whole = n & ~std::size_t{7};
-  for (std::size_t i = 0; i < whole; i += 8) {
-    const std::uint64_t m = sip::load_le64(p + i);
-    s.v3 ^= m;
-    for (int r = 0; r < C; ++r) s.round();
-    s.v0 ^= m;
-  }
+  const unsigned char* const end = p + (n & ~std::size_t{7});
+  for (; p != end; p += 8) s.compress<C>(sip::load_le64(p));
   // The last word: the remaining 0..7 bytes, and the length mod 256 in the top byte.
-  std::uint64_t last = static_cast<std::uint64_t>(n & 0xff) << 56;
-  for (std::size_t i = 0; i < (n & 7); ++i) {
-    last |= static_cast<std::uint64_t>(p[whole + i]) << (8 * i);
-  }
-  s.v3 ^= last;
-  for (int r = 0; r < C; ++r) s.round();
-  s.v0 ^= last;
+  s.compress<C>(sip::load_tail(p, n & 7, n) | (static_cast<std::uint64_t>(n & 0xff) << 56));
   s.v2 ^= 0xff;
   for (int r = 0; r < D; ++r) s.round();
   return s.v0 ^ s.v1 ^ s.v2 ^ s.v3;
 }
 
+/// SipHash-C-D of `data` under `key`, 64-bit output.
+/// Thread safety: a pure function.
+template <int C, int D>
+[[nodiscard]] [[gnu::always_inline]] inline std::uint64_t siphash(const siphash_key& key,
+                                                                  std::string_view data) noexcept {
+  return siphash<C, D>(siphash_prepared{key}, data);
+}
+
 /// SipHash-1-3, the variant the memory store hashes keys with.
-[[nodiscard]] inline std::uint64_t siphash13(const siphash_key& key,
-                                             std::string_view data) noexcept {
+[[nodiscard]] [[gnu::always_inline]] inline std::uint64_t siphash13(
+    const siphash_key& key, std::string_view data) noexcept {
+  return siphash<1, 3>(key, data);
+}
+[[nodiscard]] [[gnu::always_inline]] inline std::uint64_t siphash13(
+    const siphash_prepared& key, std::string_view data) noexcept {
   return siphash<1, 3>(key, data);
 }
 

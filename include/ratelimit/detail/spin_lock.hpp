@@ -39,7 +39,7 @@ namespace ratelimit::detail {
 /// Thread safety: meets the Lockable requirements.
 class spin_lock {
  public:
-  void lock() noexcept {
+  [[gnu::always_inline]] void lock() noexcept {
     std::uint32_t expected = free;
     if (word_.compare_exchange_strong(expected, held, std::memory_order_acquire,
                                       std::memory_order_relaxed)) {
@@ -55,13 +55,12 @@ class spin_lock {
                                          std::memory_order_relaxed);
   }
 
-  void unlock() noexcept {
+  [[gnu::always_inline]] void unlock() noexcept {
     if (word_.load(std::memory_order_relaxed) == held) {
       word_.store(free, std::memory_order_release);
       return;
     }
-    word_.store(free, std::memory_order_release);
-    wake_one();
+    unlock_and_wake();
   }
 
  private:
@@ -74,7 +73,15 @@ class spin_lock {
   /// The longest a sleeper sleeps before it looks at the word again.
   static constexpr std::chrono::microseconds nap{200};
 
-  void lock_contended() noexcept {
+  // The slow paths stay out of line, so that lock() and unlock() inline into
+  // every check as a compare-and-swap and a load and store (the futex call
+  // in unlock() once kept GCC from inlining it, a call on every check).
+  [[gnu::noinline, gnu::cold]] void unlock_and_wake() noexcept {
+    word_.store(free, std::memory_order_release);
+    wake_one();
+  }
+
+  [[gnu::noinline, gnu::cold]] void lock_contended() noexcept {
     for (unsigned spins = 0; spins < spin_limit; ++spins) {
       relax();
       std::uint32_t seen = word_.load(std::memory_order_relaxed);

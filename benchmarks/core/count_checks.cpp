@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+// One pass of checks on existing keys, in a function of its own, for counting instructions per check under callgrind.
+//
+// Timings on a shared machine move by 2x; instruction and simulated cache
+// miss counts do not. This program fills one policy's limiter (or the bare
+// unordered_map floor) with the paired benchmark's phone-number keys, then
+// runs one pass of checks over them in shuffled order inside `checks_pass`.
+// Count that function alone and divide by the number of keys:
+//
+//   valgrind --tool=callgrind --toggle-collect='*checks_pass*' (one line)
+//     build-bench/benchmarks/core/ratelimit_count_core sliding_log
+//   callgrind_annotate callgrind.out.<pid> | grep 'PROGRAM TOTALS'
+//
+// Add `--cache-sim=yes` for simulated cache misses (give `--LL=` a size
+// below the machine's L3, or every miss lands in a huge simulated LL).
+//
+// Usage: ratelimit_count_core POLICY [--keys N]
+//   POLICY: floor fixed_window sliding_log sliding_counter token_bucket gcra
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "ratelimit/ratelimit.hpp"
+
+namespace rl = ratelimit;
+
+namespace {
+
+using key_order = std::vector<const std::string*>;
+
+template <class Check>
+[[gnu::noinline]] std::uint64_t checks_pass(const key_order& order, Check&& check) {
+  std::uint64_t sum = 0;
+  for (const std::string* k : order) sum += check(*k);
+  return sum;
+}
+
+template <class P>
+std::uint64_t run(typename P::config cfg, const std::vector<std::string>& keys,
+                  const key_order& order) {
+  rl::limiter<P> lim(std::move(cfg));
+  std::int64_t now = 1'000'000'000;
+  for (const auto& k : keys) (void)lim.try_acquire(k, rl::timestamp{now});
+  return checks_pass(order, [&](const std::string& k) {
+    now += 10;
+    return static_cast<std::uint64_t>(lim.try_acquire(k, rl::timestamp{now}).remaining);
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: ratelimit_count_core POLICY [--keys N]\n");
+    return 2;
+  }
+  const std::string_view policy = argv[1];
+  std::size_t key_count = 100'000;
+  for (int i = 2; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--keys" && i + 1 < argc) {
+      key_count = static_cast<std::size_t>(std::atol(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: ratelimit_count_core POLICY [--keys N]\n");
+      return 2;
+    }
+  }
+
+  std::vector<std::string> keys;
+  for (std::size_t i = 0; i < key_count; ++i)
+    keys.push_back("+1555" + std::to_string(1'000'000 + i));
+  key_order order;
+  for (const auto& k : keys) order.push_back(&k);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64{0x5eed});
+
+  // The paired benchmark's configurations: nearly every check is admitted.
+  const rl::rate fast{1'000'000, std::chrono::milliseconds{1}};
+  std::uint64_t sum = 0;
+  if (policy == "floor") {
+    std::unordered_map<std::string, std::uint64_t> map;
+    for (const auto& k : keys) map.emplace(k, 0);
+    sum = checks_pass(order, [&](const std::string& k) { return ++map.find(k)->second; });
+  } else if (policy == "fixed_window") {
+    sum = run<rl::fixed_window>(rl::fixed_window::config{fast}, keys, order);
+  } else if (policy == "sliding_log") {
+    sum = run<rl::sliding_window_log>(rl::sliding_window_log::config{fast}, keys, order);
+  } else if (policy == "sliding_counter") {
+    sum = run<rl::sliding_window_counter>(rl::sliding_window_counter::config{fast}, keys, order);
+  } else if (policy == "token_bucket") {
+    sum = run<rl::token_bucket>(rl::token_bucket::config{fast}, keys, order);
+  } else if (policy == "gcra") {
+    sum = run<rl::gcra>(rl::gcra::config{rl::rate{1, std::chrono::microseconds{1}},
+                                         rl::bucket_options{1'000'000'000}},
+                        keys, order);
+  } else {
+    std::fprintf(stderr, "ratelimit_count_core: unknown policy '%s'\n", argv[1]);
+    return 2;
+  }
+  std::printf("%zu checks, sum %llu\n", order.size(), static_cast<unsigned long long>(sum));
+  return 0;
+}
