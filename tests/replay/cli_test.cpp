@@ -67,6 +67,27 @@ TEST(ReplayCli, DecisionsFromAFileAndFromStdin) {
   EXPECT_EQ(b.out, expected);
 }
 
+// Verifies an unsorted log gives one output on every run: the decisions there
+// depend on which keys the memory store reclaimed (its reclaim rule), and that
+// must not follow a hash key drawn at random per run.
+TEST(ReplayCli, UnsortedLogGivesTheSameDecisionsOnEveryRun) {
+  std::string log;
+  for (int i = 0; i < 3; ++i) log += "0,x" + std::to_string(i) + "\n";
+  for (int i = 0; i < 300; ++i) log += "5000000,z" + std::to_string(i) + "\n";
+  for (int i = 0; i < 64; ++i) log += "1000,y" + std::to_string(i) + "\n";
+  for (int i = 0; i < 64; ++i) {
+    for (int j = 0; j < 4; ++j) log += "999999,y" + std::to_string(i) + "\n";
+  }
+  for (int i = 0; i < 64; ++i) log += "5500000,y" + std::to_string(i) + "\n";
+  const auto first = run({"--policy", "fixed_window", "--rate", "5/s", "--decisions", "-"}, log);
+  ASSERT_EQ(first.status, 0) << first.err;
+  for (int n = 0; n < 8; ++n) {
+    const auto again = run({"--policy", "fixed_window", "--rate", "5/s", "--decisions", "-"}, log);
+    ASSERT_EQ(again.status, 0) << again.err;
+    ASSERT_EQ(again.out, first.out) << "run " << n + 2 << " decided otherwise";
+  }
+}
+
 // Verifies a bad line fails the run with its line number and writes nothing, from a file
 // (validated in a first pass) and from stdin (output buffered).
 TEST(ReplayCli, BadLineWritesNothing) {

@@ -63,10 +63,10 @@ int main(int argc, char** argv) {
     for (std::size_t j = 0; j < n; ++j) {
       const auto start = std::chrono::steady_clock::now();
       for (const std::string* k : order) sink += ++floor_map.find(*k)->second;
-      const double floor_ns =
-          std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start)
-              .count() /
-          static_cast<double>(order.size());
+      const double floor_ns = std::chrono::duration<double, std::nano>(
+                                  std::chrono::steady_clock::now() - start)
+                                  .count() /
+                              static_cast<double>(order.size());
       double b = 0;
       double c = 0;
       if (r % 2 == 0) {

@@ -45,14 +45,16 @@ pass_fn make(typename P::config cfg, const std::vector<std::string>& keys,
 pass_fn AB_MAKE(const std::string& policy, const std::vector<std::string>& keys,
                 const std::vector<const std::string*>& order) {
   const rl::rate fast{1'000'000, std::chrono::milliseconds{1}};
-  if (policy == "fixed_window") return make<rl::fixed_window>(rl::fixed_window::config{fast}, keys, order);
+  if (policy == "fixed_window")
+    return make<rl::fixed_window>(rl::fixed_window::config{fast}, keys, order);
   if (policy == "sliding_log") {
     return make<rl::sliding_window_log>(rl::sliding_window_log::config{fast}, keys, order);
   }
   if (policy == "sliding_counter") {
     return make<rl::sliding_window_counter>(rl::sliding_window_counter::config{fast}, keys, order);
   }
-  if (policy == "token_bucket") return make<rl::token_bucket>(rl::token_bucket::config{fast}, keys, order);
+  if (policy == "token_bucket")
+    return make<rl::token_bucket>(rl::token_bucket::config{fast}, keys, order);
   return make<rl::gcra>(rl::gcra::config{rl::rate{1, std::chrono::microseconds{1}},
                                          rl::bucket_options{1'000'000'000}},
                         keys, order);

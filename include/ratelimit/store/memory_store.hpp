@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <bit>
 #include <chrono>
@@ -49,6 +50,12 @@ struct memory_store_options {
   when_full on_full = when_full::fail_open;
   /// Keys examined for idleness per inserted key (incremental reclaim); 0 = 2.
   std::size_t sweep_per_insert = 0;
+  /// The 128-bit SipHash key; empty (the default) = a fresh random key per
+  /// store. A fixed key makes runs reproducible where decisions can depend on
+  /// which keys were reclaimed (out-of-order caller times, as in a replay of
+  /// an unsorted log), but anyone who knows it can build keys that share one
+  /// chain: never fix it where callers choose the keys.
+  std::optional<std::array<std::uint64_t, 2>> hash_key = std::nullopt;
 };
 
 /// Holds the state of policy P for any number of keys, in process.
@@ -86,7 +93,9 @@ class memory_store {
   explicit memory_store(memory_store_options o)
       : options_(normalise(o)),
         shard_shift_(63U - static_cast<unsigned>(std::countr_zero(options_.shards))),
-        seed_(make_seed(this)),
+        seed_(options_.hash_key
+                  ? detail::siphash_key{(*options_.hash_key)[0], (*options_.hash_key)[1]}
+                  : make_seed(this)),
         shards_(std::make_unique<shard[]>(options_.shards)),
         count_(std::make_unique<std::atomic<std::size_t>>(0)) {}
 
