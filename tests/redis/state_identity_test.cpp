@@ -308,7 +308,7 @@ TYPED_TEST(RedisConfigChange, DecisionsAfterAChangeAreThoseOfTheNewConfig) {
   }
 }
 
-// Verifies the issue's examples: a token bucket 3/s that becomes 100/s, a
+// Verifies two changes a deploy makes: a token bucket 3/s that becomes 100/s, a
 // fixed window 10/s that becomes 10/min (both start fresh), and a GCRA whose
 // burst shrinks (TAT clamped to what the new config can hold).
 TEST(RedisConfigChange, IssueExamples) {
