@@ -527,6 +527,19 @@ TEST(RedisWarning, AllkeysEvictionPolicyWarnsOncePerStore) {
   EXPECT_EQ(w.count(), 2u);  // its own warning
 }
 
+// Verifies volatile-ttl warns too: it evicts the keys nearest to expiry
+// first, and the limiter's keys are short-lived.
+TEST(RedisWarning, VolatileTtlWarnsOncePerStore) {
+  rltest::redis_server server({"--maxmemory-policy", "volatile-ttl"});
+  warnings w;
+  auto o = store_options(server, redis::failure_policy::throw_error);
+  o.on_warning = w.hook();
+  redis::redis_store store(o);
+  churn(store, server.options());
+  ASSERT_EQ(w.count(), 1u);
+  EXPECT_NE(w.lines[0].find("volatile-ttl"), std::string::npos) << w.lines[0];
+}
+
 TEST(RedisWarning, NoevictionDoesNotWarn) {
   rltest::redis_server server;
   warnings w;

@@ -591,7 +591,9 @@ class connection_pool {
       return;
     }
     const std::string policy(r->element[1]->str, r->element[1]->len);
-    if (!policy.starts_with("allkeys-")) return;
+    // allkeys-* may evict any key; volatile-ttl evicts the keys nearest to
+    // expiry first, and a limiter's keys carry the shortest TTLs there are.
+    if (!policy.starts_with("allkeys-") && policy != "volatile-ttl") return;
     const std::string line = "ratelimit: redis: " + c.where() + " has maxmemory-policy " + policy +
                              ": under memory pressure Redis may evict rate-limit keys, which "
                              "resets their counts; use noeviction (see docs/redis.md)";

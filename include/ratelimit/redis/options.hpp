@@ -79,7 +79,7 @@ struct options {
   /// addresses, fails the connect with connection_error.
   std::function<std::vector<std::string>(const std::string& host)> resolver;
   /// Receives a warning about the server's configuration (one line without a
-  /// newline): an `allkeys-*` maxmemory-policy, under which Redis may evict
+  /// newline): an `allkeys-*` or `volatile-ttl` maxmemory-policy, under which Redis may evict
   /// the limiter's keys. Called at most once per connection pool (one per
   /// store; one per node of a cluster store), from the checking thread that
   /// made the connection; exceptions it throws are ignored. Empty = write the
