@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -97,7 +98,15 @@ inline void expect_identical_replay(const std::string& store_url) {
       {"gcra", {}},
       {"gcra", {"--burst", "3"}},
   };
-  for (const std::string& trace : traces()) {
+  const std::vector<std::string> files = traces();
+  // Removes the trace files however the loop below ends (an ASSERT returns).
+  struct remove_files {
+    const std::vector<std::string>& paths;
+    ~remove_files() {
+      for (const std::string& p : paths) std::remove(p.c_str());
+    }
+  } cleanup{files};
+  for (const std::string& trace : files) {
     for (const variant& v : variants) {
       std::vector<std::string> args = {RATELIMIT_REPLAY_BIN, "--policy", v.policy, "--rate",
                                        "10/15min"};
