@@ -13,6 +13,7 @@
 #include "cluster_test_access.hpp"
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis/cluster_store.hpp"
+#include "support/eventually.hpp"
 #include "support/fork_child.hpp"
 
 namespace {
@@ -32,17 +33,6 @@ redis::cluster_options cluster_opts(std::string_view what) {
   return o;
 }
 
-/// Polls `done` until it holds or 20 s passed (a bound on a hang, not a speed check).
-template <class F>
-bool eventually(F done) {
-  const auto until = std::chrono::steady_clock::now() + 20s;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= until) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
-
 /// A store with a slot map, pooled connections on every master, its refresher
 /// thread asleep between reads and its prober thread asleep between probes.
 void start_every_thread(redis::cluster_store& store) {
@@ -51,10 +41,10 @@ void start_every_thread(redis::cluster_store& store) {
     (void)store.apply(cfg, "warm" + std::to_string(i), microseconds{t0}, 1);
   }
   access_t::request_refresh(store);
-  ASSERT_TRUE(eventually([&] { return store.stats().topology_refreshes >= 2; }));
+  ASSERT_TRUE(rltest::eventually([&] { return store.stats().topology_refreshes >= 2; }));
   access_t::open_breakers(store);
   // The masters answer, so each probe closes its breaker; the thread stays.
-  ASSERT_TRUE(eventually([&] { return store.stats().probes >= 3; }));
+  ASSERT_TRUE(rltest::eventually([&] { return store.stats().probes >= 3; }));
 }
 
 // Verifies the child of a fork made while the store's refresher and prober

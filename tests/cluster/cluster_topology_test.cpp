@@ -18,24 +18,18 @@
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis/cluster_store.hpp"
 #include "ratelimit/redis/scripts/compound.hpp"
+#include "support/eventually.hpp"
+#include "support/reference.hpp"
 
 namespace {
 
 using namespace ratelimit;
+using ratelimit_test::reference::describe;
 using namespace std::chrono_literals;
 using rltest::redis_cluster;
 using std::chrono::microseconds;
 
 constexpr std::int64_t t0 = 1'732'950'000'000'000;
-
-std::string describe(const decision& d) {
-  std::ostringstream o;
-  o << "{allowed=" << d.allowed << " counted=" << d.counted << " source=" << to_string(d.source)
-    << " limit=" << d.limit << " remaining=" << d.remaining
-    << " retry_after=" << (d.retry_after == never ? -1 : d.retry_after.count())
-    << " reset_after=" << (d.reset_after == never ? -1 : d.reset_after.count()) << "}";
-  return o.str();
-}
 
 redis::cluster_options cluster_opts(std::string_view what) {
   static int n = 0;
@@ -43,17 +37,6 @@ redis::cluster_options cluster_opts(std::string_view what) {
   o.node.prefix = "rltopo:" + std::to_string(::getpid()) + ":" + std::to_string(++n) + ":" +
                   std::string(what) + ":";
   return o;
-}
-
-/// Polls `done` until it holds or 20 s passed (a bound on a hang, not a speed check).
-template <class F>
-bool eventually(F done) {
-  const auto until = std::chrono::steady_clock::now() + 20s;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= until) return false;
-    std::this_thread::sleep_for(2ms);
-  }
-  return true;
 }
 
 /// A user key other than those in `taken` whose slot is `slot`.
@@ -239,7 +222,8 @@ TEST(ClusterTopology, ResetRetriesTryagainWhileACompoundKeysSlotIsHalfMigrated) 
     }
   });
   // Move the other key only once reset() has met TRYAGAIN (or already gave up).
-  const bool met = eventually([&] { return store.stats().tryagain > tryagain_before; });
+  const bool met = rltest::eventually([&] { return store.stats().tryagain > tryagain_before; },
+                                      2ms);
   for (const std::string& k : m.keys_left(tag)) m.move(k);
   resetter.join();
   EXPECT_TRUE(met) << "reset() never met TRYAGAIN";
@@ -285,7 +269,7 @@ TEST(ClusterTopology, SlotMapReadBeforeAMovedUpdateIsNotInstalled) {
       moved_in_hook = d.source == decision_source::store && d.remaining == 4;
     } else if (n > 1) {
       // Later reads (the refresher, woken by the MOVED) wait for the verdict.
-      (void)eventually([&] { return release.load(); });
+      (void)rltest::eventually([&] { return release.load(); }, 2ms);
     }
   });
   store.refresh_topology();
@@ -299,8 +283,8 @@ TEST(ClusterTopology, SlotMapReadBeforeAMovedUpdateIsNotInstalled) {
   EXPECT_EQ(store.node_for_slot(slot), name_of(m.to())) << "a stale slot map was installed";
   release = true;
   // The refresher reads the map again and keeps the slot where it is.
-  ASSERT_TRUE(
-      eventually([&] { return store.stats().topology_refreshes > after.topology_refreshes; }));
+  ASSERT_TRUE(rltest::eventually(
+      [&] { return store.stats().topology_refreshes > after.topology_refreshes; }, 2ms));
   EXPECT_EQ(store.node_for_slot(slot), name_of(m.to()));
   EXPECT_EQ(store.apply(cfg, key, microseconds{t0}, 1).remaining, 3);
 }

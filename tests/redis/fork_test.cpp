@@ -13,6 +13,7 @@
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis.hpp"
 #include "redis_server.hpp"
+#include "support/eventually.hpp"
 #include "support/fork_child.hpp"
 
 namespace {
@@ -22,17 +23,6 @@ using namespace std::chrono_literals;
 using std::chrono::microseconds;
 
 constexpr std::int64_t t0 = 1'732'950'000'000'000;
-
-/// Polls `done` until it holds or 20 s passed (a bound on a hang, not a speed check).
-template <class F>
-bool eventually(F done) {
-  const auto until = std::chrono::steady_clock::now() + 20s;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= until) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
 
 redis::options live(std::string_view what) {
   redis::options o = rltest::shared_redis();
@@ -54,7 +44,7 @@ TEST(RedisFork, ChildDestroysStoresWhoseProberRuns) {
   const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
   ASSERT_TRUE(working->apply(cfg, "k", microseconds{t0}, 1).allowed);
   while (!broken->circuit_open()) (void)broken->apply(cfg, "k", microseconds{t0}, 1);
-  ASSERT_TRUE(eventually([&] { return broken->stats().probes >= 1; }));
+  ASSERT_TRUE(rltest::eventually([&] { return broken->stats().probes >= 1; }));
   const rltest::child_end end = rltest::in_child([&] {
     broken.reset();
     working.reset();

@@ -18,21 +18,14 @@
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis/redis_store.hpp"
 #include "redis_server.hpp"
+#include "support/reference.hpp"
 
 namespace {
 
 using namespace ratelimit;
+using ratelimit_test::reference::describe;
 using namespace std::chrono_literals;
 using std::chrono::microseconds;
-
-std::string describe(const decision& d) {
-  std::ostringstream o;
-  o << "{allowed=" << d.allowed << " counted=" << d.counted << " source=" << to_string(d.source)
-    << " limit=" << d.limit << " remaining=" << d.remaining
-    << " retry_after=" << (d.retry_after == never ? -1 : d.retry_after.count())
-    << " reset_after=" << d.reset_after.count() << "}";
-  return o.str();
-}
 
 redis::options fresh(std::string_view what,
                      redis::failure_policy p = redis::failure_policy::throw_error) {
