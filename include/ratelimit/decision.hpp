@@ -47,6 +47,14 @@ struct [[nodiscard]] decision {
   bool counted = false;
   /// Who decided (see `decision_source`).
   decision_source source = decision_source::store;
+  /// Shadow mode: the policy would have rejected this request, but the limiter
+  /// (or its tier) is in shadow mode, so it was admitted (`allowed == true`)
+  /// and recorded as admitted. Always false outside shadow mode.
+  bool shadow_rejected = false;
+  /// Idempotent checks: this request id was already decided for this key
+  /// within its retention; the fields are that first decision again and
+  /// nothing was consumed. Always false for checks without a request id.
+  bool repeat = false;
   /// The configured limit (the burst for token bucket and GCRA).
   units limit = 0;
   /// Units that could still be admitted right now, after this decision; >= 0.
