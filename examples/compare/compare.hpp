@@ -373,6 +373,31 @@ template <class P>
 
 }  // namespace detail
 
+/// The in-process measurement's memory estimate: per key, the floor's map
+/// node, five limiters' nodes (about 140 bytes each) and the sliding log's
+/// entries (16 bytes each, ring capacity up to twice that), one per pass up
+/// to the limit: 1 + rounds + 2 max(3, rounds / 3) passes.
+[[nodiscard]] inline double in_process_bytes(const rate& r, std::size_t keys, int rounds) {
+  const std::int64_t passes = 1 + rounds + 2 * std::max(3, rounds / 3);
+  const std::int64_t entries = std::min<std::int64_t>(r.limit(), passes);
+  return static_cast<double>(keys) * (6.0 * 140.0 + 32.0 * static_cast<double>(entries));
+}
+
+/// Refuses --keys and --rounds whose in-process measurement would pass the
+/// memory budget (half of this machine's memory, or of the address-space
+/// limit).
+/// @throws replay::memory_budget_error naming both flags and the estimate
+inline void check_in_process_budget(const rate& r, std::size_t keys, int rounds,
+                                    std::size_t budget = replay::default_memory_budget()) {
+  const double need = in_process_bytes(r, keys, rounds);
+  if (need <= static_cast<double>(budget)) return;
+  throw replay::memory_budget_error(
+      "--keys " + std::to_string(keys) + " with --rounds " + std::to_string(rounds) +
+      " needs about " + replay::format_bytes(need) + " in process, over the memory budget of " +
+      replay::format_bytes(static_cast<double>(budget)) +
+      " (half of this machine's memory, or of the address-space limit); use fewer keys or rounds");
+}
+
 /// Progress lines on standard error.
 using progress_fn = std::function<void(const std::string&)>;
 
@@ -846,6 +871,12 @@ inline int run_compare(const std::vector<std::string>& args, std::istream& std_i
   const progress_fn progress = [&err](const std::string& line) {
     if (!line.empty()) err << "ratelimit-compare: " << line << '\n' << std::flush;
   };
+  try {
+    check_in_process_budget(o.r, o.keys, o.rounds);
+  } catch (const std::invalid_argument& e) {
+    err << "ratelimit-compare: error: " << e.what() << '\n';
+    return 2;
+  }
   const std::string path = o.input.empty() ? sample : o.input;
   report rep;
   rep.r = o.r;

@@ -422,6 +422,39 @@ TEST(CompareTool, BadArgumentsAreUsageErrorsNamingTheValue) {
   EXPECT_EQ(compare("--help").status, 0);
 }
 
+// An address-space limit fixes the memory budget whatever the machine; the
+// sanitizers reserve terabytes of address space and cannot run under one.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool sanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool sanitized = true;
+#else
+constexpr bool sanitized = false;
+#endif
+#else
+constexpr bool sanitized = false;
+#endif
+
+TEST(CompareTool, RunsThatWouldNotFitInMemoryAreRefusedUpFront) {
+  if (sanitized) GTEST_SKIP() << "needs ulimit -v, which the sanitizers cannot run under";
+  // Budget: half of 2 GiB. A million keys whose sliding logs grow by one entry
+  // per pass over 1,667 passes need about 50 GiB.
+  const fs::path out = temp("budget_out.txt");
+  const fs::path err = temp("budget_err.txt");
+  const std::string cmd = "ulimit -v 2097152; '" + std::string(RATELIMIT_COMPARE_EXE) +
+                          "' --no-redis --keys 1000000 --rounds 1000 --rate 1000000/d >'" +
+                          out.string() + "' 2>'" + err.string() + "' </dev/null";
+  const int raw = std::system(cmd.c_str());
+  EXPECT_EQ(WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, 2);
+  const std::string e = slurp(err);
+  EXPECT_NE(e.find("--keys 1000000 with --rounds 1000 needs about"), std::string::npos) << e;
+  EXPECT_NE(e.find("over the memory budget of 1.0 GiB"), std::string::npos) << e;
+  EXPECT_EQ(slurp(out), "");
+  fs::remove(out);
+  fs::remove(err);
+}
+
 TEST(CompareTool, BadInputLinesAreNamedBeforeAnyMeasurement) {
   const fs::path p = temp("bad.csv");
   std::ofstream(p, std::ios::binary) << "ts,key\n1,a\n2\n";
