@@ -2,7 +2,7 @@
 // ratelimit-compare: the five policies at one rate, measured in process, on Redis and on a trace, as one table.
 #pragma once
 
-#if defined(__GLIBC__) || __has_include(<malloc.h>)
+#if __has_include(<malloc.h>)
 #include <malloc.h>
 #endif
 
