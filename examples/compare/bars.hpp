@@ -44,12 +44,16 @@ inline void write_bar_chart(std::ostream& o, std::string_view title, std::string
   using replay::detail::num;
   using replay::detail::styles;
   using replay::detail::xml_escape;
-  const double panel_w = 330, panel_h = 300, left = 70, top = 135, gap = 90, bottom = 40;
+  // At most four panels a row; rows stack below the legend.
+  const double panel_w = 330, panel_h = 300, left = 70, top = 135, gap = 90, row_gap = 70,
+               bottom = 40;
   const double plot_w = panel_w - left;
-  const std::size_t n_panels = std::max<std::size_t>(panels.size(), 1);
-  const double width = left + static_cast<double>(n_panels) * panel_w +
-                       static_cast<double>(n_panels - 1) * (gap - left) + 30;
-  const double height = top + panel_h + bottom;
+  const std::size_t per_row = std::clamp<std::size_t>(panels.size(), 1, 4);
+  const std::size_t rows = std::max<std::size_t>(1, (panels.size() + per_row - 1) / per_row);
+  const double width = left + static_cast<double>(per_row) * panel_w +
+                       static_cast<double>(per_row - 1) * (gap - left) + 30;
+  const double height = top + static_cast<double>(rows) * panel_h +
+                        static_cast<double>(rows - 1) * row_gap + bottom;
   o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << num(width) << "' height='"
     << num(height) << "' viewBox='0 0 " << num(width) << " " << num(height)
     << "' font-family='Helvetica, Arial, sans-serif'>\n";
@@ -71,8 +75,8 @@ inline void write_bar_chart(std::ostream& o, std::string_view title, std::string
 
   for (std::size_t p = 0; p < panels.size(); ++p) {
     const bar_panel& pn = panels[p];
-    const double ox = left + static_cast<double>(p) * (panel_w + gap - left);
-    const double oy = top;
+    const double ox = left + static_cast<double>(p % per_row) * (panel_w + gap - left);
+    const double oy = top + static_cast<double>(p / per_row) * (panel_h + row_gap);
     double y_max = 0;
     for (const auto& v : pn.values) {
       if (v) y_max = std::max(y_max, *v);
