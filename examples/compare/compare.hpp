@@ -786,10 +786,7 @@ inline void measure_redis_all(report& rep, const options& o, const progress_fn& 
   } else {
     base = redis::parse_url(o.redis);
     base.connect_timeout = std::chrono::milliseconds(2000);
-    rep.redis_where = "the server at " + redis::detail::redacted_url(o.redis) +
-                      " (keys under a prefix of this run's, " +
-                      std::to_string(run_prefix().size() - 3) +
-                      " bytes longer than the default rl:, which MEMORY USAGE counts)";
+    rep.redis_where = "the server at " + redis::detail::redacted_url(o.redis);
   }
   base.command_timeout = std::chrono::milliseconds(10'000);
   base.on_failure = redis::failure_policy::throw_error;
@@ -813,6 +810,11 @@ inline void measure_redis_all(report& rep, const options& o, const progress_fn& 
                            ")";
       }
     }
+  }
+  if (!server) {
+    rep.redis_where += ", keys under a prefix of this run's (" +
+                       std::to_string(base.prefix.size() - 3) +
+                       " bytes longer than the default rl:, which MEMORY USAGE counts)";
   }
   redis_plan plan;
   if (o.quick) {
