@@ -100,6 +100,27 @@ TEST(TiersRedis, LimiterFollowsRuntimeChanges) {
                std::invalid_argument);
 }
 
+// Verifies a tiered_limiter on the server's clock: the tier from the lookup
+// or per call, one script per check at the server's TIME.
+TEST(TiersRedis, ServerClock) {
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("tiers:server-clock");
+  const auto cfg = [](const char* r) {
+    return fixed_window::config{r, window_options{false, "plans"}};
+  };
+  tiered_limiter<fixed_window, redis::redis_store, redis::server_clock> l(
+      {{"free", cfg("1/1h")}, {"pro", cfg("3/1h")}},
+      [](std::string_view) { return std::string_view("free"); }, {}, redis::redis_store(o));
+  EXPECT_TRUE(l.try_acquire("k").allowed);
+  const decision d = l.try_acquire("k");
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.limit, 1);
+  EXPECT_TRUE(l.try_acquire("k", "pro").allowed);  // starts fresh under 3/1h
+  EXPECT_EQ(l.peek("k", "pro").remaining, 1);
+  l.reset("k");
+  EXPECT_TRUE(l.try_acquire("k").allowed);
+}
+
 // Verifies runtime changes while threads check on Redis: one shared key at
 // one instant admits exactly its limit across window changes, and every
 // snapshot is freed.
