@@ -23,6 +23,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -353,7 +354,18 @@ class tier_table {
     std::vector<entry> entries;
     const entry* fallback = nullptr;  ///< the default tier, if any
 
+    /// The tier `name`, else the default tier, else nullptr. A few tiers
+    /// are scanned (sizes compared first), more are bisected.
     [[nodiscard]] const entry* find(std::string_view name) const noexcept {
+      if (entries.size() <= 8) {
+        for (const entry& e : entries) {
+          if (e.name.size() == name.size() &&
+              std::memcmp(e.name.data(), name.data(), name.size()) == 0) {
+            return &e;
+          }
+        }
+        return fallback;
+      }
       const auto it = std::lower_bound(
           entries.begin(), entries.end(), name,
           [](const entry& e, std::string_view n) { return std::string_view(e.name) < n; });
