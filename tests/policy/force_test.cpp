@@ -17,9 +17,9 @@
 namespace {
 
 using namespace ratelimit;
-using std::chrono::microseconds;
 using ratelimit_test::reference::bisect_first;
 using ratelimit_test::reference::describe;
+using std::chrono::microseconds;
 
 constexpr std::int64_t s = 1'000'000;
 
@@ -187,8 +187,8 @@ TEST(Force, CompoundRecordsInEverySubLimit) {
 // Verifies a bucket sub-limit that admits on its own but is recorded in a
 // rejected forced compound: the compound's retry waits for it too.
 TEST(Force, CompoundRetryWaitsForARecordedAdmittingBucket) {
-  const auto cfg =
-      make_compound(fixed_window::config("1/2s"), token_bucket::config("2/10s"));  // 5 s/token
+  const auto cfg = make_compound(fixed_window::config("1/2s"),
+                                 token_bucket::config("2/10s"));  // 5 s/token
   using C = compound<fixed_window, token_bucket>;
   C::state st;
   ASSERT_TRUE(force<C>(cfg, st, 0).allowed);
@@ -248,7 +248,8 @@ class log_model {
         }
       }
     }
-    if (!h_.empty()) d.reset_after = microseconds{std::max<std::int64_t>(0, h_.back().first + w_ - t)};
+    if (!h_.empty())
+      d.reset_after = microseconds{std::max<std::int64_t>(0, h_.back().first + w_ - t)};
     return d;
   }
 
@@ -287,10 +288,9 @@ class gcra_model {
     if (!d.allowed) {
       d.retry_after = never;
       if (cost <= burst_) {
-        d.retry_after = microseconds{bisect_first(1, std::max<std::int64_t>(1, tat_ - t + 1),
-                                                  [&](std::int64_t dt) {
-                                                    return admits(t + dt, cost);
-                                                  })};
+        d.retry_after = microseconds{
+            bisect_first(1, std::max<std::int64_t>(1, tat_ - t + 1),
+                         [&](std::int64_t dt) { return admits(t + dt, cost); })};
       }
     }
     d.reset_after = microseconds{std::max<std::int64_t>(0, tat_ - t)};
@@ -324,9 +324,8 @@ class bucket_model {
     if (!d.allowed) {
       d.retry_after = never;
       if (cost <= burst_) {
-        d.retry_after = microseconds{bisect_first(1, far(), [&](std::int64_t dt) {
-          return at(t + dt) >= need;
-        })};
+        d.retry_after = microseconds{
+            bisect_first(1, far(), [&](std::int64_t dt) { return at(t + dt) >= need; })};
       }
     }
     d.reset_after = microseconds{
@@ -350,8 +349,7 @@ class bucket_model {
 };
 
 template <class P, class Model>
-void against_model(const typename P::config& cfg, Model model, std::uint64_t seed,
-                   std::int64_t w) {
+void against_model(const typename P::config& cfg, Model model, std::uint64_t seed, std::int64_t w) {
   std::mt19937_64 rng(seed);
   typename P::state st;
   std::int64_t t = 0;

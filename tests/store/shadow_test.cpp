@@ -176,17 +176,17 @@ TEST(Shadow, BlockedCacheLetsForcedChecksThrough) {
 // neither records anything.
 TEST(Shadow, FullStoreDegradesAsDocumented) {
   for (const when_full w : {when_full::fail_closed, when_full::fail_open}) {
-    limiter<fixed_window> l{fixed_window::config{"5/1h"},
-                            memory_store<fixed_window>{memory_store_options{
-                                .shards = 1, .max_keys = 1, .on_full = w}}};
+    limiter<fixed_window> l{
+        fixed_window::config{"5/1h"},
+        memory_store<fixed_window>{memory_store_options{.shards = 1, .max_keys = 1, .on_full = w}}};
     (void)l.try_acquire("a", microseconds{0});
     l.set_shadow(true);
     const decision d = l.try_acquire("b", microseconds{0});
     EXPECT_TRUE(d.allowed);
     EXPECT_EQ(d.shadow_rejected, w == when_full::fail_closed);
     EXPECT_FALSE(d.counted);
-    EXPECT_EQ(d.source,
-              w == when_full::fail_closed ? decision_source::fail_closed : decision_source::fail_open);
+    EXPECT_EQ(d.source, w == when_full::fail_closed ? decision_source::fail_closed
+                                                    : decision_source::fail_open);
     EXPECT_EQ(l.store().size(), 1U);
   }
 }
