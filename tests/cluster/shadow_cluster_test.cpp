@@ -19,8 +19,8 @@
 namespace {
 
 using namespace ratelimit;
-using std::chrono::microseconds;
 using ratelimit_test::reference::describe;
+using std::chrono::microseconds;
 
 constexpr std::int64_t s = 1'000'000;
 constexpr std::int64_t t0 = 1'732'950'000'000'000;

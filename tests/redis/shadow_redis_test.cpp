@@ -23,8 +23,8 @@
 namespace {
 
 using namespace ratelimit;
-using std::chrono::microseconds;
 using ratelimit_test::reference::describe;
+using std::chrono::microseconds;
 
 constexpr std::int64_t s = 1'000'000;
 constexpr std::int64_t t0 = 1'732'950'000'000'000;  // a caller time near today
@@ -80,14 +80,14 @@ TEST(RedisShadow, ExactRulesPerPolicy) {
                               1000, 7);
   same_on_redis<gcra>(gcra::config("3/10s", bucket_options{.name = "s"}), 8, 1, 1000, 5);
   same_on_redis<compound_of<fixed_window>>(
-      compound_of<fixed_window>::config({"3/10s", "5/1h"}, window_options{.name = "s"}), 8, 1,
-      1000, 5);
+      compound_of<fixed_window>::config({"3/10s", "5/1h"}, window_options{.name = "s"}), 8, 1, 1000,
+      5);
 }
 
 /// Shadow checks on one GCRA key at one caller time from `threads` threads;
 /// returns {checks, flagged}.
-std::pair<long, long> shadow_threads(const redis::options& o, const gcra::config& cfg,
-                                     int threads, int per_thread) {
+std::pair<long, long> shadow_threads(const redis::options& o, const gcra::config& cfg, int threads,
+                                     int per_thread) {
   limiter<gcra, redis::redis_store> l{cfg, redis::redis_store{o}};
   l.set_shadow(true);
   std::atomic<long> checks{0};
