@@ -109,9 +109,9 @@ TEST(HttpHeaders, ShadowRejectedIsAdmitted) {
 
 // Verifies the buckets' window: the time to refill a whole burst, rounded up.
 TEST(HttpHeaders, BucketWindowIsTheRefillTime) {
-  EXPECT_EQ(http::describe_policy(token_bucket::config{"10/1min", bucket_options{.burst = 25}})
-                .window,
-            microseconds{150'000'000});
+  EXPECT_EQ(
+      http::describe_policy(token_bucket::config{"10/1min", bucket_options{.burst = 25}}).window,
+      microseconds{150'000'000});
   EXPECT_EQ(http::describe_policy(token_bucket::config{"3/1s", bucket_options{.burst = 1}}).window,
             microseconds{333'334});
   const auto hs = http::headers(decision{.allowed = true},
