@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cluster_harness.hpp"
+#include "ratelimit/http_headers.hpp"
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis/cluster_store.hpp"
 #include "ratelimit/redis/scripts/compound.hpp"
@@ -49,6 +50,9 @@ void same_on_cluster(const typename P::config& cfg, int n, units cost, int flagg
     ASSERT_EQ(describe(got), describe(want)) << P::name << " check " << i;
     ASSERT_EQ(got.shadow_rejected, want.shadow_rejected);
     seen += got.shadow_rejected ? 1 : 0;
+    if constexpr (requires { http::describe_policy(cfg); }) {
+      ASSERT_EQ(http::headers(got, cfg), http::headers(want, cfg)) << P::name << " check " << i;
+    }
   }
   EXPECT_EQ(seen, flagged) << P::name;
   remote.set_shadow(false);
@@ -59,7 +63,8 @@ void same_on_cluster(const typename P::config& cfg, int n, units cost, int flagg
   EXPECT_FALSE(got.allowed) << P::name;
 }
 
-// Verifies the exact shadow rules on the cluster for every policy and a
+// Verifies the exact shadow rules (and the HTTP header fields made from
+// them) on the cluster for every policy and a
 // compound of three (its keys in one slot), identical to the in-process limiter.
 TEST(ClusterShadow, ExactRulesPerPolicy) {
   same_on_cluster<fixed_window>(fixed_window::config("3/10s", window_options{.name = "s"}), 8, 1,

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "ratelimit/http_headers.hpp"
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis/redis_store.hpp"
 #include "ratelimit/store/blocked_cache.hpp"
@@ -55,6 +56,9 @@ void same_on_redis(const typename P::config& cfg, int n, units cost, std::int64_
     ASSERT_EQ(got.shadow_rejected, want.shadow_rejected);
     ASSERT_TRUE(got.allowed);
     seen += got.shadow_rejected ? 1 : 0;
+    if constexpr (requires { http::describe_policy(cfg); }) {
+      ASSERT_EQ(http::headers(got, cfg), http::headers(want, cfg)) << P::name << " check " << i;
+    }
   }
   EXPECT_EQ(seen, flagged) << P::name;
   remote.set_shadow(false);
@@ -66,7 +70,8 @@ void same_on_redis(const typename P::config& cfg, int n, units cost, std::int64_
   EXPECT_FALSE(got.allowed) << P::name << ": the shadow checks were recorded";
 }
 
-// Verifies the exact shadow rules on Redis for every policy (every check
+// Verifies the exact shadow rules (and the HTTP header fields made from
+// them) on Redis for every policy (every check
 // recorded, the ones past the limit flagged, the enforced check after them
 // rejected), identical to the in-process limiter field for field.
 TEST(RedisShadow, ExactRulesPerPolicy) {
