@@ -11,7 +11,7 @@
 //             trimmed log), the case shadow mode makes more expensive
 // Prints the median ns per check of each and shadow / plain.
 //
-// Usage: ratelimit_bench_shadow [rounds=15] [per_round=200000]
+// Usage: ratelimit_bench_shadow [rounds=101] [per_round=20000]
 
 #include <algorithm>
 #include <chrono>
@@ -98,8 +98,8 @@ void run(const char* name, const typename P::config& admitted_cfg,
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int rounds = argc > 1 ? std::atoi(argv[1]) : 15;
-  const std::size_t per_round = argc > 2 ? static_cast<std::size_t>(std::atoll(argv[2])) : 200'000;
+  const int rounds = argc > 1 ? std::atoi(argv[1]) : 101;
+  const std::size_t per_round = argc > 2 ? static_cast<std::size_t>(std::atoll(argv[2])) : 20'000;
   if (rounds < 1 || per_round < 1) {
     std::fprintf(stderr, "usage: ratelimit_bench_shadow [rounds>=1] [per_round>=1]\n");
     return 2;
