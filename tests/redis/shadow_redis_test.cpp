@@ -157,6 +157,24 @@ TEST(RedisShadow, ThreadsAndProcessesOnOneKey) {
   EXPECT_EQ(l.peek("+15551234567", microseconds{t0}).reset_after, microseconds{checks * s});
 }
 
+// Verifies shadow mode with the Redis server's clock (the limiter passes
+// store_time): every check admitted, those past the limit flagged.
+TEST(RedisShadow, ServerClock) {
+  limiter<fixed_window, redis::redis_store, redis::server_clock> l{
+      fixed_window::config("2/1h", window_options{.name = "s"}),
+      redis::redis_store{fresh("server-clock")}};
+  l.set_shadow(true);
+  int flagged = 0;
+  for (int i = 0; i < 5; ++i) {
+    const decision d = l.try_acquire("k");
+    ASSERT_TRUE(d.allowed);
+    flagged += d.shadow_rejected ? 1 : 0;
+  }
+  // An hour boundary may pass between two checks (then fewer are flagged).
+  EXPECT_GE(flagged, 1);
+  EXPECT_LE(flagged, 3);
+}
+
 redis::options unreachable(redis::failure_policy p) {
   redis::options o = fresh("down");
   o.port = rltest::free_port();  // nothing listens there
