@@ -145,7 +145,7 @@ local function sliding_window_log(key, t, cost, W, limit, count_rejected)
   local allowed = in_window + cost <= limit
   local counted = 0
   local rebased = false
-  if allowed or count_rejected then
+  if allowed or force or count_rejected then
     for _ = 1, first do pop() end
     if size >= limit then pop() end
     local last = 0
