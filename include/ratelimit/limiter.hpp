@@ -10,6 +10,7 @@
 #include "ratelimit/clock/steady_clock.hpp"
 #include "ratelimit/concepts.hpp"
 #include "ratelimit/decision.hpp"
+#include "ratelimit/detail/forced_step.hpp"
 #include "ratelimit/detail/validate.hpp"
 #include "ratelimit/rate.hpp"
 #include "ratelimit/store/memory_store.hpp"
@@ -60,7 +61,7 @@ class limiter {
   /// @return the decision; rejection is `allowed == false`, never an exception
   [[nodiscard]] decision try_acquire(std::string_view key, units cost = 1) {
     if (shadow()) [[unlikely]]
-      return shadowed(run(key, cost, access::force));
+      return detail::shadowed(run(key, cost, access::force));
     return run(key, cost, access::consume);
   }
   /// As above, decided at `now` (microseconds since the clock's epoch).
@@ -68,7 +69,7 @@ class limiter {
     requires store_for<Store, P>
   {
     if (shadow()) [[unlikely]]
-      return shadowed(run_at(key, now, cost, access::force));
+      return detail::shadowed(run_at(key, now, cost, access::force));
     return run_at(key, now, cost, access::consume);
   }
 
@@ -129,16 +130,6 @@ class limiter {
     detail::check_cost(cost);
     detail::check_time(now);
     return store_.apply(cfg_, key, now, cost, a);
-  }
-
-  /// A forced check's decision as shadow mode returns it: admitted, and
-  /// flagged when the policy (or a failure policy) rejected.
-  static decision shadowed(decision d) noexcept {
-    if (!d.allowed) {
-      d.allowed = true;
-      d.shadow_rejected = true;
-    }
-    return d;
   }
 
   /// The shadow switch; copied and moved by value so that the limiter stays

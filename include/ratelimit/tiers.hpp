@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -38,6 +39,7 @@
 #include "ratelimit/clock/steady_clock.hpp"
 #include "ratelimit/concepts.hpp"
 #include "ratelimit/decision.hpp"
+#include "ratelimit/detail/forced_step.hpp"
 #include "ratelimit/detail/limiter_name.hpp"
 #include "ratelimit/detail/validate.hpp"
 #include "ratelimit/policy/fixed_window.hpp"
@@ -217,7 +219,17 @@ struct tiered {
     if (s.written_under == cfg.fingerprint()) [[likely]] {
       return P::step(cfg.inner(), s.inner, now, cost);
     }
-    return step_changed(cfg, s, now, cost);
+    return step_changed<false>(cfg, s, now, cost);
+  }
+
+  /// access::force (a tier in shadow mode): as `step`, with P::force.
+  static decision force(const config& cfg, state& s, timestamp now, units cost)
+    requires forcible_policy<P>
+  {
+    if (s.written_under == cfg.fingerprint()) [[likely]] {
+      return P::force(cfg.inner(), s.inner, now, cost);
+    }
+    return step_changed<true>(cfg, s, now, cost);
   }
 
   static bool idle(const config&, const state& s, timestamp now) noexcept {
@@ -228,19 +240,27 @@ struct tiered {
  private:
   /// A key never seen, or state written under another config. Works on a
   /// copy, so that a step that throws (std::bad_alloc) leaves `s` unchanged.
+  template <bool Forced>
   [[gnu::noinline]] static decision step_changed(const config& cfg, state& s, timestamp now,
                                                  units cost) {
+    const auto inner_step = [&](typename P::state& st) {
+      if constexpr (Forced) {
+        return P::force(cfg.inner(), st, now, cost);
+      } else {
+        return P::step(cfg.inner(), st, now, cost);
+      }
+    };
     typename P::state next{};
     if constexpr (traits::converts) {
       if (s.written_under != detail::config_fingerprint{}) {
         next = s.inner;
         traits::convert(s.written_under, cfg.inner(), next, now);
-        const decision d = P::step(cfg.inner(), next, now, cost);
+        const decision d = inner_step(next);
         store(cfg, s, std::move(next));
         return d;
       }
     }
-    const decision d = P::step(cfg.inner(), next, now, cost);
+    const decision d = inner_step(next);
     // A fresh start records only what this decision records.
     if (!(next == typename P::state{})) store(cfg, s, std::move(next));
     return d;
@@ -253,12 +273,16 @@ struct tiered {
   }
 };
 
-/// One tier: its name and its config. Tiers are replaced whole, so a per-tier
-/// setting added here later (a shadow flag) changes atomically with the config.
+/// One tier: its name, its config, and whether it is in shadow mode. Tiers
+/// are replaced whole, so the shadow flag changes atomically with the config.
 template <policy P>
 struct tier {
   std::string name;
   typename P::config config;
+  /// Shadow mode for this tier: its checks record every request as admitted
+  /// (access::force) and return `allowed == true`, with `shadow_rejected`
+  /// set where the tier's config would have rejected (as limiter::set_shadow).
+  bool shadow = false;
 };
 
 namespace detail {
@@ -347,6 +371,7 @@ class tier_table {
   struct entry {
     std::string name;
     tiered_config config;
+    bool shadow = false;
   };
 
   /// The tiers at one moment. Sorted by name.
@@ -385,7 +410,7 @@ class tier_table {
     auto s = std::make_unique<snapshot>();
     for (tier<P>& t : tiers) {
       check(t.name, t.config);
-      s->entries.push_back(entry{std::move(t.name), tiered_config(std::move(t.config))});
+      s->entries.push_back(entry{std::move(t.name), tiered_config(std::move(t.config)), t.shadow});
     }
     finish(*s);
     current_.store(s.release(), std::memory_order_seq_cst);
@@ -409,21 +434,40 @@ class tier_table {
     return std::forward<F>(f)(*current_.load(std::memory_order_seq_cst));
   }
 
-  /// Adds tier `name` or replaces its config; the next check uses it.
+  /// Adds tier `name` or replaces its config; the next check uses it. A
+  /// replaced tier keeps its shadow flag unless `shadow` is given; a new
+  /// tier is in shadow mode only if `shadow` says so.
   /// @throws std::invalid_argument for a bad name, a config of another
   ///   limiter name, or one `check` refuses
   template <class Check>
-  void set(std::string name, config_type cfg, Check&& check_store) {
+  void set(std::string name, config_type cfg, Check&& check_store,
+           std::optional<bool> shadow = std::nullopt) {
     check(name, cfg);
     check_store(cfg);
     change([&](snapshot& s) {
       for (entry& e : s.entries) {
         if (e.name == name) {
           e.config = tiered_config(std::move(cfg));
+          if (shadow) e.shadow = *shadow;
           return;
         }
       }
-      s.entries.push_back(entry{std::move(name), tiered_config(std::move(cfg))});
+      s.entries.push_back(
+          entry{std::move(name), tiered_config(std::move(cfg)), shadow.value_or(false)});
+    });
+  }
+
+  /// Puts tier `name` in shadow mode, or takes it out; the next check uses it.
+  /// @throws std::invalid_argument when there is no such tier
+  void set_shadow(std::string_view name, bool on) {
+    change([&](snapshot& s) {
+      for (entry& e : s.entries) {
+        if (e.name == name) {
+          e.shadow = on;
+          return;
+        }
+      }
+      throw std::invalid_argument("ratelimit: no tier \"" + detail::printable(name) + "\"");
     });
   }
 
@@ -647,6 +691,17 @@ class tiered_limiter {
   void set_tier(std::string name, config_type cfg) {
     table_.set(std::move(name), std::move(cfg), [this](const config_type& c) { check_store(c); });
   }
+  /// Adds or replaces a tier whole: its config and its shadow flag at once.
+  void set_tier(tier<P> t) {
+    table_.set(
+        std::move(t.name), std::move(t.config), [this](const config_type& c) { check_store(c); },
+        t.shadow);
+  }
+
+  /// Puts tier `name` in shadow mode (`on`) or takes it out, at run time:
+  /// checks after this call returns use it. Blocks like set_tier.
+  /// @throws std::invalid_argument for a tier not held
+  void set_shadow(std::string_view name, bool on) { table_.set_shadow(name, on); }
 
   /// Removes tier `name`; its keys keep their state, and their next check
   /// in another tier follows the change rule.
@@ -657,7 +712,7 @@ class tiered_limiter {
   [[nodiscard]] std::vector<tier<P>> tiers() const {
     return table_.read([](const typename tier_table<P>::snapshot& s) {
       std::vector<tier<P>> out;
-      for (const auto& e : s.entries) out.push_back(tier<P>{e.name, e.config.inner()});
+      for (const auto& e : s.entries) out.push_back(tier<P>{e.name, e.config.inner(), e.shadow});
       return out;
     });
   }
@@ -729,7 +784,11 @@ class tiered_limiter {
       detail::check_key(key);
       detail::check_cost(cost);
       return table_.read([&](const typename tier_table<P>::snapshot& s) {
-        return store_.apply(config_for_store(find(s, tier)), key, store_time, cost, a);
+        const entry& e = find(s, tier);
+        if (a == access::consume && e.shadow) [[unlikely]]
+          return detail::shadowed(
+              store_.apply(config_for_store(e), key, store_time, cost, access::force));
+        return store_.apply(config_for_store(e), key, store_time, cost, a);
       });
     } else {
       return run_at(key, tier, now(), cost, a);
@@ -742,7 +801,10 @@ class tiered_limiter {
     detail::check_cost(cost);
     detail::check_time(now);
     return table_.read([&](const typename tier_table<P>::snapshot& s) {
-      return store_.apply(config_for_store(find(s, tier)), key, now, cost, a);
+      const entry& e = find(s, tier);
+      if (a == access::consume && e.shadow) [[unlikely]]
+        return detail::shadowed(store_.apply(config_for_store(e), key, now, cost, access::force));
+      return store_.apply(config_for_store(e), key, now, cost, a);
     });
   }
 

@@ -274,6 +274,76 @@ TYPED_TEST(TierIdle, MatchesThePolicysIdleUnderTheWritersConfig) {
   EXPECT_GT(compared, 1000);
 }
 
+// Verifies per-tier shadow mode: a tier in shadow admits what its config
+// would reject, flags it and records it as admitted (the next peek sees the
+// forced count); other tiers are untouched; the flag is switched at run time,
+// kept by set_tier(name, cfg) and replaced by set_tier(tier).
+TEST(Tiers, ShadowTierAdmitsAndRecordsWhatItWouldReject) {
+  tiered_limiter<fixed_window> l({{"free", fixed_window::config{"2/s", named()}, true},
+                                  {"pro", fixed_window::config{"2/s", named()}}},
+                                 {});
+  for (int i = 0; i < 2; ++i) {
+    const decision d = l.try_acquire("alice", "free", at(10));
+    EXPECT_TRUE(d.allowed);
+    EXPECT_FALSE(d.shadow_rejected);
+  }
+  const decision shadowed = l.try_acquire("alice", "free", at(10));
+  EXPECT_TRUE(shadowed.allowed);
+  EXPECT_TRUE(shadowed.shadow_rejected);
+  EXPECT_TRUE(shadowed.counted);
+  EXPECT_EQ(shadowed.remaining, 0);
+  EXPECT_EQ(shadowed.retry_after, at(1'000'000 - 10));
+  // Recorded as admitted: 3 of 2 used, so a cost of 1 waits for the window.
+  const decision peeked = l.peek("alice", "free", at(10));
+  EXPECT_FALSE(peeked.allowed);
+  EXPECT_FALSE(peeked.shadow_rejected);
+  // The other tier rejects for real.
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(l.try_acquire("bob", "pro", at(10)).allowed);
+  const decision real = l.try_acquire("bob", "pro", at(10));
+  EXPECT_FALSE(real.allowed);
+  EXPECT_FALSE(real.shadow_rejected);
+  // Shadow off at run time: the next check rejects for real.
+  l.set_shadow("free", false);
+  EXPECT_FALSE(l.try_acquire("alice", "free", at(20)).allowed);
+  l.set_shadow("pro", true);
+  EXPECT_TRUE(l.try_acquire("bob", "pro", at(20)).shadow_rejected);
+  // set_tier(name, cfg) keeps the flag; set_tier(tier) sets both at once.
+  l.set_tier("pro", fixed_window::config{"3/s", named()});
+  EXPECT_TRUE(l.tiers().back().shadow);
+  l.set_tier(tier<fixed_window>{"pro", fixed_window::config{"3/s", named()}, false});
+  EXPECT_FALSE(l.tiers().back().shadow);
+  l.set_tier(tier<fixed_window>{"gold", fixed_window::config{"1/s", named()}, true});
+  EXPECT_TRUE(l.try_acquire("carol", "gold", at(30)).allowed);
+  EXPECT_TRUE(l.try_acquire("carol", "gold", at(30)).shadow_rejected);
+  try {
+    l.set_shadow("nope", true);
+    FAIL() << "set_shadow accepted an unknown tier";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("\"nope\""), std::string::npos) << e.what();
+  }
+}
+
+// Verifies that a tier in shadow mode converts another config's state as a
+// plain check does, then forces: GCRA's TAT is clamped to the new tolerance,
+// and the forced request runs it ahead by one emission interval (the wait it
+// reports is measured after recording, as for any forced rejection).
+TEST(Tiers, ShadowTierConvertsThenForces) {
+  tiered_limiter<gcra> l({{"a", gcra::config{"1/s", bucket(10)}}}, {});
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(l.try_acquire("k", "a", at(0)).allowed);
+  // TAT = 10 s. Now 1/s with a burst of 1, in shadow: the TAT is clamped to
+  // 0 + 1 s, then the forced request runs it to 2 s (11 s without the clamp).
+  l.set_tier(tier<gcra>{"a", gcra::config{"1/s", bucket(1)}, true});
+  const decision d = l.try_acquire("k", "a", at(0));
+  EXPECT_TRUE(d.allowed);
+  EXPECT_TRUE(d.shadow_rejected);
+  EXPECT_EQ(d.retry_after, at(2'000'000));
+  l.set_shadow("a", false);
+  const decision after = l.try_acquire("k", "a", at(0));
+  EXPECT_FALSE(after.allowed);
+  EXPECT_EQ(after.retry_after, at(2'000'000));
+  EXPECT_TRUE(l.try_acquire("k", "a", at(2'000'000)).allowed);
+}
+
 // Verifies bad input: unknown tiers, bad names, configs of another limiter,
 // duplicate tiers, removing the default or the last tier, a missing lookup.
 TEST(Tiers, BadInputThrowsNamingTheValue) {

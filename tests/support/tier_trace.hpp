@@ -67,6 +67,7 @@ struct event {
   units cost = 1;
   std::size_t tier = 0;  ///< index into the trace's tiers
   bool peek = false;
+  bool force = false;  ///< access::force (a tier in shadow mode)
   /// Before this check: tier `tier` gets config `configs[change_to]`
   /// (an operator's change at runtime); -1 = none.
   std::ptrdiff_t change_to = -1;
@@ -121,6 +122,7 @@ trace<P> random_trace(std::mt19937_64& rng, const std::string& key_prefix) {
     e.tier = static_cast<std::size_t>(uniform(rng, 0, static_cast<std::int64_t>(ntiers) - 1));
     e.cost = uniform(rng, 0, 7) == 0 ? uniform(rng, 1, 6) : 1;
     e.peek = uniform(rng, 0, 11) == 0;
+    e.force = !e.peek && uniform(rng, 0, 7) == 0;
     if (uniform(rng, 0, 6) == 0) e.change_to = static_cast<std::ptrdiff_t>(pick_config());
     tr.events.push_back(std::move(e));
   }
@@ -140,7 +142,9 @@ std::vector<decision> replay_memory(const trace<P>& tr) {
       tiers[e.tier] = typename tiered<P>::config(tr.configs[static_cast<std::size_t>(e.change_to)]);
     }
     out.push_back(memory[e.key].apply(tiers[e.tier], e.key, std::chrono::microseconds{e.t}, e.cost,
-                                      e.peek ? access::peek : access::consume));
+                                      e.peek    ? access::peek
+                                      : e.force ? access::force
+                                                : access::consume));
   }
   return out;
 }
@@ -154,7 +158,9 @@ std::vector<decision> replay_store(const trace<P>& tr, Store& store) {
   for (const event& e : tr.events) {
     if (e.change_to >= 0) tiers[e.tier] = tr.configs[static_cast<std::size_t>(e.change_to)];
     out.push_back(store.apply(tiers[e.tier], e.key, std::chrono::microseconds{e.t}, e.cost,
-                              e.peek ? access::peek : access::consume));
+                              e.peek    ? access::peek
+                              : e.force ? access::force
+                                        : access::consume));
   }
   return out;
 }
@@ -165,7 +171,8 @@ std::string describe_event(const trace<P>& tr, std::size_t i) {
   const event& e = tr.events[i];
   std::ostringstream o;
   o << "event " << i << " key=" << e.key << " t=" << e.t << " cost=" << e.cost << " tier=" << e.tier
-    << (e.peek ? " peek" : "") << (e.change_to >= 0 ? " (tier changed)" : "");
+    << (e.peek ? " peek" : "") << (e.force ? " force" : "")
+    << (e.change_to >= 0 ? " (tier changed)" : "");
   return o.str();
 }
 

@@ -28,4 +28,15 @@ decision forced_step(const typename P::config& cfg, typename P::state& s, timest
   }
 }
 
+/// A forced check's decision as shadow mode returns it (a limiter's or a
+/// tier's): admitted, and flagged when the policy (or a failure policy)
+/// rejected; every other field as the store returned it.
+[[nodiscard]] constexpr decision shadowed(decision d) noexcept {
+  if (!d.allowed) {
+    d.allowed = true;
+    d.shadow_rejected = true;
+  }
+  return d;
+}
+
 }  // namespace ratelimit::detail
