@@ -87,10 +87,10 @@ subject lock_subject(std::string name) {
           nullptr, false};
 }
 
-template <class P>
+template <class P, class Clock = rl::steady_clock>
 subject make_subject(std::string name, typename P::config cfg, const std::vector<std::string>& keys,
                      bool use_clock) {
-  auto lim = std::make_shared<rl::limiter<P>>(std::move(cfg));
+  auto lim = std::make_shared<rl::limiter<P, rl::memory_store<P>, Clock>>(std::move(cfg));
   std::int64_t t0 = 1'000'000'000;
   for (const auto& k : keys) (void)lim->try_acquire(k, rl::timestamp{t0});
   if (use_clock) {
@@ -166,6 +166,10 @@ int main(int argc, char** argv) {
       make_subject<rl::token_bucket>("token_bucket", rl::token_bucket::config{fast}, keys, false));
   subjects.push_back(make_subject<rl::gcra>("gcra", gcra_cfg, keys, false));
   subjects.push_back(make_subject<rl::gcra>("gcra (steady_clock)", gcra_cfg, keys, true));
+#if defined(__linux__) && defined(CLOCK_MONOTONIC_COARSE)
+  subjects.push_back(make_subject<rl::gcra, rl::steady_coarse_clock>(
+      "gcra (steady_coarse_clock, opt-in)", gcra_cfg, keys, true));
+#endif
 
   // Hash flooding: keys built to collide under std::hash, and random keys.
   const std::vector<std::string> colliding = rl::test::stdhash_colliding_keys(12);
@@ -217,6 +221,16 @@ int main(int argc, char** argv) {
        nullptr, false});
   subjects.push_back(lock_subject<previous_spin_lock>("part: lock + unlock, previous lock"));
   subjects.push_back(lock_subject<rl::detail::spin_lock>("part: lock + unlock, current lock"));
+  subjects.push_back({"part: steady_clock::now()",
+                      [](const std::vector<const std::string*>& ks, std::int64_t&) {
+                        std::uint64_t sum = 0;
+                        for (const std::string* k : ks) {
+                          sum += k->size() + static_cast<std::uint64_t>(
+                                                 clk::now().time_since_epoch().count() & 1);
+                        }
+                        return sum;
+                      },
+                      nullptr, false});
 
   std::unordered_map<std::string, std::uint64_t> floor_map;
   for (const auto& k : keys) floor_map.emplace(k, 0);
