@@ -20,6 +20,11 @@
 // a shard lock (the previous test-and-set lock released by a plain store,
 // and the current one, released by an exchange).
 //
+// Rows for the GCRA on a peek and with 1,024 and 16,384 shards separate the
+// causes of poor two-thread scaling (see docs/benchmarks.md), and "floor
+// again" is the floor timed as a subject: its ratio is the noise, its
+// scaling what the machine gives two threads on one shared unlocked map.
+//
 // Usage: ratelimit_paired_core [--rounds N] [--keys N]
 #include <algorithm>
 #include <atomic>
@@ -87,10 +92,12 @@ subject lock_subject(std::string name) {
           nullptr, false};
 }
 
-template <class P>
+template <class P, class Clock = rl::steady_clock>
 subject make_subject(std::string name, typename P::config cfg, const std::vector<std::string>& keys,
-                     bool use_clock) {
-  auto lim = std::make_shared<rl::limiter<P>>(std::move(cfg));
+                     bool use_clock, rl::memory_store_options store_options = {},
+                     bool peek = false) {
+  auto lim = std::make_shared<rl::limiter<P, rl::memory_store<P>, Clock>>(
+      std::move(cfg), rl::memory_store<P>(store_options));
   std::int64_t t0 = 1'000'000'000;
   for (const auto& k : keys) (void)lim->try_acquire(k, rl::timestamp{t0});
   if (use_clock) {
@@ -98,6 +105,17 @@ subject make_subject(std::string name, typename P::config cfg, const std::vector
               std::uint64_t sum = 0;
               for (const std::string* k : order) {
                 sum += static_cast<std::uint64_t>(lim->try_acquire(*k).remaining);
+              }
+              return sum;
+            }};
+  }
+  if (peek) {
+    return {std::move(name),
+            [lim](const std::vector<const std::string*>& order, std::int64_t& now) {
+              std::uint64_t sum = 0;
+              for (const std::string* k : order) {
+                sum += static_cast<std::uint64_t>(lim->peek(*k, rl::timestamp{now}).remaining);
+                now += 10;
               }
               return sum;
             }};
@@ -155,6 +173,7 @@ int main(int argc, char** argv) {
   const rl::rate fast{1'000'000, std::chrono::milliseconds{1}};
   const rl::gcra::config gcra_cfg{rl::rate{1, std::chrono::microseconds{1}},
                                   rl::bucket_options{1'000'000'000}};
+  std::unordered_map<std::string, std::uint64_t> floor_map;
   std::vector<subject> subjects;
   subjects.push_back(
       make_subject<rl::fixed_window>("fixed_window", rl::fixed_window::config{fast}, keys, false));
@@ -166,6 +185,18 @@ int main(int argc, char** argv) {
       make_subject<rl::token_bucket>("token_bucket", rl::token_bucket::config{fast}, keys, false));
   subjects.push_back(make_subject<rl::gcra>("gcra", gcra_cfg, keys, false));
   subjects.push_back(make_subject<rl::gcra>("gcra (steady_clock)", gcra_cfg, keys, true));
+  // Where two threads lose time: a peek writes nothing to the key's node
+  // (so adjacent nodes cannot be falsely shared), while more shards make two
+  // threads meet on the same shard lock's cache line less often.
+  subjects.push_back(make_subject<rl::gcra>("gcra, peek", gcra_cfg, keys, false, {}, true));
+  subjects.push_back(
+      make_subject<rl::gcra>("gcra, 1024 shards", gcra_cfg, keys, false, {.shards = 1024}));
+  subjects.push_back(
+      make_subject<rl::gcra>("gcra, 16384 shards", gcra_cfg, keys, false, {.shards = 16384}));
+#if defined(__linux__) && defined(CLOCK_MONOTONIC_COARSE)
+  subjects.push_back(make_subject<rl::gcra, rl::steady_coarse_clock>(
+      "gcra (steady_coarse_clock, opt-in)", gcra_cfg, keys, true));
+#endif
 
   // Hash flooding: keys built to collide under std::hash, and random keys.
   const std::vector<std::string> colliding = rl::test::stdhash_colliding_keys(12);
@@ -217,9 +248,28 @@ int main(int argc, char** argv) {
        nullptr, false});
   subjects.push_back(lock_subject<previous_spin_lock>("part: lock + unlock, previous lock"));
   subjects.push_back(lock_subject<rl::detail::spin_lock>("part: lock + unlock, current lock"));
+  subjects.push_back({"part: steady_clock::now()",
+                      [](const std::vector<const std::string*>& ks, std::int64_t&) {
+                        std::uint64_t sum = 0;
+                        for (const std::string* k : ks) {
+                          sum += k->size() + static_cast<std::uint64_t>(
+                                                 clk::now().time_since_epoch().count() & 1);
+                        }
+                        return sum;
+                      },
+                      nullptr, false});
 
-  std::unordered_map<std::string, std::uint64_t> floor_map;
   for (const auto& k : keys) floor_map.emplace(k, 0);
+  // The floor once more as a subject: its ratio shows the noise between two
+  // passes over one structure, and its scaling what two threads on distinct
+  // keys of one shared map (no lock) get on this machine.
+  subjects.insert(subjects.begin(),
+                  {"floor again (same map; scaling reference)",
+                   [&floor_map](const std::vector<const std::string*>& ks, std::int64_t&) {
+                     std::uint64_t sum = 0;
+                     for (const std::string* k : ks) sum += ++floor_map.find(*k)->second;
+                     return sum;
+                   }});
   const auto floor_pass = [&] {
     std::uint64_t sum = 0;
     for (const std::string* k : order) sum += ++floor_map.find(*k)->second;

@@ -120,6 +120,22 @@ class limiter {
       detail::check_key(key);
       detail::check_cost(cost);
       return store_.apply(cfg_, key, store_time, cost, a);
+    } else if constexpr (requires {
+                           store_.apply_reading(
+                               cfg_, key, [] { return timestamp{}; }, cost, a);
+                         }) {
+      // A store that can read the time at its own best moment (see
+      // memory_store::apply_reading) still gets one validated reading.
+      detail::check_key(key);
+      detail::check_cost(cost);
+      return store_.apply_reading(
+          cfg_, key,
+          [this] {
+            const timestamp t = now();
+            detail::check_time(t);
+            return t;
+          },
+          cost, a);
     } else {
       return run_at(key, now(), cost, a);
     }

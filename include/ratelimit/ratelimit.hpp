@@ -2,6 +2,7 @@
 // Core umbrella header: policies, clocks, the in-process store, the limiter. Never includes hiredis.
 #pragma once
 
+#include "ratelimit/clock/coarse_clock.hpp"
 #include "ratelimit/clock/manual_clock.hpp"
 #include "ratelimit/clock/steady_clock.hpp"
 #include "ratelimit/concepts.hpp"

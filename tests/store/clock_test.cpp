@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "ratelimit/clock/coarse_clock.hpp"
 #include "ratelimit/clock/manual_clock.hpp"
 #include "ratelimit/clock/steady_clock.hpp"
 #include "ratelimit/concepts.hpp"
@@ -163,6 +164,41 @@ TEST(SteadyClock, LimiterReportsMicrosecondsSinceItsEpoch) {
   EXPECT_LE(before, reported);
   EXPECT_LE(reported, after);
 }
+
+#if defined(__linux__) && defined(CLOCK_MONOTONIC_COARSE)
+static_assert(ratelimit::clock_source<ratelimit::steady_coarse_clock>);
+
+// Verifies the coarse clock: never decreasing, on steady_clock's timeline,
+// never ahead of it and behind it by about one tick (1 s allowed here, so a
+// loaded machine cannot fail the test; a wrong epoch is off by far more).
+TEST(SteadyCoarseClock, FollowsSteadyClockWithinATick) {
+  const ratelimit::steady_coarse_clock coarse;
+  const auto res = ratelimit::steady_coarse_clock::resolution();
+  EXPECT_GT(res, 0ns);
+  EXPECT_LE(res, 1s);
+  auto previous = coarse.now();
+  for (int i = 0; i < 1'000; ++i) {
+    const auto before = std::chrono::steady_clock::now();
+    const auto reading = coarse.now();
+    const auto after = std::chrono::steady_clock::now();
+    ASSERT_GE(reading, previous);
+    ASSERT_LE(reading, after);
+    ASSERT_GE(reading, before - 1s);
+    previous = reading;
+  }
+}
+
+TEST(SteadyCoarseClock, LimiterDecidesOnIt) {
+  fixed_limiter<ratelimit::steady_coarse_clock> lim{ratelimit::fixed_window::config{"2/1h"}};
+  EXPECT_TRUE(lim.try_acquire("k").allowed);
+  EXPECT_TRUE(lim.try_acquire("k").allowed);
+  EXPECT_FALSE(lim.try_acquire("k").allowed);
+  const auto steady = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::steady_clock::now().time_since_epoch());
+  EXPECT_LE(lim.now(), steady);
+  EXPECT_GE(lim.now(), steady - 1s);
+}
+#endif
 
 TEST(SystemClock, LimiterReportsMicrosecondsSinceTheUnixEpoch) {
   fixed_limiter<ratelimit::system_clock> lim{ratelimit::fixed_window::config{"1/s"}};

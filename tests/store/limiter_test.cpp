@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -129,8 +130,40 @@ TEST(Limiter, ClockOutsideRangeThrows) {
   auto lim = make_fixed("5/s", clock);
   const std::string msg = invalid_argument_message([&] { (void)lim.try_acquire("k"); });
   EXPECT_NE(msg.find("-5us"), std::string::npos) << msg;
+  const std::string peeked = invalid_argument_message([&] { (void)lim.peek("k"); });
+  EXPECT_NE(peeked.find("-5us"), std::string::npos) << peeked;
+  EXPECT_EQ(lim.store().size(), 0u);  // nothing recorded, no lock left held
   clock.set(0us);
   EXPECT_TRUE(lim.try_acquire("k").allowed);
+}
+
+/// A clock that counts its readings (shared by copies) and returns 7 s.
+struct counting_clock {
+  using duration = std::chrono::microseconds;
+  using time_point = std::chrono::time_point<std::chrono::steady_clock, duration>;
+  std::shared_ptr<std::atomic<int>> reads = std::make_shared<std::atomic<int>>(0);
+  [[nodiscard]] time_point now() const noexcept {
+    reads->fetch_add(1);
+    return time_point{7s};
+  }
+};
+
+// Verifies that the memory store, which reads the limiter's clock itself
+// (after hashing the key), reads it exactly once per check, new key or held,
+// and decides at that reading.
+TEST(Limiter, ReadsItsClockOncePerCheck) {
+  counting_clock clock;
+  ratelimit::limiter<fixed_window, memory_store<fixed_window>, counting_clock> lim{
+      fixed_window::config{"2/10s"}, memory_store<fixed_window>{}, clock};
+  EXPECT_EQ(lim.try_acquire("k").reset_after, 3s);  // window [0s, 10s) at 7s
+  EXPECT_EQ(clock.reads->load(), 1);
+  EXPECT_TRUE(lim.peek("k").allowed);
+  EXPECT_EQ(clock.reads->load(), 2);
+  EXPECT_TRUE(lim.try_acquire("k").allowed);
+  EXPECT_EQ(lim.try_acquire("k").retry_after, 3s);
+  EXPECT_EQ(clock.reads->load(), 4);
+  EXPECT_THROW((void)lim.try_acquire(""), std::invalid_argument);  // refused before any reading
+  EXPECT_EQ(clock.reads->load(), 4);
 }
 
 TEST(Limiter, PeekDoesNotConsume) {

@@ -85,10 +85,15 @@ struct fixed_window {
                           bool forced) noexcept {
     const std::int64_t w = cfg.period_us();
     std::int64_t t = now.count();
+    // The window of `now`, divided before the state is read: written after
+    // the clamp below, the division waited for the key's cache miss.
+    std::int64_t k = detail::floor_div(t, w);
     // Time never runs backwards inside a key: an earlier request is decided at
-    // the start of the stored window.
-    if (s.count > 0 && t < s.window * w) t = s.window * w;
-    const std::int64_t k = detail::floor_div(t, w);
+    // the start of the stored window (whose index is the stored one).
+    if (s.count > 0 && t < s.window * w) {
+      t = s.window * w;
+      k = s.window;
+    }
     const std::int64_t end = (k + 1) * w;
     units n = (s.count > 0 && s.window == k) ? s.count : 0;
 

@@ -89,9 +89,15 @@ struct sliding_window_counter {
     const units limit = cfg.limit();
     const bool seen = s.current > 0 || s.previous > 0;
     std::int64_t t = now.count();
-    // Time never runs backwards inside a key: decide at the stored window's start.
-    if (seen && t < s.window * w) t = s.window * w;
-    const std::int64_t k = detail::floor_div(t, w);
+    // The window of `now`, divided before the state is read: written after
+    // the clamp below, the division waited for the key's cache miss.
+    std::int64_t k = detail::floor_div(t, w);
+    // Time never runs backwards inside a key: decide at the stored window's
+    // start (whose index is the stored one).
+    if (seen && t < s.window * w) {
+      t = s.window * w;
+      k = s.window;
+    }
     const std::int64_t e = t - k * w;
     units cur = 0;
     units prev = 0;

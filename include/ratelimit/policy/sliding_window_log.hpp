@@ -85,6 +85,15 @@ struct sliding_window_log {
       return heap_ ? capacity_ * sizeof(entry) : 0;
     }
 
+    /// Leaves the log holding the one entry (ts, cost), keeping the ring's
+    /// memory: the state that popping every entry and then `push_back` give.
+    void assign_one(std::int64_t ts, units cost) noexcept {
+      head_ = 0;
+      size_ = 1;
+      base_ = 0;
+      data()[0] = entry{ts, cost};
+    }
+
     void pop_front() noexcept {
       base_ = data()[head_].cum;
       head_ = index(1);
@@ -193,11 +202,24 @@ struct sliding_window_log {
     return step_as(cfg, s, now, cost, true);
   }
   static decision step_as(const config& cfg, state& s, timestamp now, units cost, bool forced) {
-    const std::int64_t w = cfg.period_us();
-    const units limit = cfg.limit();
     std::int64_t t = now.count();
     // Time never runs backwards inside a key: decide at the newest entry.
     if (!s.empty() && t < s.back().ts) t = s.back().ts;
+    // Every entry has left the window (the usual case of a key that is not
+    // at its limit): nothing to search, and the log is emptied at once
+    // instead of entry by entry. This part stays small enough to be inlined
+    // into the store's check; the general case is a call.
+    if (s.empty() || s.back().ts <= t - cfg.period_us()) {
+      return step_on_empty_window(cfg, s, t, cost, forced);
+    }
+    return step_in_window(cfg, s, t, cost, forced);
+  }
+
+  /// `step` at the (clamped) time t when some entry is in (t - W, t].
+  [[gnu::noinline]] static decision step_in_window(const config& cfg, state& s, std::int64_t t,
+                                                   units cost, bool forced) {
+    const std::int64_t w = cfg.period_us();
+    const units limit = cfg.limit();
     // Entries at or before t - W have left the window, but they are dropped
     // only when this attempt is recorded: a rejection writes nothing, and a
     // later request stamped before t may still see them.
@@ -245,6 +267,28 @@ struct sliding_window_log {
       }
     }
     d.reset_after = std::chrono::microseconds{in_window == 0 ? 0 : s.back().ts + w - t};
+    return d;
+  }
+
+  /// `step` when no entry is in the window (t - W, t]: the request is
+  /// admitted iff cost <= limit, and a recorded attempt leaves the log
+  /// holding only itself (one entry never reaches `trim`'s bound, and the
+  /// ring always has room for one, so nothing can throw).
+  static decision step_on_empty_window(const config& cfg, state& s, std::int64_t t,
+                                       units cost, bool forced) noexcept {
+    const units limit = cfg.limit();
+    decision d;
+    d.limit = limit;
+    d.allowed = cost <= limit;
+    units in_window = 0;
+    if (d.allowed || forced || cfg.count_rejected()) {
+      s.assign_one(t, cost);
+      in_window = cost;
+      d.counted = true;
+    }
+    d.remaining = std::max<units>(0, limit - in_window);
+    if (!d.allowed) d.retry_after = never;  // only a cost above the limit is refused here
+    d.reset_after = std::chrono::microseconds{in_window == 0 ? 0 : cfg.period_us()};
     return d;
   }
 
