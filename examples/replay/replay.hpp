@@ -358,8 +358,7 @@ class window_rings {
     if (handle == 0) handle = acquire(owner);
     ring& r = rings_[handle - 1];
     if (r.size != 0) {
-      const std::int64_t newest = r.buf[(r.head + r.size - 1) & (r.capacity() - 1)].ts;
-      if (t < newest) t = newest;
+      if (t < r.newest) t = r.newest;
       const std::int64_t cut = t - w;
       while (r.size != 0 && r.buf[r.head].ts <= cut) {
         const std::uint32_t m = r.buf[r.head].admitted;
@@ -368,9 +367,11 @@ class window_rings {
         --r.size;
       }
     }
-    if (r.size == r.capacity()) r.grow();
+    if (r.size == r.capacity()) entry_bytes_ += r.grow() * sizeof(entry);
     r.buf[(r.head + r.size) & (r.capacity() - 1)] = entry{t, admitted};
     ++r.size;
+    r.newest = t;
+    if (t < oldest_newest_) oldest_newest_ = t;
     for (std::size_t p = 0; p < ring_policies; ++p) {
       r.count[p] += (admitted >> p) & 1u;
       if (r.count[p] > max_admitted[p]) max_admitted[p] = r.count[p];
@@ -392,7 +393,7 @@ class window_rings {
 #if defined(__GNUC__) || defined(__clang__)
     if (handle != 0) {
       const ring& r = rings_[handle - 1];
-      if (!r.buf.empty()) __builtin_prefetch(r.buf.data() + r.head);
+      if (r.cap != 0) __builtin_prefetch(r.buf.get() + r.head);
     }
 #else
     (void)handle;
@@ -400,13 +401,22 @@ class window_rings {
   }
 
   /// Frees every ring whose newest call has left the window at `now`, and
-  /// clears its owner's handle in `handles` (indexed by owner).
+  /// clears its owner's handle in `handles` (indexed by owner). The rings are
+  /// scanned only when one can be stale: `oldest_newest_` is at most the
+  /// newest call of every ring in use (a ring's newest call only moves
+  /// forward), so while it is after `now - w` no ring is stale. On a log
+  /// where every key calls within each window that skips nearly every scan.
   template <class Handle>
   void release_stale(std::vector<Handle>& handles, std::int64_t now, std::int64_t w) {
+    if (oldest_newest_ > now - w) return;
+    std::int64_t oldest = no_call;
     for (std::size_t i = 0; i < rings_.size(); ++i) {
       ring& r = rings_[i];
       if (r.owner == no_owner) continue;
-      if (r.size != 0 && r.buf[(r.head + r.size - 1) & (r.capacity() - 1)].ts > now - w) continue;
+      if (r.size != 0 && r.newest > now - w) {
+        oldest = std::min(oldest, r.newest);
+        continue;
+      }
       handles[r.owner].ring = 0;
       r.owner = no_owner;
       r.size = 0;
@@ -414,33 +424,42 @@ class window_rings {
       r.count = {};
       free_.push_back(static_cast<std::uint32_t>(i + 1));
     }
+    oldest_newest_ = oldest;
   }
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
-    std::size_t n = rings_.capacity() * sizeof(ring) + free_.capacity() * sizeof(std::uint32_t);
-    for (const ring& r : rings_) n += r.buf.capacity() * sizeof(entry);
-    return n;
+    return rings_.capacity() * sizeof(ring) + free_.capacity() * sizeof(std::uint32_t) +
+           entry_bytes_;
   }
 
  private:
   static constexpr std::uint32_t no_owner = 0xffffffff;
+  static constexpr std::int64_t no_call = INT64_MAX;
   struct entry {
     std::int64_t ts;
     std::uint32_t admitted;
   };
   struct ring {
-    std::vector<entry> buf;
+    // 56 bytes: the buffer is a bare array with a 32-bit capacity, so the
+    // newest time fits beside it at the size the tool's figures assume.
+    std::unique_ptr<entry[]> buf;
+    std::int64_t newest = 0;  ///< time of the newest entry (valid when size != 0)
     std::uint32_t head = 0;
     std::uint32_t size = 0;
     std::uint32_t owner = no_owner;
+    std::uint32_t cap = 0;
     std::array<std::uint32_t, ring_policies> count{};
-    [[nodiscard]] std::uint32_t capacity() const noexcept {
-      return static_cast<std::uint32_t>(buf.size());
-    }
-    void grow() {
-      std::vector<entry> next(buf.empty() ? 4 : buf.size() * 2);
-      for (std::uint32_t i = 0; i < size; ++i) next[i] = buf[(head + i) & (capacity() - 1)];
-      buf.swap(next);
+    [[nodiscard]] std::uint32_t capacity() const noexcept { return cap; }
+    /// Doubles the buffer (4 entries at first); returns the entries added.
+    std::size_t grow() {
+      if (cap > 0x7fffffffu) throw std::length_error("a window ring cannot hold 2^32 calls");
+      const std::uint32_t next_cap = cap == 0 ? 4 : cap * 2;
+      auto next = std::make_unique<entry[]>(next_cap);
+      for (std::uint32_t i = 0; i < size; ++i) next[i] = buf[(head + i) & (cap - 1)];
+      buf = std::move(next);
       head = 0;
+      const std::uint32_t added = next_cap - cap;
+      cap = next_cap;
+      return added;
     }
   };
   std::uint32_t acquire(std::uint32_t owner) {
@@ -457,6 +476,8 @@ class window_rings {
   }
   std::vector<ring> rings_;
   std::vector<std::uint32_t> free_;
+  std::int64_t oldest_newest_ = no_call;  ///< at most the newest call of any ring in use
+  std::size_t entry_bytes_ = 0;           ///< capacity of every ring's buffer, in bytes
 };
 
 /// What the tool remembers per key besides the policies' states: 12 bytes.
@@ -522,7 +543,10 @@ struct analysis_result {
 /// What to analyse.
 struct analysis_options {
   limiter_settings settings;
-  bool summary = true;              ///< the five policies at the given rate
+  bool summary = true;  ///< the five policies at the given rate
+  /// The summary's policies (`--policy P` alone: only P is run and printed);
+  /// every policy by default. Order does not matter: rows follow `all_policies`.
+  std::vector<policy_id> summary_policies{std::begin(all_policies), std::end(all_policies)};
   std::vector<units> sweep_limits;  ///< empty = no sweep
   std::vector<policy_id> sweep_policies;
   bool skip_bad_lines = false;
@@ -746,6 +770,10 @@ class policy_lane final : public lane {
   std::uint8_t summary_mask = 0;  ///< bits of the summary policies that run
   if (opt.summary) {
     for (const policy_id p : all_policies) {
+      if (std::find(opt.summary_policies.begin(), opt.summary_policies.end(), p) ==
+          opt.summary_policies.end()) {
+        continue;
+      }
       policy_summary ps;
       ps.id = p;
       ps.unavailable = with_policy(
@@ -920,7 +948,9 @@ class policy_lane final : public lane {
   }
   for (const auto& l : lanes) {
     if (l->summary_slot >= 0) {
-      policy_summary& s = res.policies[static_cast<std::size_t>(l->summary_slot)];
+      policy_summary& s = *std::find_if(
+          res.policies.begin(), res.policies.end(),
+          [&](const policy_summary& ps) { return static_cast<int>(ps.id) == l->summary_slot; });
       s.limit = l->limit();
       s.admitted = l->admitted;
       s.rejected = l->rejected;
