@@ -5,7 +5,7 @@ set -euo pipefail
 
 usage() {
   cat <<'EOF'
-usage: benchmarks/replay/run_wall.sh [--bin DIR] [--runs N] [--dir DIR]
+usage: benchmarks/replay/run_wall.sh [--bin DIR] [--base DIR] [--runs N] [--dir DIR]
 
 Makes two logs with ratelimit-gen-trace (unless they are already in DIR):
 
@@ -22,17 +22,21 @@ every policy, the report).
 
   --bin DIR   directory with ratelimit-replay and ratelimit-gen-trace
               (default build-rperf/examples/replay)
+  --base DIR  another build's ratelimit-replay (e.g. of an older commit), run
+              alternately with the first; adds its medians and the speed-up
   --runs N    runs per command (default 5)
   --dir DIR   where the logs are kept (default replay-logs)
 EOF
 }
 
 bin=build-rperf/examples/replay
+base=""
 runs=5
 dir=replay-logs
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --bin) bin="${2:?--bin needs a directory}"; shift 2 ;;
+    --base) base="${2:?--base needs a directory}"; shift 2 ;;
     --runs) runs="${2:?--runs needs a number}"; shift 2 ;;
     --dir) dir="${2:?--dir needs a directory}"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -43,6 +47,10 @@ done
 for tool in ratelimit-replay ratelimit-gen-trace; do
   [[ -x "$bin/$tool" ]] || { echo "run_wall.sh: $bin/$tool not found (see --bin)" >&2; exit 2; }
 done
+if [[ -n "$base" && ! -x "$base/ratelimit-replay" ]]; then
+  echo "run_wall.sh: $base/ratelimit-replay not found (see --base)" >&2
+  exit 2
+fi
 
 mkdir -p "$dir"
 if [[ ! -s "$dir/dense.csv" ]]; then
@@ -59,12 +67,12 @@ trap 'rm -rf "$tmp"' EXIT
 
 # One run: appends "wall cpu" (seconds) to the command's file.
 run_once() {
-  local log="$1" policy="$2" key="$3"
+  local exe="$1" log="$2" policy="$3" key="$4"
   local args=(--rate 10/15min)
   [[ -n "$policy" ]] && args+=(--policy "$policy")
   TIMEFORMAT='%R %U %S'
   local t
-  t="$( { time "$bin/ratelimit-replay" "${args[@]}" "$log" >/dev/null; } 2>&1 )"
+  t="$( { time "$exe" "${args[@]}" "$log" >/dev/null; } 2>&1 )"
   read -r wall user sys <<<"$t"
   awk -v w="$wall" -v u="$user" -v s="$sys" 'BEGIN {print w, u + s}' >>"$tmp/$key"
 }
@@ -72,21 +80,33 @@ run_once() {
 for ((r = 0; r < runs; r++)); do
   for log in dense sparse; do
     for p in "${policies[@]}"; do
-      run_once "$dir/$log.csv" "$p" "$log-${p:-all}"
+      run_once "$bin/ratelimit-replay" "$dir/$log.csv" "$p" "$log-${p:-all}"
+      if [[ -n "$base" ]]; then
+        run_once "$base/ratelimit-replay" "$dir/$log.csv" "$p" "base-$log-${p:-all}"
+      fi
     done
   done
 done
 
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
-printf '%-8s %-16s %10s %10s %14s\n' log policy "wall s" "cpu s" "M events/s"
+printf '%-8s %-16s %10s %10s %14s' log policy "wall s" "cpu s" "M events/s"
+[[ -n "$base" ]] && printf ' %12s %12s %9s' "base wall s" "base cpu s" "speed-up"
+echo
 for log in dense sparse; do
   events=$(grep -cv '^[#t]' "$dir/$log.csv")
   for p in "${policies[@]}"; do
     key="$log-${p:-all}"
     wall=$(cut -d' ' -f1 "$tmp/$key" | median)
     cpu=$(cut -d' ' -f2 "$tmp/$key" | median)
-    printf '%-8s %-16s %10.3f %10.3f %14.2f\n' "$log" "${p:-all five}" "$wall" "$cpu" \
+    printf '%-8s %-16s %10.3f %10.3f %14.2f' "$log" "${p:-all five}" "$wall" "$cpu" \
       "$(awk -v e="$events" -v w="$wall" 'BEGIN {print e / w / 1e6}')"
+    if [[ -n "$base" ]]; then
+      bwall=$(cut -d' ' -f1 "$tmp/base-$key" | median)
+      bcpu=$(cut -d' ' -f2 "$tmp/base-$key" | median)
+      printf ' %12.3f %12.3f %8.2fx' "$bwall" "$bcpu" \
+        "$(awk -v b="$bwall" -v w="$wall" 'BEGIN {print b / w}')"
+    fi
+    echo
   done
 done
 echo "(medians of $runs runs; wall = elapsed time of the whole process)"

@@ -131,6 +131,63 @@ TEST(DenseReplay, OnePolicyPrintsExactlyTheReferenceRow) {
   }
 }
 
+// A bad line or the memory budget stops the run at the same point as the
+// reference, while the worker thread is busy with an earlier batch; skipped
+// bad lines give the same figures.
+TEST(DenseReplay, ErrorsAndSkippedLinesMatchTheReference) {
+  std::string log = dense_log(20'000, 1'000, 30'000, 8);
+  // A bad timestamp on physical line 10,002 (two header lines, then events).
+  std::size_t at = 0;
+  for (int line = 1; line < 10'002; ++line) at = log.find('\n', at) + 1;
+  log.insert(at, "12x4,bad-key\n");
+  const analysis_options o = options_for(cases[0]);
+  for (const bool skip : {false, true}) {
+    analysis_options so = o;
+    so.skip_bad_lines = skip;
+    std::istringstream a(log), b(log);
+    if (!skip) {
+      try {
+        (void)analyse(a, so);
+        ADD_FAILURE() << "no input_error";
+      } catch (const input_error& e) {
+        EXPECT_EQ(e.line(), 10'002u) << e.what();
+      }
+      continue;
+    }
+    const analysis_result got = analyse(a, so);
+    const analysis_result want = reference::analyse(b, so);
+    EXPECT_EQ(got.skipped, 1u);
+    EXPECT_EQ(got.first_skipped, want.first_skipped);
+    EXPECT_EQ(printed(got, so), printed(want, so));
+  }
+  // A budget that 20,000 keys pass after a few batches: same message.
+  analysis_options tight = o;
+  tight.sweep_limits = {2, 5, 9};
+  tight.sweep_policies.assign(std::begin(all_policies), std::end(all_policies));
+  tight.memory_budget = 3'000'000;
+  const std::string many_keys = dense_log(20'000, 20'000, 30'000, 8);
+  std::string got_message, want_message;
+  std::istringstream a(many_keys), b(many_keys);
+  try {
+    (void)analyse(a, tight);
+  } catch (const memory_budget_error& e) {
+    got_message = e.what();
+  } catch (const input_error&) {
+    got_message = "input_error";
+  }
+  try {
+    (void)reference::analyse(b, tight);
+  } catch (const memory_budget_error& e) {
+    want_message = e.what();
+  } catch (const input_error&) {
+    want_message = "input_error";
+  }
+  EXPECT_NE(want_message.find("--sweep"), std::string::npos) << want_message;
+  // Not at the first batch (about 3,700 keys): the pipeline is under way.
+  EXPECT_EQ(want_message.find(" at 3"), std::string::npos) << want_message;
+  EXPECT_EQ(got_message, want_message);
+}
+
 // The command line: --policy P without --sweep prints P's row only.
 TEST(DenseReplay, PolicyFlagPrintsOneRow) {
   std::istringstream in(dense_log(5'000, 500, 30'000, 7));
