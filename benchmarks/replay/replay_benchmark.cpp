@@ -32,6 +32,18 @@ const std::string& trace_text() {
   return text;
 }
 
+/// A dense log, generated once: 1,000,000 calls from 100,000 keys drawn
+/// uniformly, 0-2 ms apart (`ratelimit-gen-trace --dense 1000000`): every key
+/// is live in every 15-minute window.
+const std::string& dense_text() {
+  static const std::string text = [] {
+    std::ostringstream out;
+    write_dense_trace_csv(out, dense_options{});
+    return out.str();
+  }();
+  return text;
+}
+
 /// Discards what it is given: the benchmark measures producing the rows, not a terminal.
 class null_buffer : public std::streambuf {
  protected:
@@ -96,6 +108,26 @@ void BM_Replay_Summary_AllPolicies(benchmark::State& state) {
   }
 }
 
+/// Summary mode on the dense log: all five policies (range 5) or one
+/// (range = its policy_id), as `--policy P` runs it. Wall-clock time: the
+/// engine runs on two threads.
+void BM_Replay_Summary_Dense(benchmark::State& state) {
+  const std::string& text = dense_text();
+  analysis_result r;
+  for (auto _ : state) {
+    std::istringstream in(text);
+    analysis_options o;
+    o.settings = settings;
+    if (state.range(0) < static_cast<std::int64_t>(policy_count)) {
+      o.summary_policies = {all_policies[state.range(0)]};
+    }
+    r = analyse(in, o);
+    benchmark::DoNotOptimize(r.events);
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(r.events) * state.iterations());
+  state.counters["keys"] = static_cast<double>(r.keys);
+}
+
 }  // namespace
 
 BENCHMARK_TEMPLATE(BM_Replay_MemoryStore, fixed_window)
@@ -116,6 +148,12 @@ BENCHMARK_TEMPLATE(BM_Replay_MemoryStore, gcra)
 BENCHMARK(BM_Replay_ParseOnly)->Name("BM_Replay_ParseOnly")->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Replay_Summary_AllPolicies)
     ->Name("BM_Replay_Summary_AllPolicies")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Replay_Summary_Dense)
+    ->Name("BM_Replay_Summary_Dense")
+    ->DenseRange(0, static_cast<int>(policy_count))
+    ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

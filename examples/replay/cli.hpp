@@ -29,12 +29,13 @@ inline constexpr std::string_view usage_text =
     R"(ratelimit-replay: replay a call log through rate-limiting policies.
 
 Usage:
-  ratelimit-replay --rate RATE [--burst B] [--count-rejected] [--sweep LIMITS
-                   [--policy POLICY] [--plot FILE.svg]] [--skip-bad-lines] INPUT
+  ratelimit-replay --rate RATE [--burst B] [--count-rejected] [--policy POLICY]
+                   [--sweep LIMITS [--plot FILE.svg]] [--skip-bad-lines] INPUT
       Summary: every policy at RATE on the same events (admitted, rejected,
       keys blocked, most calls one key got through in any window, memory,
-      speed). With --sweep, then a threshold sweep over the given limits with
-      RATE's window, and the distribution of each key's peak calls per window.
+      speed); with --policy and no --sweep, that policy only. With --sweep,
+      then a threshold sweep over the given limits with RATE's window, and
+      the distribution of each key's peak calls per window.
   ratelimit-replay --policy POLICY --rate RATE [--burst B] [--count-rejected]
                    [--store URL] [--skip-bad-lines] --decisions INPUT
       Decisions: CSV on standard output, one row per event in input order:
@@ -51,8 +52,9 @@ INPUT       CSV file, or - for standard input. One event per line:
 
 Options:
   --policy POLICY     fixed_window, sliding_log, sliding_counter, token_bucket
-                      or gcra (required with --decisions; sweep table default
-                      sliding_log)
+                      or gcra (required with --decisions; the summary's only
+                      row without --sweep; the sweep table's policy with
+                      --sweep, default sliding_log)
   --rate RATE         e.g. 10/15min, "10 per 15 minutes", 100/s, 1000 per day
   --burst B           capacity of token_bucket and gcra (default: the limit)
   --count-rejected    window policies count rejected attempts too
@@ -543,6 +545,9 @@ inline int run_analysis(const cli_options& o, std::istream& std_in, std::ostream
   if (o.sweep) {
     a.sweep_limits = *o.sweep;
     a.sweep_policies.assign(std::begin(all_policies), std::end(all_policies));
+  } else if (o.policy) {
+    // Without a sweep, --policy P prints P's row only, so only P runs.
+    a.summary_policies = {*o.policy};
   }
   analysis_result r;
   std::string name = o.input == "-" ? "standard input" : o.input;

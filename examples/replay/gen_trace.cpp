@@ -32,6 +32,13 @@ Usage: ratelimit-gen-trace [options] [--out FILE]
   --out FILE           output file (default: standard output)
   -h, --help           this text
 
+Dense mode, for speed measurements (only --seed, --time-format and --out apply):
+  --dense N            N calls (up to 10^9) from keys drawn uniformly, streamed
+  --keys N             number of keys (default 100000)
+  --max-step DURATION  each call 0 to DURATION after the one before (default 2ms)
+  With the defaults and --dense 1000000, every key calls about ten times in
+  17 minutes and is live in every 15-minute window.
+
 The log is sorted in memory before it is written (about 32 bytes per call):
 options whose log would need more than half of the machine's memory (or of
 the address-space limit) are refused with an estimate (exit status 2).
@@ -57,6 +64,10 @@ std::int64_t whole(const std::string& flag, const std::string& v, std::int64_t m
 int main(int argc, char** argv) {
   using ratelimit::replay::gen_options;
   gen_options o;
+  ratelimit::replay::dense_options dense;
+  bool dense_mode = false;
+  std::string scenario_flag;  // the first option that only the telephony scenario takes
+  std::string dense_flag;     // the first of --keys and --max-step
   std::string out_path;
   const std::vector<std::string> args(argv + 1, argv + argc);
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -68,7 +79,29 @@ int main(int argc, char** argv) {
     if (i + 1 >= args.size())
       fail(a.starts_with("-") ? a + " needs a value" : "unexpected \"" + a + "\"");
     const std::string& v = args[++i];
-    if (a == "--seed") {
+    const bool shared = a == "--seed" || a == "--time-format" || a == "--out";
+    const bool dense_only = a == "--dense" || a == "--keys" || a == "--max-step";
+    if (!shared && !dense_only && scenario_flag.empty()) scenario_flag = a;
+    if (a == "--dense") {
+      dense.events = static_cast<std::uint64_t>(whole(a, v, 1'000'000'000));
+      dense_mode = true;
+    } else if (a == "--keys") {
+      dense.keys = static_cast<std::uint64_t>(whole(a, v, 100'000'000));
+      if (dense.keys < 1) fail("--keys \"" + v + "\" must be at least 1");
+      if (dense_flag.empty()) dense_flag = a;
+    } else if (a == "--max-step") {
+      if (v == "0") {
+        dense.max_step_us = 0;
+      } else {
+        try {
+          dense.max_step_us = ratelimit::rate::parse("1/" + v).period().count();
+        } catch (const std::invalid_argument&) {
+          fail("--max-step \"" + v + "\": expected a duration such as 2ms, or 0");
+        }
+      }
+      if (dense.max_step_us > 10'000'000) fail("--max-step \"" + v + "\" must be at most 10s");
+      if (dense_flag.empty()) dense_flag = a;
+    } else if (a == "--seed") {
       o.seed = static_cast<std::uint64_t>(whole(a, v, INT64_MAX));
     } else if (a == "--days") {
       o.days = static_cast<int>(whole(a, v, 3650));
@@ -113,6 +146,29 @@ int main(int argc, char** argv) {
     } else {
       fail("unknown option \"" + a + "\"");
     }
+  }
+  if (dense_mode && !scenario_flag.empty()) fail(scenario_flag + " does not apply to --dense");
+  if (!dense_mode && !dense_flag.empty()) fail(dense_flag + " applies to --dense only");
+  if (dense_mode) {
+    dense.seed = o.seed;
+    dense.format = o.format;
+    std::ofstream file;
+    if (!out_path.empty() && out_path != "-") {
+      file.open(out_path, std::ios::binary);
+      if (!file) {
+        std::cerr << "ratelimit-gen-trace: failure: cannot write " << out_path << '\n';
+        return 1;
+      }
+    }
+    std::ostream& out = file.is_open() ? static_cast<std::ostream&>(file) : std::cout;
+    ratelimit::replay::write_dense_trace_csv(out, dense);
+    out.flush();
+    if (!out) {
+      std::cerr << "ratelimit-gen-trace: failure: cannot write "
+                << (file.is_open() ? out_path : "standard output") << '\n';
+      return 1;
+    }
+    return 0;
   }
   ratelimit::replay::gen_trace trace;
   try {

@@ -10,6 +10,7 @@
 #include <ostream>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -302,6 +303,71 @@ inline void check_trace_budget(gen_options& o, std::size_t budget) {
   return t;
 }
 
+namespace detail {
+
+/// Appends `us` in the generator's time format.
+inline void append_gen_time(std::string& buf, std::int64_t us, gen_options::time_format f) {
+  switch (f) {
+    case gen_options::time_format::us: buf += std::to_string(us); break;
+    case gen_options::time_format::seconds: {
+      std::string frac = std::to_string(1'000'000 + us % 1'000'000).substr(1);
+      buf += std::to_string(us / 1'000'000) + "." + frac;
+      break;
+    }
+    case gen_options::time_format::iso: buf += format_iso(us); break;
+  }
+}
+
+}  // namespace detail
+
+/// A dense log for speed measurements: every call from a key drawn uniformly
+/// among `keys`, each call 0 to `max_step_us` after the one before (uniform),
+/// so with the defaults (1,000,000 calls, 100,000 keys, up to 2 ms apart:
+/// about 17 minutes) every key calls about ten times and is live in every
+/// 15-minute window.
+struct dense_options {
+  std::uint64_t seed = 1;
+  std::int64_t start_us = gen_options{}.start_us;
+  std::uint64_t events = 1'000'000;  ///< at most 10^9
+  std::uint64_t keys = 100'000;      ///< 1 .. 10^8
+  std::int64_t max_step_us = 2'000;  ///< 0 .. 10 s
+  gen_options::time_format format = gen_options::time_format::us;
+};
+
+/// Writes a dense log as replay CSV (a comment, a header, then
+/// `timestamp,key,1,0` rows, every key labelled normal), streaming: memory
+/// stays constant. Keys are `+4917` and eight digits. Deterministic for a
+/// given seed and options on every platform.
+/// @throws std::invalid_argument for options out of the ranges above
+inline void write_dense_trace_csv(std::ostream& out, const dense_options& o) {
+  if (o.events > 1'000'000'000 || o.keys < 1 || o.keys > 100'000'000 || o.max_step_us < 0 ||
+      o.max_step_us > 10'000'000) {
+    throw std::invalid_argument(
+        "dense log: at most 10^9 calls, 1 to 10^8 keys, steps of 0 to 10 s");
+  }
+  detail::rng r(o.seed);
+  std::string buf = "# dense synthetic log from ratelimit-gen-trace --dense " +
+                    std::to_string(o.events) + " --keys " + std::to_string(o.keys) +
+                    " --max-step " + std::to_string(o.max_step_us) + "us --seed " +
+                    std::to_string(o.seed) + "\ntimestamp,caller,cost,label\n";
+  std::int64_t t = o.start_us;
+  char key[] = "+491700000000";
+  for (std::uint64_t i = 0; i < o.events; ++i) {
+    t += r.between(0, o.max_step_us);
+    auto k = static_cast<std::uint64_t>(r.between(0, static_cast<std::int64_t>(o.keys) - 1));
+    for (int d = 12; d >= 5; --d, k /= 10) key[d] = static_cast<char>('0' + k % 10);
+    detail::append_gen_time(buf, t, o.format);
+    buf += ',';
+    buf.append(key, 13);
+    buf += ",1,0\n";
+    if (buf.size() > (1u << 16)) {
+      out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+      buf.clear();
+    }
+  }
+  out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+}
+
 /// Writes a generated log as replay CSV: a comment, a header, then
 /// `timestamp,key,cost,label` rows.
 inline void write_trace_csv(std::ostream& out, const gen_trace& t, const gen_options& o,
@@ -313,15 +379,7 @@ inline void write_trace_csv(std::ostream& out, const gen_trace& t, const gen_opt
     buf += "timestamp,caller,cost,label\n";
   }
   for (const gen_event& e : t.events) {
-    switch (o.format) {
-      case gen_options::time_format::us: buf += std::to_string(e.ts_us); break;
-      case gen_options::time_format::seconds: {
-        std::string frac = std::to_string(1'000'000 + e.ts_us % 1'000'000).substr(1);
-        buf += std::to_string(e.ts_us / 1'000'000) + "." + frac;
-        break;
-      }
-      case gen_options::time_format::iso: buf += format_iso(e.ts_us); break;
-    }
+    detail::append_gen_time(buf, e.ts_us, o.format);
     buf += ',';
     append_csv_field(buf, t.keys[e.key]);
     buf += e.label == 1 ? ",1,1\n" : ",1,0\n";

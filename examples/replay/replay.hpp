@@ -8,19 +8,25 @@
 #include <chrono>
 #include <cmath>
 #include <concepts>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <ctime>
+#include <exception>
 #include <functional>
 #include <istream>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <ostream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "budget.hpp"
@@ -358,8 +364,7 @@ class window_rings {
     if (handle == 0) handle = acquire(owner);
     ring& r = rings_[handle - 1];
     if (r.size != 0) {
-      const std::int64_t newest = r.buf[(r.head + r.size - 1) & (r.capacity() - 1)].ts;
-      if (t < newest) t = newest;
+      if (t < r.newest) t = r.newest;
       const std::int64_t cut = t - w;
       while (r.size != 0 && r.buf[r.head].ts <= cut) {
         const std::uint32_t m = r.buf[r.head].admitted;
@@ -368,9 +373,11 @@ class window_rings {
         --r.size;
       }
     }
-    if (r.size == r.capacity()) r.grow();
+    if (r.size == r.capacity()) entry_bytes_ += r.grow() * sizeof(entry);
     r.buf[(r.head + r.size) & (r.capacity() - 1)] = entry{t, admitted};
     ++r.size;
+    r.newest = t;
+    if (t < oldest_newest_) oldest_newest_ = t;
     for (std::size_t p = 0; p < ring_policies; ++p) {
       r.count[p] += (admitted >> p) & 1u;
       if (r.count[p] > max_admitted[p]) max_admitted[p] = r.count[p];
@@ -392,7 +399,7 @@ class window_rings {
 #if defined(__GNUC__) || defined(__clang__)
     if (handle != 0) {
       const ring& r = rings_[handle - 1];
-      if (!r.buf.empty()) __builtin_prefetch(r.buf.data() + r.head);
+      if (r.cap != 0) __builtin_prefetch(r.buf.get() + r.head);
     }
 #else
     (void)handle;
@@ -400,13 +407,22 @@ class window_rings {
   }
 
   /// Frees every ring whose newest call has left the window at `now`, and
-  /// clears its owner's handle in `handles` (indexed by owner).
+  /// clears its owner's handle in `handles` (indexed by owner). The rings are
+  /// scanned only when one can be stale: `oldest_newest_` is at most the
+  /// newest call of every ring in use (a ring's newest call only moves
+  /// forward), so while it is after `now - w` no ring is stale. On a log
+  /// where every key calls within each window that skips nearly every scan.
   template <class Handle>
   void release_stale(std::vector<Handle>& handles, std::int64_t now, std::int64_t w) {
+    if (oldest_newest_ > now - w) return;
+    std::int64_t oldest = no_call;
     for (std::size_t i = 0; i < rings_.size(); ++i) {
       ring& r = rings_[i];
       if (r.owner == no_owner) continue;
-      if (r.size != 0 && r.buf[(r.head + r.size - 1) & (r.capacity() - 1)].ts > now - w) continue;
+      if (r.size != 0 && r.newest > now - w) {
+        oldest = std::min(oldest, r.newest);
+        continue;
+      }
       handles[r.owner].ring = 0;
       r.owner = no_owner;
       r.size = 0;
@@ -414,33 +430,42 @@ class window_rings {
       r.count = {};
       free_.push_back(static_cast<std::uint32_t>(i + 1));
     }
+    oldest_newest_ = oldest;
   }
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
-    std::size_t n = rings_.capacity() * sizeof(ring) + free_.capacity() * sizeof(std::uint32_t);
-    for (const ring& r : rings_) n += r.buf.capacity() * sizeof(entry);
-    return n;
+    return rings_.capacity() * sizeof(ring) + free_.capacity() * sizeof(std::uint32_t) +
+           entry_bytes_;
   }
 
  private:
   static constexpr std::uint32_t no_owner = 0xffffffff;
+  static constexpr std::int64_t no_call = INT64_MAX;
   struct entry {
     std::int64_t ts;
     std::uint32_t admitted;
   };
   struct ring {
-    std::vector<entry> buf;
+    // 56 bytes: the buffer is a bare array with a 32-bit capacity, so the
+    // newest time fits beside it at the size the tool's figures assume.
+    std::unique_ptr<entry[]> buf;
+    std::int64_t newest = 0;  ///< time of the newest entry (valid when size != 0)
     std::uint32_t head = 0;
     std::uint32_t size = 0;
     std::uint32_t owner = no_owner;
+    std::uint32_t cap = 0;
     std::array<std::uint32_t, ring_policies> count{};
-    [[nodiscard]] std::uint32_t capacity() const noexcept {
-      return static_cast<std::uint32_t>(buf.size());
-    }
-    void grow() {
-      std::vector<entry> next(buf.empty() ? 4 : buf.size() * 2);
-      for (std::uint32_t i = 0; i < size; ++i) next[i] = buf[(head + i) & (capacity() - 1)];
-      buf.swap(next);
+    [[nodiscard]] std::uint32_t capacity() const noexcept { return cap; }
+    /// Doubles the buffer (4 entries at first); returns the entries added.
+    std::size_t grow() {
+      if (cap > 0x7fffffffu) throw std::length_error("a window ring cannot hold 2^32 calls");
+      const std::uint32_t next_cap = cap == 0 ? 4 : cap * 2;
+      auto next = std::make_unique<entry[]>(next_cap);
+      for (std::uint32_t i = 0; i < size; ++i) next[i] = buf[(head + i) & (cap - 1)];
+      buf = std::move(next);
       head = 0;
+      const std::uint32_t added = next_cap - cap;
+      cap = next_cap;
+      return added;
     }
   };
   std::uint32_t acquire(std::uint32_t owner) {
@@ -457,6 +482,8 @@ class window_rings {
   }
   std::vector<ring> rings_;
   std::vector<std::uint32_t> free_;
+  std::int64_t oldest_newest_ = no_call;  ///< at most the newest call of any ring in use
+  std::size_t entry_bytes_ = 0;           ///< capacity of every ring's buffer, in bytes
 };
 
 /// What the tool remembers per key besides the policies' states: 12 bytes.
@@ -522,7 +549,10 @@ struct analysis_result {
 /// What to analyse.
 struct analysis_options {
   limiter_settings settings;
-  bool summary = true;              ///< the five policies at the given rate
+  bool summary = true;  ///< the five policies at the given rate
+  /// The summary's policies (`--policy P` alone: only P is run and printed);
+  /// every policy by default. Order does not matter: rows follow `all_policies`.
+  std::vector<policy_id> summary_policies{std::begin(all_policies), std::end(all_policies)};
   std::vector<units> sweep_limits;  ///< empty = no sweep
   std::vector<policy_id> sweep_policies;
   bool skip_bad_lines = false;
@@ -538,11 +568,21 @@ struct batch {
   std::vector<std::int64_t> ts;
   std::vector<std::uint32_t> id;
   std::vector<units> cost;
-  std::vector<std::uint8_t> admitted;  ///< bit p: summary policy p admitted the event
+  /// Bit p: summary policy p admitted the event. One array per thread that
+  /// runs lanes (each writes only its own), OR-ed by the window rings.
+  std::array<std::vector<std::uint8_t>, 2> admitted;
   std::vector<signed char> label;
   std::string key_bytes;               ///< the batch's keys, back to back
   std::vector<std::uint32_t> key_end;  ///< end of each key in key_bytes
   std::vector<std::uint64_t> hash;     ///< hash_key of each key
+  // Taken when the batch is read, so that the stages that run later (or on
+  // the other thread) see the figures as of this batch.
+  std::size_t keys = 0;           ///< keys interned up to and including this batch
+  std::size_t key_bytes_mem = 0;  ///< key table and key_info capacity bytes then
+  std::int64_t now = 0;           ///< latest event time up to and including this batch
+  bool sample = false;            ///< memory is sampled after this batch
+  /// Per lane group: the sweep lanes' blocked bits capacity after `resize(keys)`.
+  std::array<std::size_t, 2> sweep_bits{};
   void clear() {
     ts.clear();
     id.clear();
@@ -580,9 +620,9 @@ template <class P>
 class lane {
  public:
   virtual ~lane() = default;
-  /// Decides every event of `b`; a summary lane sets its bit in `b.admitted`,
-  /// a sweep lane records the keys it rejected.
-  virtual void run(batch& b) = 0;
+  /// Decides every event of `b`; a summary lane sets its bit in `admitted`
+  /// (one byte per event), a sweep lane records the keys it rejected.
+  virtual void run(const batch& b, std::uint8_t* admitted) = 0;
   virtual void resize(std::size_t keys) = 0;
   /// Bytes of state of the keys not idle at `now`.
   [[nodiscard]] virtual std::size_t live_bytes(std::int64_t now) const = 0;
@@ -631,7 +671,7 @@ class policy_lane final : public lane {
  public:
   explicit policy_lane(typename P::config cfg) : cfg_(std::move(cfg)) {}
 
-  void run(batch& b) override {
+  void run(const batch& b, std::uint8_t* admitted_bits) override {
     const std::size_t n = b.ts.size();
     const std::int64_t* ts = b.ts.data();
     const std::uint32_t* id = b.id.data();
@@ -639,7 +679,7 @@ class policy_lane final : public lane {
     typename P::state* states = states_.data();
     std::uint64_t ok = 0;
     if (summary_slot >= 0) {
-      std::uint8_t* mask = b.admitted.data();
+      std::uint8_t* mask = admitted_bits;
       const int bit = summary_slot;
       for (std::size_t i = 0; i < n; ++i) {
         // Keys are in trace order, so states are touched at random: fetch ahead.
@@ -709,8 +749,123 @@ class policy_lane final : public lane {
 }
 
 [[nodiscard]] inline double cpu_seconds() noexcept {
-  // The process's own CPU time: what one core spends, not wall time.
+  // The process's own CPU time (every thread): what the cores spend, not wall time.
   return static_cast<double>(std::clock()) / CLOCKS_PER_SEC;
+}
+
+/// The calling thread's CPU time where the platform has one (POSIX), else the process's.
+[[nodiscard]] inline double thread_cpu_seconds() noexcept {
+#if defined(CLOCK_THREAD_CPUTIME_ID)
+  timespec t{};
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) == 0) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+  }
+#endif
+  return cpu_seconds();
+}
+
+/// Relative cost of one lane's step per event, to split the lanes between
+/// the two threads (measured on a dense log; only the balance depends on it).
+[[nodiscard]] constexpr double lane_weight(policy_id p) noexcept {
+  switch (p) {
+    case policy_id::sliding_log: return 5;
+    case policy_id::sliding_counter: return 1.5;
+    case policy_id::fixed_window: return 1.2;
+    case policy_id::token_bucket: return 1;
+    case policy_id::gcra: break;
+  }
+  return 0.6;
+}
+
+/// The work of the shared stages (reading, parsing, interning, the window
+/// rings) in the same units as `lane_weight`.
+inline constexpr double shared_weight = 6;
+
+/// One worker thread that runs a job at a time, handed over by `start` and
+/// awaited by `wait`, for the whole pass (a thread per batch would cost a
+/// thread start and fresh stack and heap pages every 4,096 events).
+class worker_thread {
+ public:
+  /// @throws std::system_error when no thread can be started
+  worker_thread() : thread_([this] { loop(); }) {}
+  worker_thread(const worker_thread&) = delete;
+  worker_thread& operator=(const worker_thread&) = delete;
+  ~worker_thread() {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  /// Runs `job` on the worker; the previous job must have been awaited.
+  void start(std::function<void()> job) {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      job_ = std::move(job);
+      busy_ = true;
+    }
+    wake_.notify_all();
+  }
+  /// Waits for the job started last; rethrows what it threw.
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [this] { return !busy_; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [this] { return stop_ || busy_; });
+      if (busy_) {
+        std::function<void()> job = std::move(job_);
+        lock.unlock();
+        std::exception_ptr error;
+        try {
+          job();
+        } catch (...) {
+          error = std::current_exception();
+        }
+        lock.lock();
+        error_ = error;
+        busy_ = false;
+        done_.notify_all();
+        continue;
+      }
+      return;  // stop_ and nothing left to run
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  std::function<void()> job_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;  // last: started once the members above exist
+};
+
+/// Runs one group of lanes over `b`: grows their states to the batch's keys,
+/// decides every event, and samples the summary lanes' state when the batch
+/// says so. Charges each lane the calling thread's CPU time.
+inline void run_lanes(const std::vector<lane*>& group, batch& b, std::size_t slot) {
+  double clock = thread_cpu_seconds();
+  std::size_t sweep_bits = 0;
+  for (lane* l : group) {
+    l->resize(b.keys);
+    sweep_bits += l->blocked.capacity() * sizeof(std::uint64_t);
+    l->run(b, b.admitted[slot].data());
+    if (b.sample && l->summary_slot >= 0) {
+      l->peak_bytes = std::max(l->peak_bytes, l->live_bytes(b.now));
+    }
+    const double t = thread_cpu_seconds();
+    l->seconds += t - clock;
+    clock = t;
+  }
+  b.sweep_bits[slot] = sweep_bits;
 }
 
 }  // namespace detail
@@ -746,6 +901,10 @@ class policy_lane final : public lane {
   std::uint8_t summary_mask = 0;  ///< bits of the summary policies that run
   if (opt.summary) {
     for (const policy_id p : all_policies) {
+      if (std::find(opt.summary_policies.begin(), opt.summary_policies.end(), p) ==
+          opt.summary_policies.end()) {
+        continue;
+      }
       policy_summary ps;
       ps.id = p;
       ps.unavailable = with_policy(
@@ -789,21 +948,39 @@ class policy_lane final : public lane {
   std::vector<key_info> info;
   window_rings rings;
   std::uint32_t max_admitted[ring_policies] = {};
-  detail::batch b;
   constexpr std::size_t batch_size = 4096;
-  b.ts.reserve(batch_size);
-  b.id.reserve(batch_size);
-  b.cost.reserve(batch_size);
-  b.admitted.assign(batch_size, 0);
+  std::array<detail::batch, 2> batches;
+  for (detail::batch& b : batches) {
+    b.ts.reserve(batch_size);
+    b.id.reserve(batch_size);
+    b.cost.reserve(batch_size);
+    for (auto& a : b.admitted) a.assign(batch_size, 0);
+  }
   std::int64_t now = 0;
   std::size_t since_sample = 0;
   bool more = true;
-  double clock = detail::cpu_seconds();
-  res.shared_seconds = clock - start;
-  // Charges the CPU time since the last call to `slot`.
-  const auto charge = [&clock](double& slot) {
-    const double t = detail::cpu_seconds();
-    slot += t - clock;
+  // Two lane groups: group 0 runs on this thread beside the shared stages,
+  // group 1 on a worker thread; the heaviest lanes go first to the lighter side.
+  std::array<std::vector<detail::lane*>, 2> groups;
+  {
+    std::vector<detail::lane*> order;
+    for (const auto& l : lanes) order.push_back(l.get());
+    std::stable_sort(order.begin(), order.end(), [](const detail::lane* x, const detail::lane* y) {
+      return detail::lane_weight(x->id) > detail::lane_weight(y->id);
+    });
+    double load[2] = {detail::shared_weight, 0};
+    for (detail::lane* l : order) {
+      const std::size_t g = load[1] < load[0] ? 1 : 0;
+      groups[g].push_back(l);
+      load[g] += detail::lane_weight(l->id);
+    }
+  }
+  // This thread's CPU time is shared time, except while it runs lane group 0.
+  double clock = detail::thread_cpu_seconds();
+  res.shared_seconds = detail::cpu_seconds() - start;
+  const auto charge_shared = [&] {
+    const double t = detail::thread_cpu_seconds();
+    res.shared_seconds += t - clock;
     clock = t;
   };
 
@@ -828,7 +1005,9 @@ class policy_lane final : public lane {
     throw memory_budget_error("the input has too many keys: " + at);
   };
 
-  while (more) {
+  // Reads, parses and interns the next batch, and notes what the later stages
+  // need to see as of this batch.
+  const auto read_batch = [&](detail::batch& b) {
     b.clear();
     event e;
     while (b.ts.size() < batch_size && (more = reader.next(e))) {
@@ -836,6 +1015,7 @@ class policy_lane final : public lane {
       if (res.events == 0) res.first_ts = e.ts_us;
       res.first_ts = std::min(res.first_ts, e.ts_us);
       res.last_ts = std::max(res.last_ts, e.ts_us);
+      now = std::max(now, e.ts_us);
       ++res.events;
       b.ts.push_back(e.ts_us);
       b.cost.push_back(e.cost);
@@ -858,16 +1038,22 @@ class policy_lane final : public lane {
       b.id[i] = keys.intern(key, b.hash[i], fresh);
       if (fresh) info.emplace_back();
     }
-    std::fill_n(b.admitted.begin(), n, std::uint8_t{0});
-    check_budget();
-    charge(res.shared_seconds);
-    for (auto& l : lanes) {
-      l->resize(keys.size());
-      l->run(b);
-      charge(l->seconds);
-    }
-    // The window rings: every attempt, and per summary policy the admitted calls.
-    const std::uint8_t rejected_mask = summary_mask;
+    for (auto& a : b.admitted) std::fill_n(a.begin(), n, std::uint8_t{0});
+    b.keys = keys.size();
+    b.key_bytes_mem = keys.memory_bytes() + info.capacity() * sizeof(key_info);
+    b.now = now;
+    since_sample += n;
+    b.sample = since_sample >= opt.sample_every || !more;
+    if (b.sample) since_sample = 0;
+  };
+
+  // The window rings: every attempt, and per summary policy the admitted
+  // calls; then the tool's memory sample, and the rings freed.
+  const std::uint8_t rejected_mask = summary_mask;
+  const auto ring_batch = [&](const detail::batch& b) {
+    const std::size_t n = b.ts.size();
+    const std::uint8_t* admitted0 = b.admitted[0].data();
+    const std::uint8_t* admitted1 = b.admitted[1].data();
     for (std::size_t i = 0; i < n; ++i) {
       if (i + 2 * detail::prefetch_distance < n) {
         detail::prefetch(info.data() + b.id[i + 2 * detail::prefetch_distance]);
@@ -881,34 +1067,59 @@ class policy_lane final : public lane {
       const std::uint32_t k = b.id[i];
       key_info& ki = info[k];
       if (b.label[i] > ki.label) ki.label = b.label[i];
-      const std::uint32_t m = b.admitted[i];
+      const std::uint32_t m = admitted0[i] | admitted1[i];
       const std::uint32_t c = rings.add(ki.ring, k, b.ts[i], m, w, max_admitted);
       if (c > ki.raw_peak) ki.raw_peak = c;
       ki.blocked = static_cast<std::uint8_t>(ki.blocked | (~m & rejected_mask));
-      now = std::max(now, b.ts[i]);
     }
-    since_sample += n;
-    if (since_sample >= opt.sample_every || !more) {
-      since_sample = 0;
-      std::size_t sweep_bits = 0;
-      for (const auto& l : lanes) sweep_bits += l->blocked.capacity() * sizeof(std::uint64_t);
-      res.tool_bytes = std::max(res.tool_bytes, keys.memory_bytes() +
-                                                    info.capacity() * sizeof(key_info) +
-                                                    rings.memory_bytes() + sweep_bits);
-      rings.release_stale(info, now, w);
-      charge(res.shared_seconds);
-      for (auto& l : lanes) {
-        if (l->summary_slot >= 0) {
-          l->peak_bytes = std::max(l->peak_bytes, l->live_bytes(now));
-          charge(l->seconds);
-        }
-      }
-    } else {
-      // Rings are freed after every batch; memory is sampled less often.
-      rings.release_stale(info, now, w);
-      charge(res.shared_seconds);
+    if (b.sample) {
+      res.tool_bytes = std::max(res.tool_bytes, b.key_bytes_mem + rings.memory_bytes() +
+                                                    b.sweep_bits[0] + b.sweep_bits[1]);
+    }
+    // Rings are freed after every batch; memory is sampled less often.
+    rings.release_stale(info, b.now, w);
+  };
+
+  // A pipeline of two threads over batches k = 0, 1, ...: while the worker
+  // runs lane group 1 over batch k, this thread runs group 0 over it, then
+  // the window rings of batch k - 1 (whose lanes are done), then reads batch
+  // k + 1 into the buffer batch k - 1 has left. The budget is checked once
+  // both groups are done with batch k, before any state grows for k + 1.
+  // Every stage sees each batch in the order of a single thread: results do
+  // not depend on the threads.
+  detail::batch* cur = &batches[0];
+  detail::batch* prev = nullptr;
+  read_batch(*cur);
+  check_budget();
+  std::optional<detail::worker_thread> worker;
+  if (!groups[1].empty()) {
+    try {
+      worker.emplace();
+    } catch (const std::system_error&) {
+      // No thread to be had: this thread runs both groups, one after the other.
     }
   }
+  for (;;) {
+    charge_shared();
+    if (worker) {
+      worker->start([&group = groups[1], cur] { detail::run_lanes(group, *cur, 1); });
+    } else {
+      detail::run_lanes(groups[1], *cur, 1);
+    }
+    detail::run_lanes(groups[0], *cur, 0);
+    clock = detail::thread_cpu_seconds();
+    if (prev != nullptr) ring_batch(*prev);
+    const bool last = !more;
+    detail::batch* next = prev != nullptr ? prev : &batches[1];
+    if (!last) read_batch(*next);
+    if (worker) worker->wait();
+    prev = cur;
+    if (last) break;
+    check_budget();
+    cur = next;
+  }
+  ring_batch(*prev);
+  charge_shared();
 
   res.keys = keys.size();
   res.skipped = reader.skipped();
@@ -920,7 +1131,9 @@ class policy_lane final : public lane {
   }
   for (const auto& l : lanes) {
     if (l->summary_slot >= 0) {
-      policy_summary& s = res.policies[static_cast<std::size_t>(l->summary_slot)];
+      policy_summary& s = *std::find_if(
+          res.policies.begin(), res.policies.end(),
+          [&](const policy_summary& ps) { return static_cast<int>(ps.id) == l->summary_slot; });
       s.limit = l->limit();
       s.admitted = l->admitted;
       s.rejected = l->rejected;
