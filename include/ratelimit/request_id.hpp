@@ -139,8 +139,9 @@ template <class Config>
 /// never after, so the two cannot deadlock.
 ///
 /// Each id is one allocation (header, key bytes, id bytes). Ids are dropped
-/// once their retention has ended: on lookup, and from the oldest end of a
-/// stripe's insertion list each time an id is recorded in it. At `max_ids`,
+/// once their retention has ended: on lookup, and, one retention later, from
+/// the oldest end of a stripe's insertion list each time an id is recorded in
+/// it (so the table holds at most about two retentions' worth of ids). At `max_ids`,
 /// see idempotency_options::max_ids.
 ///
 /// Thread safety: `check` from any number of threads.
@@ -169,18 +170,24 @@ class id_table {
     const std::uint64_t h = detail::siphash13(seed_, composite);
     stripe& st = stripe_[static_cast<std::size_t>(h >> 1) & (stripes_ - 1)];
     std::lock_guard<detail::spin_lock> guard(st.lock);
-    if (entry* e = st.find(h, composite)) {
-      if (now < e->until) {
-        decision d = e->first;
-        d.repeat = true;
-        return d;
-      }
-      st.erase(e, *count_);  // retention over: a new request
+    entry* held = st.find(h, composite);
+    if (held != nullptr && now < held->until) {
+      decision d = held->first;
+      d.repeat = true;
+      return d;
     }
+    // Not held, or its retention is over at `now`: a new request. An ended
+    // record is replaced only by a check that records a new one (as the
+    // Redis script overwrites it), so that a peek or a degraded check
+    // changes nothing.
     decision d = decide();
     if (a == access::peek || d.degraded()) return d;
+    if (held != nullptr) st.erase(held, *count_);
     const timestamp until = now > timestamp::max() - retention ? timestamp::max() : now + retention;
-    st.expire(now, *count_);
+    // One more retention of grace before a record is dropped: a check stamped
+    // up to a retention earlier than this one (threads, out-of-order caller
+    // times) still finds the ids it would have found.
+    st.expire(now - retention, *count_);
     if (!reserve(st)) return d;
     try {
       st.insert(h, composite, until, d);
@@ -287,10 +294,11 @@ class id_table {
       total.fetch_sub(1, std::memory_order_relaxed);
     }
 
-    /// Drops ids whose retention ended by `now` from the oldest end (at most
+    /// Drops ids whose retention ended by `upto` from the oldest end (at most
     /// 4 per call, so a check pays a bounded price).
-    void expire(timestamp now, std::atomic<std::size_t>& total) noexcept {
-      for (int i = 0; i < 4 && oldest != nullptr && oldest->until <= now; ++i) erase(oldest, total);
+    void expire(timestamp upto, std::atomic<std::size_t>& total) noexcept {
+      for (int i = 0; i < 4 && oldest != nullptr && oldest->until <= upto; ++i)
+        erase(oldest, total);
     }
 
     void erase_key(std::string_view key, std::atomic<std::size_t>& total) noexcept {

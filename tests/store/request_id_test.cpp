@@ -99,7 +99,8 @@ TEST(RequestId, IdsExpireWithTheirRetention) {
   for (int i = 0; i < 100; ++i) {
     (void)lim.try_acquire("k", request_id{std::to_string(i)}, t0 + microseconds{i});
   }
-  // Each new id drops up to 4 expired ones: the table follows the live ids.
+  // Each new id drops up to 4 ids whose retention ended a retention ago: the
+  // table follows the live ids.
   for (int i = 0; i < 100; ++i) {
     (void)lim.try_acquire("k", request_id{"later" + std::to_string(i)},
                           t0 + microseconds{5000 + i});
