@@ -21,6 +21,7 @@
 #include "ratelimit/redis/redis_store.hpp"
 #include "redis_server.hpp"
 #include "support/request_id_rules.hpp"
+#include "support/request_id_traces.hpp"
 #include "support/trace_count.hpp"
 
 namespace {
@@ -33,15 +34,6 @@ redis::options fresh(std::string_view what) {
   o.prefix = rltest::unique_prefix(what);
   o.pool_size = 4;
   return o;
-}
-
-std::string describe(const decision& d) {
-  std::ostringstream o;
-  o << "{allowed=" << d.allowed << " counted=" << d.counted << " source=" << to_string(d.source)
-    << " repeat=" << d.repeat << " limit=" << d.limit << " remaining=" << d.remaining
-    << " retry_after=" << (d.retry_after == never ? -1 : d.retry_after.count())
-    << " reset_after=" << d.reset_after.count() << "}";
-  return o.str();
 }
 
 TEST(RedisRequestId, ExactRules) {
@@ -232,116 +224,6 @@ TEST(RedisRequestId, TwoProcessesSixteenThreadsRetryingOneRequestConsumeOnce) {
   EXPECT_EQ(store.apply(cfg, "+15551234567", t0, 1, access::peek).remaining, 100 - 5 - 1);
 }
 
-// ---- differential: random traces with ids repeated across them ----
-
-struct event {
-  std::string key;
-  std::string id;  ///< empty: a plain check
-  std::int64_t t = 0;
-  units cost = 1;
-  bool peek = false;
-  bool reset = false;
-};
-
-std::int64_t uniform(std::mt19937_64& rng, std::int64_t lo, std::int64_t hi) {
-  return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
-}
-
-std::vector<event> random_trace(std::mt19937_64& rng, std::int64_t w, std::int64_t retention,
-                                units limit) {
-  static const std::vector<std::string> keys = {"+15551234567", std::string("a\0b", 3), "}{:"};
-  std::vector<std::string> ids = {"1", std::string("\0", 1), "x:y", "INVITE 7", "1#"};
-  for (int i = 0; i < 4; ++i)
-    ids.push_back(
-        std::string(static_cast<std::size_t>(uniform(rng, 1, 256)), static_cast<char>('a' + i)));
-  std::int64_t t = 1'700'000'000'000'000 + uniform(rng, 0, 1'000'000'000);
-  const auto n = uniform(rng, 20, 100);
-  std::vector<event> trace;
-  std::int64_t latest = t;
-  for (std::int64_t i = 0; i < n; ++i) {
-    switch (uniform(rng, 0, 7)) {
-      case 0:
-      case 1: break;
-      case 2: t += uniform(rng, 1, 3); break;
-      case 3: t += uniform(rng, 0, w); break;
-      case 4: t += retention - uniform(rng, -1, 1); break;  // around the retention's end
-      case 5: t -= uniform(rng, 0, w); break;               // time going backwards
-      default: t += uniform(rng, 0, std::max<std::int64_t>(1, w / std::max<units>(1, limit)));
-    }
-    // Times run backwards by less than a retention from the latest one (the
-    // exact rule's scope: docs/semantics.md, "Idempotent checks").
-    t = std::max(t, latest - (retention - 1));
-    latest = std::max(latest, t);
-    event e;
-    e.key = keys[static_cast<std::size_t>(uniform(rng, 0, 2))];
-    const auto k = uniform(rng, 0, 9);
-    if (k > 1)
-      e.id =
-          ids[static_cast<std::size_t>(uniform(rng, 0, static_cast<std::int64_t>(ids.size()) - 1))];
-    e.t = t;
-    e.cost = uniform(rng, 0, 5) == 0 ? uniform(rng, 1, limit + 2) : 1;
-    e.peek = uniform(rng, 0, 9) == 0;
-    e.reset = uniform(rng, 0, 39) == 0;
-    trace.push_back(std::move(e));
-  }
-  return trace;
-}
-
-template <class Config>
-void compare_traces(const Config& cfg, std::mt19937_64& rng, redis::redis_store& store, int seed) {
-  using P = typename Config::policy_type;
-  const std::int64_t w = detail::natural_period_us(cfg);
-  const std::int64_t retention = uniform(rng, 0, 2) == 0
-                                     ? w
-                                     : uniform(rng, 1, 3) * std::max<std::int64_t>(1, w / 2);
-  auto trace = random_trace(rng, w, retention, cfg.limit());
-  for (event& e : trace) e.key += "#" + std::to_string(seed);  // fresh keys per trace
-  // One in-process limiter per key (as differential_test.cpp: a sweep of
-  // another idle key could forget state a request stamped earlier still sees).
-  std::map<std::string, limiter<P>> memory;
-  for (std::size_t j = 0; j < trace.size(); ++j) {
-    const event& e = trace[j];
-    auto [it, fresh_key] = memory.try_emplace(e.key, cfg);
-    if (fresh_key) it->second.set_idempotency({.retention = microseconds{retention}});
-    auto& m = it->second;
-    if (e.reset) {
-      m.reset(e.key);
-      store.reset(cfg, e.key);
-      continue;
-    }
-    const ratelimit::access a = e.peek ? ratelimit::access::peek : ratelimit::access::consume;
-    decision want;
-    decision got;
-    if (e.id.empty()) {
-      want = e.peek ? m.peek(e.key, timestamp{e.t}, e.cost)
-                    : m.try_acquire(e.key, timestamp{e.t}, e.cost);
-      got = store.apply(cfg, e.key, timestamp{e.t}, e.cost, a);
-    } else {
-      want = e.peek ? m.peek(e.key, request_id{e.id}, timestamp{e.t}, e.cost)
-                    : m.try_acquire(e.key, request_id{e.id}, timestamp{e.t}, e.cost);
-      got = store.apply_once(cfg, e.key, request_id{e.id}, microseconds{retention}, timestamp{e.t},
-                             e.cost, a);
-    }
-    ASSERT_EQ(describe(got), describe(want))
-        << P::name << " seed " << seed << " event " << j << " t=" << e.t << " id=" << e.id.size()
-        << "B cost=" << e.cost << " peek=" << e.peek << " retention=" << retention;
-  }
-}
-
-template <class P>
-typename P::config random_config(std::mt19937_64& rng) {
-  static const char* rates[] = {"1/10ms", "2/s", "3/7us", "5/min", "10/15min", "7/999983us"};
-  const char* r = rates[uniform(rng, 0, 5)];
-  if constexpr (std::is_same_v<P, token_bucket> || std::is_same_v<P, gcra>) {
-    bucket_options o;
-    o.name = "d";
-    if (uniform(rng, 0, 2) == 0) o.burst = uniform(rng, 1, 6);
-    return typename P::config(r, o);
-  } else {
-    return typename P::config(r, window_options{uniform(rng, 0, 2) == 0, "d"});
-  }
-}
-
 template <class P>
 class RedisRequestIdDifferential : public ::testing::Test {};
 using policies =
@@ -357,8 +239,8 @@ TYPED_TEST(RedisRequestIdDifferential, MatchesTheInProcessLimiter) {
   const int traces = rltest::diff_traces(150);
   for (int seed = 0; seed < traces; ++seed) {
     std::mt19937_64 rng(static_cast<std::uint64_t>(seed) * 104729u + 5u);
-    const auto cfg = random_config<P>(rng);
-    compare_traces(cfg, rng, store, seed);
+    const auto cfg = rltest::random_id_config<P>(rng);
+    rltest::compare_id_traces(cfg, rng, store, seed);
     if (::testing::Test::HasFatalFailure()) return;
   }
 }
@@ -372,11 +254,11 @@ TEST(RedisRequestIdDifferential, CompoundMatchesTheInProcessLimiter) {
     if (seed % 2 == 0) {
       const compound_of<sliding_window_log>::config cfg{
           {"2/s", "4/10s"}, window_options{.count_rejected = seed % 4 == 0, .name = "d"}};
-      compare_traces(cfg, rng, store, seed);
+      rltest::compare_id_traces(cfg, rng, store, seed);
     } else {
       const mixed::config cfg{compound_options{.name = "d"}, fixed_window::config{"3/s"},
                               gcra::config{"1/300ms"}};
-      compare_traces(cfg, rng, store, seed);
+      rltest::compare_id_traces(cfg, rng, store, seed);
     }
     if (::testing::Test::HasFatalFailure()) return;
   }
