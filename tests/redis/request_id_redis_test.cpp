@@ -157,6 +157,31 @@ TEST(RedisRequestId, WrappedScriptsAreReloadedAfterFlush) {
   EXPECT_EQ(store.stats().script_reloads, before + 2);
 }
 
+// Verifies that the decorators hand idempotent checks to Redis (the ids live
+// there, shared by every limiter on it), and that the blocked-key cache never
+// answers a retry with a cached block instead of its first decision.
+TEST(RedisRequestId, DecoratorsKeepIdsInRedis) {
+  const redis::options o = fresh("decorators");
+  const fixed_window::config cfg{"1/10s", window_options{.name = "ids"}};
+  const timestamp t0{1'700'000'000'000'000};
+  basic_metrics metrics;
+  using observed = observed_store<redis::redis_store, basic_metrics*>;
+  limiter<fixed_window, observed> a{cfg, observed{redis::redis_store{o}, &metrics}};
+  limiter<fixed_window, blocked_cache<redis::redis_store>> b{
+      cfg, blocked_cache<redis::redis_store>{redis::redis_store{o}}};
+  EXPECT_TRUE(a.try_acquire("k", request_id{"r1"}, t0).allowed);
+  EXPECT_EQ(a.request_ids_held(), 0u);
+  // Another limiter (another node) sees the id: a repeat, admitted as first decided.
+  const decision retry = b.try_acquire("k", request_id{"r1"}, t0 + microseconds{1});
+  EXPECT_TRUE(retry.repeat);
+  EXPECT_TRUE(retry.allowed);
+  // A new request is blocked (and may be cached); the retry of r1 still is not.
+  EXPECT_FALSE(b.try_acquire("k", t0 + microseconds{2}).allowed);
+  EXPECT_FALSE(b.try_acquire("k", t0 + microseconds{3}).allowed);
+  EXPECT_TRUE(b.try_acquire("k", request_id{"r1"}, t0 + microseconds{4}).allowed);
+  EXPECT_EQ(b.request_ids_held(), 0u);
+}
+
 TEST(RedisRequestId, BadRetentionIsRefused) {
   redis::redis_store store(fresh("bad"));
   const gcra::config cfg{"5/s", bucket_options{.name = "ids"}};
