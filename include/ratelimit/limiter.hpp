@@ -122,6 +122,8 @@ class limiter {
       return ids_->size();
     }
   }
+  /// The in-process id table (null for stores that keep ids themselves).
+  [[nodiscard]] const detail::id_table* request_id_table() const noexcept { return ids_.get(); }
   /// How long a request id is remembered after its first check.
   [[nodiscard]] std::chrono::microseconds retention() const noexcept { return retention_; }
 

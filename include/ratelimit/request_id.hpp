@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <vector>
 
 #include "ratelimit/concepts.hpp"
 #include "ratelimit/decision.hpp"
@@ -45,9 +46,10 @@ struct idempotency_options {
   /// window or period (for a compound, the longest of its sub-limits).
   std::chrono::microseconds retention{0};
   /// In-process only: most ids held at once by the limiter's id table;
-  /// 0 = `default_max_request_ids`. At the cap, a new id evicts the oldest id
-  /// of its stripe (whose retries are then decided as new requests); when
-  /// its stripe holds none, the new id is not recorded. Redis keeps ids as
+  /// 0 = `default_max_request_ids`. At the cap, a new id evicts an id of its
+  /// stripe (the one whose retention ends first among the 8 slots examined
+  /// next), whose retries are then decided as new requests; when its stripe
+  /// holds none, the new id is not recorded. Redis keeps ids as
   /// keys with a TTL and has no cap of its own (see docs/semantics.md).
   std::size_t max_ids = 0;
   /// In-process only: independently locked stripes of the id table, rounded
@@ -138,19 +140,36 @@ template <class Config>
 /// same code. The stripe lock is always taken before the store's shard lock,
 /// never after, so the two cannot deadlock.
 ///
-/// Each id is one allocation (header, key bytes, id bytes). Ids are dropped
-/// once their retention has ended: on lookup, and, one retention later, from
-/// the oldest end of a stripe's insertion list each time an id is recorded in
-/// it (so the table holds at most about two retentions' worth of ids). At `max_ids`,
-/// see idempotency_options::max_ids.
+/// Each stripe is an open-addressing table of 16-byte tags (linear probing,
+/// at most half full, deletion by backward shift: 32 bits of the
+/// fingerprint, the end of the retention and the index of a 56-byte record),
+/// which probes and the sweep read, 4 to a cache line; the record (the
+/// 128-bit fingerprint of (key, id) and the decision) is read only when the
+/// tag's 32 bits match, and never moves. No key or id bytes, and no
+/// allocation per id: 88 bytes per id held at the fullest, 176 just after a
+/// stripe doubles. The fingerprint is two SipHash-1-3
+/// values of `<key length><key><id>` under two secret keys drawn for each
+/// table: without the keys nobody can build two (key, id) pairs that share
+/// one, and by chance two of a billion ids share one with probability below
+/// 2^-68. So a check with a new id costs two hashes and about two cache
+/// misses (its tag, its record) beyond a plain check.
+///
+/// Ids are dropped one retention after theirs has ended (a check stamped up
+/// to a retention earlier than the latest one, as threads and out-of-order
+/// caller times give, still finds the ids it would have found): each record
+/// written examines the next eight slots of a sweep over its stripe. At
+/// `max_ids`, see idempotency_options::max_ids: the id evicted is the one
+/// whose retention ends first among the next 8 slots of the sweep.
 ///
 /// Thread safety: `check` from any number of threads.
 class id_table {
  public:
   explicit id_table(const idempotency_options& o)
       : stripes_(normalise_stripes(o.stripes)),
+        stripe_shift_(63U - static_cast<unsigned>(std::countr_zero(stripes_))),
         max_ids_(o.max_ids == 0 ? default_max_request_ids : o.max_ids),
-        seed_(make_seed()),
+        seed_a_(make_seed(0)),
+        seed_b_(make_seed(1)),
         stripe_(std::make_unique<stripe[]>(stripes_)) {}
 
   id_table(const id_table&) = delete;
@@ -167,12 +186,20 @@ class id_table {
     char buf[2 + max_key_bytes + max_request_id_bytes];
     const std::size_t n = compose(buf, key, id.bytes);
     const std::string_view composite(buf, n);
-    const std::uint64_t h = detail::siphash13(seed_, composite);
-    stripe& st = stripe_[static_cast<std::size_t>(h >> 1) & (stripes_ - 1)];
+    const std::uint64_t fa = detail::siphash13(seed_a_, composite);
+    // High bits pick the stripe, low bits the slot, so the two stay independent.
+    stripe& st = stripe_[static_cast<std::size_t>((fa >> 1) >> stripe_shift_)];
     std::lock_guard<detail::spin_lock> guard(st.lock);
-    entry* held = st.find(h, composite);
-    if (held != nullptr && now < held->until) {
-      decision d = held->first;
+    // The probe's first line is loaded while the second half is hashed.
+    if (st.tags != nullptr) __builtin_prefetch(&st.tags[fa & st.mask]);
+    const std::uint64_t fb = detail::siphash13(seed_b_, composite);
+    const std::size_t held = st.find(fa, fb);
+    const bool found = held != st.capacity();
+    // A new id's record goes to the next free record: load its line for
+    // writing while the store decides.
+    if (!found && !st.free.empty()) __builtin_prefetch(&st.records[st.free.back()], 1);
+    if (found && now < st.tags[held].until) {
+      decision d = st.records[st.tags[held].record].first;
       d.repeat = true;
       return d;
     }
@@ -182,29 +209,22 @@ class id_table {
     // changes nothing.
     decision d = decide();
     if (a == access::peek || d.degraded()) return d;
-    if (held != nullptr) st.erase(held, *count_);
     const timestamp until = now > timestamp::max() - retention ? timestamp::max() : now + retention;
-    // One more retention of grace before a record is dropped: a check stamped
-    // up to a retention earlier than this one (threads, out-of-order caller
-    // times) still finds the ids it would have found.
-    st.expire(now - retention, *count_);
+    if (found) {  // the same id again after its retention: rewrite in place
+      st.tags[held].until = until;
+      st.records[st.tags[held].record].first = d;
+      return d;
+    }
+    // One more retention of grace before a record is dropped (see above).
+    st.sweep(now - retention, 8, *count_);
     if (!reserve(st)) return d;
     try {
-      st.insert(h, composite, until, d);
+      st.insert(fa, fb, until, d);
     } catch (...) {
       count_->fetch_sub(1, std::memory_order_relaxed);
       throw;
     }
     return d;
-  }
-
-  /// Forgets every id of `key` (limiter::reset). Walks every stripe.
-  void forget_key(std::string_view key) {
-    for (std::size_t i = 0; i < stripes_; ++i) {
-      stripe& st = stripe_[i];
-      std::lock_guard<detail::spin_lock> guard(st.lock);
-      st.erase_key(key, *count_);
-    }
   }
 
   /// Ids held (some may have ended their retention and wait to be dropped).
@@ -213,117 +233,152 @@ class id_table {
   }
   [[nodiscard]] std::size_t max_ids() const noexcept { return max_ids_; }
 
- private:
-  struct entry {
-    entry* next;   ///< bucket chain
-    entry* newer;  ///< insertion list, towards `newest`
-    entry* older;  ///< insertion list, towards `oldest`
-    std::uint64_t hash;
-    timestamp until;
-    decision first;
-    std::uint16_t key_size;
-    std::uint16_t size;  ///< of the composite bytes
-
-    [[nodiscard]] const char* data() const noexcept {
-      return reinterpret_cast<const char*>(this) + sizeof(entry);
+  /// The longest run of occupied slots in any stripe (a probe's worst case):
+  /// a diagnostic for tests and monitoring; takes each stripe's lock in turn.
+  [[nodiscard]] std::size_t longest_probe() const {
+    std::size_t longest = 0;
+    for (std::size_t i = 0; i < stripes_; ++i) {
+      stripe& st = stripe_[i];
+      std::lock_guard<detail::spin_lock> guard(st.lock);
+      std::size_t run = 0;
+      for (std::size_t k = 0; k < 2 * st.capacity(); ++k) {  // twice: runs wrap around
+        run = st.tags[k & st.mask].check != 0 ? run + 1 : 0;
+        longest = std::max(longest, std::min(run, st.capacity()));
+      }
     }
-    [[nodiscard]] std::string_view bytes() const noexcept { return {data(), size}; }
+    return longest;
+  }
+
+ private:
+  /// The probed part of a record: 16 bytes, 4 per cache line, so that a
+  /// probe and the sweep read few lines; a deletion shifts only tags.
+  struct tag {
+    std::uint32_t check;   ///< the fingerprint's bits 0..30, bit 31 set; 0 = empty
+    std::uint32_t record;  ///< index of the record in `records`
+    timestamp until;       ///< the end of the id's retention
   };
+  /// The rest, read only when a tag's check matches; never moved.
+  struct record {
+    std::uint64_t a;  ///< the fingerprint, first half
+    std::uint64_t b;  ///< second half
+    decision first;   ///< the decision of its first check
+  };
+
+  /// A tag's check: the fingerprint's low bits (so that a tag knows its home
+  /// slot, check & mask, without reading its record) and bit 31 set (never 0).
+  [[nodiscard]] static std::uint32_t check_bits(std::uint64_t fa) noexcept {
+    return static_cast<std::uint32_t>(fa) | 0x80000000U;
+  }
 
   struct alignas(64) stripe {
     detail::spin_lock lock;
-    entry** buckets = nullptr;
-    std::size_t mask = 0;
+    tag* tags = nullptr;
+    std::size_t mask = 0;  ///< capacity - 1, or 0 before the first insert
     std::size_t size = 0;
-    entry* oldest = nullptr;  ///< insertion list, oldest first
-    entry* newest = nullptr;
+    std::size_t cursor = 0;           ///< next slot the sweep examines
+    std::vector<record> records;      ///< one per slot of capacity / 2
+    std::vector<std::uint32_t> free;  ///< indexes of unused records
 
     stripe() = default;
     stripe(const stripe&) = delete;
     stripe& operator=(const stripe&) = delete;
-    ~stripe() {
-      for (entry* e = oldest; e != nullptr;) {
-        entry* n = e->newer;
-        destroy(e);
-        e = n;
+    ~stripe() { delete[] tags; }
+
+    [[nodiscard]] std::size_t capacity() const noexcept { return tags == nullptr ? 0 : mask + 1; }
+
+    /// The slot holding (fa, fb), or capacity() when none does.
+    [[nodiscard]] std::size_t find(std::uint64_t fa, std::uint64_t fb) const noexcept {
+      if (tags == nullptr) return 0;
+      const std::uint32_t c = check_bits(fa);
+      for (std::size_t i = fa & mask;; i = (i + 1) & mask) {
+        if (tags[i].check == 0) return capacity();
+        if (tags[i].check == c) {
+          const record& r = records[tags[i].record];
+          if (r.a == fa && r.b == fb) return i;
+        }
       }
-      delete[] buckets;
     }
 
-    [[nodiscard]] entry* find(std::uint64_t h, std::string_view bytes) const noexcept {
-      if (buckets == nullptr) return nullptr;
-      for (entry* e = buckets[h & mask]; e != nullptr; e = e->next) {
-        if (e->hash == h && e->bytes() == bytes) return e;
-      }
-      return nullptr;
-    }
-
-    void insert(std::uint64_t h, std::string_view bytes, timestamp until, const decision& d) {
-      if (buckets == nullptr || size + 1 > mask + 1)
-        resize(buckets == nullptr ? 16 : (mask + 1) * 2);
-      void* mem = ::operator new(sizeof(entry) + bytes.size());
-      auto* e = ::new (mem)
-          entry{nullptr, nullptr, newest, h, until, d, 0, static_cast<std::uint16_t>(bytes.size())};
-      std::memcpy(static_cast<char*>(mem) + sizeof(entry), bytes.data(), bytes.size());
-      e->key_size = static_cast<std::uint16_t>(static_cast<unsigned char>(bytes[0]) |
-                                               (static_cast<unsigned char>(bytes[1]) << 8));
-      entry*& head = buckets[h & mask];
-      e->next = head;
-      head = e;
-      if (newest != nullptr) {
-        newest->newer = e;
-      } else {
-        oldest = e;
-      }
-      newest = e;
+    void insert(std::uint64_t fa, std::uint64_t fb, timestamp until, const decision& d) {
+      // Tags at most half full, so that probes stay short and always end.
+      if (tags == nullptr || free.empty()) grow();
+      const std::uint32_t rec = free.back();
+      records[rec] = record{fa, fb, d};
+      free.pop_back();
+      place(tag{check_bits(fa), rec, until}, fa & mask);
       ++size;
     }
 
-    /// Unlinks and frees `e` (from its chain and the insertion list).
-    void erase(entry* e, std::atomic<std::size_t>& total) noexcept {
-      for (entry** link = &buckets[e->hash & mask]; *link != nullptr; link = &(*link)->next) {
-        if (*link == e) {
-          *link = e->next;
-          break;
+    void place(const tag& t, std::size_t i) noexcept {
+      while (tags[i].check != 0) i = (i + 1) & mask;
+      tags[i] = t;
+    }
+
+    /// Empties slot `i` and shifts back the tags after it that probed past
+    /// it, so that every probe still ends at an empty slot.
+    void erase_at(std::size_t i, std::atomic<std::size_t>& total) noexcept {
+      free.push_back(tags[i].record);  // capacity reserved in grow(): no allocation
+      std::size_t hole = i;
+      for (std::size_t j = (i + 1) & mask; tags[j].check != 0; j = (j + 1) & mask) {
+        const std::size_t h = tags[j].check & mask;
+        // Move j into the hole when its home is not in (hole, j] (cyclically).
+        if (((j - h) & mask) >= ((j - hole) & mask)) {
+          tags[hole] = tags[j];
+          hole = j;
         }
       }
-      (e->older != nullptr ? e->older->newer : oldest) = e->newer;
-      (e->newer != nullptr ? e->newer->older : newest) = e->older;
-      destroy(e);
+      tags[hole].check = 0;
       --size;
       total.fetch_sub(1, std::memory_order_relaxed);
     }
 
-    /// Drops ids whose retention ended by `upto` from the oldest end (at most
-    /// 4 per call, so a check pays a bounded price).
-    void expire(timestamp upto, std::atomic<std::size_t>& total) noexcept {
-      for (int i = 0; i < 4 && oldest != nullptr && oldest->until <= upto; ++i)
-        erase(oldest, total);
-    }
-
-    void erase_key(std::string_view key, std::atomic<std::size_t>& total) noexcept {
-      for (entry* e = oldest; e != nullptr;) {
-        entry* n = e->newer;
-        if (std::string_view(e->data() + 2, e->key_size) == key) erase(e, total);
-        e = n;
+    /// Examines the next `count` slots of the sweep; drops records whose
+    /// retention ended by `upto`.
+    void sweep(timestamp upto, std::size_t count, std::atomic<std::size_t>& total) noexcept {
+      if (tags == nullptr) return;
+      for (std::size_t k = 0; k < count; ++k) {
+        cursor = (cursor + 1) & mask;
+        if (tags[cursor].check != 0 && tags[cursor].until <= upto) erase_at(cursor, total);
       }
     }
 
-    void resize(std::size_t count) {
-      auto** next = new entry*[count]();
-      for (entry* e = oldest; e != nullptr; e = e->newer) {
-        entry*& head = next[e->hash & (count - 1)];
-        e->next = head;
-        head = e;
+    /// At the cap: drops the record ending first among the next 8 of the sweep.
+    bool evict(std::atomic<std::size_t>& total) noexcept {
+      if (size == 0) return false;
+      std::size_t victim = capacity();
+      for (std::size_t k = 0; k < 8 || victim == capacity(); ++k) {
+        cursor = (cursor + 1) & mask;
+        if (tags[cursor].check != 0 &&
+            (victim == capacity() || tags[cursor].until < tags[victim].until)) {
+          victim = cursor;
+        }
       }
-      delete[] buckets;
-      buckets = next;
+      erase_at(victim, total);
+      return true;
+    }
+
+    /// Doubles the tags (16 at first) and the records (half as many); on
+    /// std::bad_alloc nothing changed.
+    void grow() {
+      const std::size_t count = tags == nullptr ? 16 : capacity() * 2;
+      // Tags find their home in 31 bits of their check; records are counted in 32.
+      if (count > (std::size_t{1} << 30)) throw std::bad_alloc();
+      const std::size_t old_records = records.size();
+      auto fresh = std::make_unique<tag[]>(count);  // zeroed: all empty
+      records.reserve(count / 2);
+      free.reserve(count / 2);
+      records.resize(count / 2);
+      for (std::size_t r = count / 2; r-- > old_records;)
+        free.push_back(static_cast<std::uint32_t>(r));
+      tag* old = tags;
+      const std::size_t old_capacity = capacity();
+      tags = fresh.release();
       mask = count - 1;
-    }
-
-    static void destroy(entry* e) noexcept {
-      e->~entry();
-      ::operator delete(static_cast<void*>(e));
+      cursor &= mask;
+      for (std::size_t i = 0; i < old_capacity; ++i) {
+        if (old[i].check != 0) place(old[i], old[i].check & mask);
+      }
+      delete[] old;
     }
   };
 
@@ -336,13 +391,12 @@ class id_table {
     return 2 + key.size() + id.size();
   }
 
-  /// Counts one more id; at the cap evicts this stripe's oldest instead.
+  /// Counts one more id; at the cap evicts one of this stripe's instead.
   bool reserve(stripe& st) noexcept {
     std::size_t current = count_->load(std::memory_order_relaxed);
     do {
       if (current >= max_ids_) {
-        if (st.oldest == nullptr) return false;
-        st.erase(st.oldest, *count_);
+        if (!st.evict(*count_)) return false;
         current = count_->load(std::memory_order_relaxed);
         continue;
       }
@@ -358,7 +412,7 @@ class id_table {
     return std::bit_ceil(s == 0 ? std::size_t{64} : s);
   }
 
-  static detail::siphash_key make_seed() {
+  static detail::siphash_key make_seed(int which) {
     try {
       std::random_device rd;
       const auto word = [&rd] {
@@ -368,13 +422,17 @@ class id_table {
     } catch (...) {
       const auto ticks = static_cast<std::uint64_t>(
           std::chrono::steady_clock::now().time_since_epoch().count());
-      return {ticks ^ 0x9e3779b97f4a7c15ULL, ticks * 0xbf58476d1ce4e5b9ULL};
+      const detail::siphash_key mixed{ticks ^ 0x9e3779b97f4a7c15ULL,
+                                      static_cast<std::uint64_t>(which)};
+      return {detail::siphash13(mixed, "ratelimit.id0"), detail::siphash13(mixed, "ratelimit.id1")};
     }
   }
 
   std::size_t stripes_;
+  unsigned stripe_shift_;  ///< 63 - log2(stripes)
   std::size_t max_ids_;
-  detail::siphash_prepared seed_;
+  detail::siphash_prepared seed_a_;
+  detail::siphash_prepared seed_b_;
   std::unique_ptr<stripe[]> stripe_;
   std::unique_ptr<std::atomic<std::size_t>> count_ = std::make_unique<std::atomic<std::size_t>>(0);
 };

@@ -71,25 +71,51 @@ TEST(RequestId, DegradedDecisionsAreNotRecorded) {
   EXPECT_FALSE(later.repeat);
 }
 
-TEST(RequestId, AtTheCapTheOldestIdOfTheStripeIsEvicted) {
+TEST(RequestId, AtTheCapANewIdEvictsOneOfItsStripe) {
   limiter<fixed_window> lim{fixed_window::config{"1000/s"}};
   lim.set_idempotency({.max_ids = 3, .stripes = 1});
   const timestamp t0{5'000'000};
-  for (const char* id : {"1", "2", "3"}) {
-    EXPECT_FALSE(lim.try_acquire("k", request_id{id}, t0).repeat);
-  }
-  EXPECT_EQ(lim.peek("k", t0).remaining, 996);  // after the peeked one
+  EXPECT_FALSE(lim.try_acquire("k", request_id{"1"}, t0).repeat);
+  EXPECT_FALSE(lim.try_acquire("k", request_id{"2"}, t0 + microseconds{1}).repeat);
+  EXPECT_FALSE(lim.try_acquire("k", request_id{"3"}, t0 + microseconds{2}).repeat);
+  EXPECT_EQ(lim.peek("k", t0 + microseconds{3}).remaining, 996);  // after the peeked one
   EXPECT_EQ(lim.request_ids_held(), 3U);
-  // A fourth id evicts "1", the oldest; "2" and "3" are still repeats.
-  EXPECT_FALSE(lim.try_acquire("k", request_id{"4"}, t0).repeat);
-  EXPECT_TRUE(lim.try_acquire("k", request_id{"2"}, t0).repeat);
-  EXPECT_TRUE(lim.try_acquire("k", request_id{"3"}, t0).repeat);
-  EXPECT_TRUE(lim.try_acquire("k", request_id{"4"}, t0).repeat);
-  // "1" is decided as a new request: it consumes again.
-  const decision retried = lim.try_acquire("k", request_id{"1"}, t0);
+  // A fourth id evicts one of the three (the one ending first among the 8
+  // slots examined, which depend on the table's secret hash key).
+  EXPECT_FALSE(lim.try_acquire("k", request_id{"4"}, t0 + microseconds{3}).repeat);
+  EXPECT_EQ(lim.request_ids_held(), 3U);
+  const auto forgotten = [&](std::initializer_list<const char*> ids, timestamp at) {
+    std::string out;
+    for (const char* id : ids) {
+      if (!lim.peek("k", request_id{id}, at).repeat) out += id;
+    }
+    return out;
+  };
+  EXPECT_TRUE(lim.peek("k", request_id{"4"}, t0 + microseconds{4}).repeat);
+  const std::string evicted = forgotten({"1", "2", "3"}, t0 + microseconds{4});
+  ASSERT_EQ(evicted.size(), 1U) << evicted;
+  // The evicted id is decided as a new request: it consumes again, and
+  // evicts another one.
+  const decision retried = lim.try_acquire("k", request_id{evicted}, t0 + microseconds{4});
   EXPECT_FALSE(retried.repeat);
   EXPECT_EQ(retried.remaining, 995);
   EXPECT_EQ(lim.request_ids_held(), 3U);
+  EXPECT_EQ(forgotten({"1", "2", "3", "4"}, t0 + microseconds{5}).size(), 1U);
+}
+
+TEST(RequestId, ManyIdsKeepProbesShort) {
+  limiter<fixed_window> lim{fixed_window::config{"1000000/h"}};
+  lim.set_idempotency({.stripes = 4});
+  const timestamp t0{5'000'000};
+  for (int i = 0; i < 20000; ++i) {
+    (void)lim.try_acquire("+15551234567", request_id{"id" + std::to_string(i)}, t0);
+  }
+  EXPECT_EQ(lim.request_ids_held(), 20000U);
+  // Linear probing at most half full: runs stay far below the table's size.
+  EXPECT_LT(lim.request_id_table()->longest_probe(), 100U);
+  for (int i = 0; i < 20000; i += 97) {
+    EXPECT_TRUE(lim.try_acquire("+15551234567", request_id{"id" + std::to_string(i)}, t0).repeat);
+  }
 }
 
 TEST(RequestId, IdsExpireWithTheirRetention) {
