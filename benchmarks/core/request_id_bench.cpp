@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
   };
   std::int64_t t_plain = 1'700'000'000'000'000;
   std::int64_t t_once = t_plain;
-  std::uint64_t sink = 0;
+  std::int64_t sink = 0;
 
   const auto pass_plain = [&] {
     const auto start = clk::now();

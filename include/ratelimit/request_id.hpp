@@ -159,7 +159,10 @@ template <class Config>
 /// caller times give, still finds the ids it would have found): each record
 /// written examines the next eight slots of a sweep over its stripe. At
 /// `max_ids`, see idempotency_options::max_ids: the id evicted is the one
-/// whose retention ends first among the next 8 slots of the sweep.
+/// whose retention ends first among the next 8 slots of the sweep. When the
+/// memory for a new record cannot be had, the check's decision is returned
+/// and only its id goes unrecorded; a std::bad_alloc from the store's own
+/// check propagates with nothing recorded.
 ///
 /// Thread safety: `check` from any number of threads.
 class id_table {
@@ -220,9 +223,10 @@ class id_table {
     if (!reserve(st)) return d;
     try {
       st.insert(fa, fb, until, d);
-    } catch (...) {
+    } catch (const std::bad_alloc&) {
+      // The check was decided (and consumed): return it; only the id goes
+      // unrecorded, as at the cap with an empty stripe.
       count_->fetch_sub(1, std::memory_order_relaxed);
-      throw;
     }
     return d;
   }
