@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
+#include <memory>
 #include <string_view>
 #include <utility>
 
@@ -13,6 +15,7 @@
 #include "ratelimit/detail/forced_step.hpp"
 #include "ratelimit/detail/validate.hpp"
 #include "ratelimit/rate.hpp"
+#include "ratelimit/request_id.hpp"
 #include "ratelimit/store/memory_store.hpp"
 
 namespace ratelimit {
@@ -23,6 +26,8 @@ namespace ratelimit {
 /// - `try_acquire(key, cost)` decides and consumes on admission.
 /// - `peek(key, cost)` returns the decision `try_acquire` would, consuming nothing.
 /// - `reset(key)` forgets the key.
+/// - `try_acquire(key, request_id{id}, cost)`: an idempotent check (see
+///   request_id.hpp and docs/semantics.md, "Idempotent checks").
 /// Each has an overload taking `now` from the caller (microseconds since the
 /// clock's epoch), for batches that read the time once and for replay.
 ///
@@ -53,6 +58,7 @@ class limiter {
   explicit limiter(config_type cfg, Store store = Store{}, Clock clock = Clock{})
       : cfg_(std::move(cfg)), store_(std::move(store)), clock_(std::move(clock)) {
     if constexpr (requires { store_.check_config(cfg_); }) store_.check_config(cfg_);
+    set_idempotency({});
   }
 
   /// Decides `key` now and consumes `cost` units if admitted.
@@ -84,7 +90,62 @@ class limiter {
     return run_at(key, now, cost, access::peek);
   }
 
-  /// Forgets `key`: its next check sees a key never seen.
+  /// Idempotent check: when `id` was decided for `key` within its retention,
+  /// returns that first decision again with `repeat` set and consumes
+  /// nothing; otherwise decides as `try_acquire(key, cost)` and remembers the
+  /// id with the decision (not when the decision is degraded, see
+  /// docs/semantics.md). Two concurrent checks with one key and id consume once.
+  /// @param id 1..256 bytes, binary safe
+  /// @throws std::invalid_argument for a bad key, id or cost
+  [[nodiscard]] decision try_acquire(std::string_view key, request_id id, units cost = 1) {
+    if (shadow()) [[unlikely]]
+      return detail::shadowed(run_once(key, id, cost, access::force));
+    return run_once(key, id, cost, access::consume);
+  }
+  /// As above, decided at `now`.
+  [[nodiscard]] decision try_acquire(std::string_view key, request_id id, timestamp now,
+                                     units cost = 1)
+    requires store_for<Store, P>
+  {
+    if (shadow()) [[unlikely]]
+      return detail::shadowed(run_once_at(key, id, now, cost, access::force));
+    return run_once_at(key, id, now, cost, access::consume);
+  }
+  /// The decision `try_acquire(key, id, cost)` would return; records nothing.
+  [[nodiscard]] decision peek(std::string_view key, request_id id, units cost = 1) {
+    return run_once(key, id, cost, access::peek);
+  }
+  /// As above, at `now`.
+  [[nodiscard]] decision peek(std::string_view key, request_id id, timestamp now, units cost = 1)
+    requires store_for<Store, P>
+  {
+    return run_once_at(key, id, now, cost, access::peek);
+  }
+
+  /// Sets how long request ids are remembered (and, in process, how many):
+  /// the in-process id table is made anew, so ids seen so far are forgotten.
+  /// Not to be called concurrently with checks.
+  /// @throws std::invalid_argument for a bad retention or stripe count
+  void set_idempotency(const idempotency_options& o) {
+    retention_ = detail::retention_for(cfg_, o);
+    if constexpr (!stores_ids) ids_ = std::make_unique<detail::id_table>(o);
+  }
+  /// Request ids the in-process id table holds (0 for stores that keep ids
+  /// themselves, as the Redis stores do).
+  [[nodiscard]] std::size_t request_ids_held() const noexcept {
+    if constexpr (stores_ids) {
+      return 0;
+    } else {
+      return ids_->size();
+    }
+  }
+  /// The in-process id table (null for stores that keep ids themselves).
+  [[nodiscard]] const detail::id_table* request_id_table() const noexcept { return ids_.get(); }
+  /// How long a request id is remembered after its first check.
+  [[nodiscard]] std::chrono::microseconds retention() const noexcept { return retention_; }
+
+  /// Forgets `key`: its next check sees a key never seen. Request ids already
+  /// decided for `key` are kept (a retry still gets its first decision).
   void reset(std::string_view key) {
     detail::check_key(key);
     store_.reset(cfg_, key);
@@ -148,6 +209,36 @@ class limiter {
     return store_.apply(cfg_, key, now, cost, a);
   }
 
+  /// The store keeps request ids itself (Redis: in the check's script).
+  static constexpr bool stores_ids = requires(Store& s, const config_type& c) {
+    s.apply_once(c, std::string_view{}, request_id{std::string_view{}}, std::chrono::microseconds{},
+                 timestamp{}, units{}, access::consume);
+  };
+
+  decision run_once(std::string_view key, request_id id, units cost, access a) {
+    if constexpr (store_clock<Clock>) {
+      detail::check_key(key);
+      detail::check_request_id(id);
+      detail::check_cost(cost);
+      return store_.apply_once(cfg_, key, id, retention_, store_time, cost, a);
+    } else {
+      return run_once_at(key, id, now(), cost, a);
+    }
+  }
+
+  decision run_once_at(std::string_view key, request_id id, timestamp now, units cost, access a) {
+    detail::check_key(key);
+    detail::check_request_id(id);
+    detail::check_cost(cost);
+    detail::check_time(now);
+    if constexpr (stores_ids) {
+      return store_.apply_once(cfg_, key, id, retention_, now, cost, a);
+    } else {
+      return ids_->check(key, id, now, retention_, a,
+                         [&] { return store_.apply(cfg_, key, now, cost, a); });
+    }
+  }
+
   /// The shadow switch; copied and moved by value so that the limiter stays
   /// movable (a move is not a concurrent operation).
   struct shadow_flag {
@@ -164,6 +255,8 @@ class limiter {
   config_type cfg_;
   Store store_;
   Clock clock_;
+  std::chrono::microseconds retention_{0};
+  std::unique_ptr<detail::id_table> ids_;  ///< in-process stores only
   shadow_flag shadow_;
 };
 

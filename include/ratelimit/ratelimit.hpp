@@ -16,6 +16,7 @@
 #include "ratelimit/policy/sliding_window_log.hpp"
 #include "ratelimit/policy/token_bucket.hpp"
 #include "ratelimit/rate.hpp"
+#include "ratelimit/request_id.hpp"
 #include "ratelimit/store/blocked_cache.hpp"
 #include "ratelimit/store/memory_store.hpp"
 #include "ratelimit/store/observed_store.hpp"

@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "ratelimit/decision.hpp"
+#include "ratelimit/limiter.hpp"
 #include "ratelimit/policy/compound.hpp"
 #include "ratelimit/policy/fixed_window.hpp"
 #include "ratelimit/policy/sliding_window_log.hpp"
@@ -208,6 +209,39 @@ TEST(AllocationFailure, FailedInsertionKeepsTheCountRight) {
   // The cap still counts right: one more key is over it.
   EXPECT_EQ(store.apply(cfg, "one-too-many", timestamp{2}, 1, access::consume).source,
             ratelimit::decision_source::fail_open);
+}
+
+}  // namespace
+
+namespace {
+
+// Verifies idempotent checks under allocation failure: when the id table
+// cannot grow, the check's decision is returned (it consumed) and only the id
+// goes unrecorded; when the store's own insertion fails, bad_alloc reaches the
+// caller with nothing consumed and no id recorded.
+TEST(AllocationFailure, RequestIdTableGrowthFailureReturnsTheDecision) {
+  using P = ratelimit::fixed_window;
+  ratelimit::limiter<P> lim{P::config{"10/1s"}};
+  const timestamp t{1'000'000};
+  EXPECT_TRUE(lim.try_acquire("k", t).allowed);  // the key is held: its check allocates nothing
+  allocations_before_failure = 0;                // the id table's first table
+  const decision d = lim.try_acquire("k", ratelimit::request_id{"r"}, t);
+  allocations_before_failure = -1;
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.remaining, 8);
+  EXPECT_EQ(lim.request_ids_held(), 0U);
+  // Unrecorded: the retry is a new request.
+  const decision again = lim.try_acquire("k", ratelimit::request_id{"r"}, t);
+  EXPECT_FALSE(again.repeat);
+  EXPECT_EQ(again.remaining, 7);
+  EXPECT_TRUE(lim.try_acquire("k", ratelimit::request_id{"r"}, t).repeat);
+
+  // A new key: the store's node allocation fails first.
+  allocations_before_failure = 0;
+  EXPECT_THROW((void)lim.try_acquire("new", ratelimit::request_id{"n"}, t), std::bad_alloc);
+  allocations_before_failure = -1;
+  EXPECT_EQ(lim.peek("new", t).remaining, 9);  // nothing consumed
+  EXPECT_FALSE(lim.try_acquire("new", ratelimit::request_id{"n"}, t).repeat);
 }
 
 }  // namespace

@@ -274,8 +274,8 @@ struct sliding_window_log {
   /// admitted iff cost <= limit, and a recorded attempt leaves the log
   /// holding only itself (one entry never reaches `trim`'s bound, and the
   /// ring always has room for one, so nothing can throw).
-  static decision step_on_empty_window(const config& cfg, state& s, std::int64_t t,
-                                       units cost, bool forced) noexcept {
+  static decision step_on_empty_window(const config& cfg, state& s, std::int64_t t, units cost,
+                                       bool forced) noexcept {
     const units limit = cfg.limit();
     decision d;
     d.limit = limit;

@@ -280,6 +280,43 @@ class cluster_store {
         .front();
   }
 
+  /// Idempotent check (see redis_store::apply_once): one script on the
+  /// master owning the key; the id key shares the key's slot.
+  /// @throws std::invalid_argument for a bad key, id, cost, time or retention
+  template <class Config>
+    requires policy<typename Config::policy_type>
+  decision apply_once(const Config& cfg, std::string_view key, request_id id,
+                      std::chrono::microseconds retention, timestamp now, units cost,
+                      access a = access::consume) {
+    detail::check_named(cfg);
+    detail::check_input(key, cost);
+    ratelimit::detail::check_request_id(id);
+    detail::check_script_retention(retention);
+    detail::check_script_time(now);
+    const detail::once_request once{id.bytes, std::to_string(cfg.limit()),
+                                    std::to_string(retention.count())};
+    return run(cfg, std::span<const std::string_view>(&key, 1), std::span<const units>(&cost, 1),
+               std::span<const timestamp>(&now, 1), a, &once)
+        .front();
+  }
+
+  /// As above, at the TIME of the Redis master owning the key.
+  template <class Config>
+    requires policy<typename Config::policy_type>
+  decision apply_once(const Config& cfg, std::string_view key, request_id id,
+                      std::chrono::microseconds retention, store_time_t, units cost,
+                      access a = access::consume) {
+    detail::check_named(cfg);
+    detail::check_input(key, cost);
+    ratelimit::detail::check_request_id(id);
+    detail::check_script_retention(retention);
+    const detail::once_request once{id.bytes, std::to_string(cfg.limit()),
+                                    std::to_string(retention.count())};
+    return run(cfg, std::span<const std::string_view>(&key, 1), std::span<const units>(&cost, 1),
+               std::span<const timestamp>(), a, &once)
+        .front();
+  }
+
   /// Checks many keys: one pipeline per node, all nodes at once; results in
   /// input order. Items of one key are applied in input order. The failure
   /// policy is applied per item that got no answer.
@@ -893,7 +930,7 @@ class cluster_store {
   template <class Config>
   std::vector<decision> run(const Config& cfg, std::span<const std::string_view> keys,
                             std::span<const units> costs, std::span<const timestamp> times,
-                            access a) {
+                            access a, const detail::once_request* once = nullptr) {
     using P = typename Config::policy_type;
     detail::check_same_process(shared_->owner_pid);
     shared& s = *shared_;
@@ -911,6 +948,9 @@ class cluster_store {
         item& it = items[i];
         it.keys = detail::redis_keys(shared_->opts.node.prefix, cfg, keys[i]);
         it.key = it.keys.front();
+        if (once != nullptr) {
+          it.keys.push_back(detail::once_key(shared_->opts.node.prefix, cfg, keys[i], once->id));
+        }
         if (!server_time) it.time = std::to_string(times[i].count());
         it.cost = std::to_string(costs[i]);
         it.node = s.owner(key_slot(it.key));
@@ -976,7 +1016,12 @@ class cluster_store {
               // After NOSCRIPT one EVAL per node loads the script for the rest.
               const bool text = it.with_text && !text_sent;
               text_sent = text_sent || text;
-              detail::append_eval<P>(buf, text, it.keys, it.time, it.cost, a, policy_args, floor);
+              if (once != nullptr) {
+                detail::append_eval_once<P>(buf, text, it.keys, it.time, it.cost, a, policy_args,
+                                            floor, once->limit, once->retention_us);
+              } else {
+                detail::append_eval<P>(buf, text, it.keys, it.time, it.cost, a, policy_args, floor);
+              }
             }
             g.lease->send(buf, until);  // resent only if closed before a byte left
           } catch (const connection_error&) {
@@ -999,7 +1044,8 @@ class cluster_store {
               item& it = items[g.items[next]];
               if (it.asking) (void)(*g.lease)->receive(until);
               reply_ptr r = (*g.lease)->receive(until);
-              classify(cfg, it, *r, node, out[g.items[next]], noscript, wait_before_retry);
+              classify(cfg, it, *r, node, out[g.items[next]], noscript, wait_before_retry,
+                       once != nullptr);
             }
             g.settled = true;
             node->gate.success();
@@ -1047,11 +1093,11 @@ class cluster_store {
   /// Decides what one reply means for its check.
   template <class Config>
   void classify(const Config& cfg, item& it, const redisReply& r, detail::cluster_node* node,
-                decision& out, bool& noscript, bool& wait) {
+                decision& out, bool& noscript, bool& wait, bool once) {
     shared& s = *shared_;
     if (r.type != REDIS_REPLY_ERROR) {
       try {
-        out = detail::parse_reply(cfg, r);
+        out = once ? detail::parse_reply_once(cfg, r) : detail::parse_reply(cfg, r);
         it.state = fate::done;
       } catch (const script_error&) {
         it.state = fate::failed;

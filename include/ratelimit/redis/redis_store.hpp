@@ -40,6 +40,7 @@
 #include "ratelimit/redis/scripts/compound.hpp"
 #include "ratelimit/redis/scripts/fixed_window.hpp"
 #include "ratelimit/redis/scripts/gcra.hpp"
+#include "ratelimit/redis/scripts/request_id.hpp"
 #include "ratelimit/redis/scripts/script_for.hpp"
 #include "ratelimit/redis/scripts/sliding_window_counter.hpp"
 #include "ratelimit/redis/scripts/sliding_window_log.hpp"
@@ -547,6 +548,33 @@ template <class Config>
   return d;
 }
 
+/// The decision in a reply of a wrapped (request id) script: the policy's
+/// reply and a last element, 1 when it is a repeat.
+/// @throws script_error for an error reply or a malformed one
+template <class Config>
+[[nodiscard]] decision parse_reply_once(const Config& cfg, const redisReply& r) {
+  if (r.type == REDIS_REPLY_ARRAY && (r.elements == 6 || r.elements == 7)) {
+    const redisReply& flag = *r.element[r.elements - 1];
+    if (flag.type != REDIS_REPLY_INTEGER || (flag.integer != 0 && flag.integer != 1)) {
+      throw script_error("ratelimit: redis: unexpected repeat flag in script reply");
+    }
+    redisReply policy_part = r;  // a shallow view without the flag; never freed
+    policy_part.elements -= 1;
+    decision d = parse_reply(cfg, policy_part);
+    d.repeat = flag.integer == 1;
+    return d;
+  }
+  if (r.type == REDIS_REPLY_ERROR) return parse_reply(cfg, r);
+  throw script_error("ratelimit: redis: unexpected script reply");
+}
+
+/// The base of the id key of `key` (the policy key, for a compound its base).
+template <class Config>
+[[nodiscard]] std::string once_key(std::string_view prefix, const Config& cfg, std::string_view key,
+                                   std::string_view id) {
+  return request_id_key(redis_key<typename Config::policy_type>(prefix, key, cfg.name()), id);
+}
+
 /// Counts one failed round trip (and whether it was a timeout).
 inline void count_error(counters& c, const std::exception_ptr& e) noexcept {
   c.errors.fetch_add(1, std::memory_order_relaxed);
@@ -699,6 +727,46 @@ class redis_store {
     detail::check_named(cfg);
     check_input(key, cost);
     return run(cfg, key, std::optional<timestamp>{}, cost, a);
+  }
+
+  /// Idempotent check (limiter::try_acquire with a request_id): the id and
+  /// the policy are one script (scripts/request_id.hpp). A degraded decision
+  /// records no id.
+  /// @param retention 1 .. 2^52 us
+  /// @throws std::invalid_argument for a bad key, id, cost, time or retention
+  template <class Config>
+    requires policy<typename Config::policy_type>
+  decision apply_once(const Config& cfg, std::string_view key, request_id id,
+                      std::chrono::microseconds retention, timestamp now, units cost,
+                      access a = access::consume) {
+    detail::check_named(cfg);
+    check_input(key, cost);
+    ratelimit::detail::check_request_id(id);
+    detail::check_script_retention(retention);
+    check_script_time(now);
+    const detail::once_request once{id.bytes, std::to_string(cfg.limit()),
+                                    std::to_string(retention.count())};
+    return run_batch_impl(cfg, std::span<const std::string_view>(&key, 1),
+                          std::span<const units>(&cost, 1), std::span<const timestamp>(&now, 1), a,
+                          &once)
+        .front();
+  }
+
+  /// As above, at the Redis server's TIME.
+  template <class Config>
+    requires policy<typename Config::policy_type>
+  decision apply_once(const Config& cfg, std::string_view key, request_id id,
+                      std::chrono::microseconds retention, store_time_t, units cost,
+                      access a = access::consume) {
+    detail::check_named(cfg);
+    check_input(key, cost);
+    ratelimit::detail::check_request_id(id);
+    detail::check_script_retention(retention);
+    const detail::once_request once{id.bytes, std::to_string(cfg.limit()),
+                                    std::to_string(retention.count())};
+    return run_batch_impl(cfg, std::span<const std::string_view>(&key, 1),
+                          std::span<const units>(&cost, 1), std::span<const timestamp>(), a, &once)
+        .front();
   }
 
   /// Checks many keys in one round trip (pipelined EVALSHAs, applied in
@@ -861,10 +929,16 @@ class redis_store {
   template <class P>
   void append_eval(std::string& out, bool with_text, const std::vector<std::string>& key,
                    const std::string& time, const std::string& cost, access a,
-                   const std::vector<std::string>& policy_args, bool server_time) const {
-    detail::append_eval<P>(
-        out, with_text, key, time, cost, a, policy_args,
-        server_time ? std::string_view("0") : std::string_view(shared_->floor_ms));
+                   const std::vector<std::string>& policy_args, bool server_time,
+                   const detail::once_request* once) const {
+    const std::string_view floor = server_time ? std::string_view("0")
+                                               : std::string_view(shared_->floor_ms);
+    if (once != nullptr) {
+      detail::append_eval_once<P>(out, with_text, key, time, cost, a, policy_args, floor,
+                                  once->limit, once->retention_us);
+    } else {
+      detail::append_eval<P>(out, with_text, key, time, cost, a, policy_args, floor);
+    }
   }
 
   template <class Config>
@@ -894,11 +968,13 @@ class redis_store {
   }
 
   /// One round trip for every key (times empty = server time), then one more
-  /// for the keys that got NOSCRIPT. Never retries after a timeout.
+  /// for the keys that got NOSCRIPT. Never retries after a timeout. With
+  /// `once`, every key is checked with that request id (wrapped scripts).
   template <class Config>
   std::vector<decision> run_batch_impl(const Config& cfg, std::span<const std::string_view> keys,
                                        std::span<const units> costs,
-                                       std::span<const timestamp> times, access a) {
+                                       std::span<const timestamp> times, access a,
+                                       const detail::once_request* once = nullptr) {
     using P = typename Config::policy_type;
     detail::check_same_process(shared_->owner_pid);
     const std::size_t n = keys.size();
@@ -924,10 +1000,13 @@ class redis_store {
     std::string buf;
     for (std::size_t i = 0; i < n; ++i) {
       items[i].keys = detail::redis_keys(shared_->opts.prefix, cfg, keys[i]);
+      if (once != nullptr) {
+        items[i].keys.push_back(detail::once_key(shared_->opts.prefix, cfg, keys[i], once->id));
+      }
       items[i].time = server_time ? std::string() : std::to_string(times[i].count());
       items[i].cost = std::to_string(costs[i]);
       append_eval<P>(buf, false, items[i].keys, items[i].time, items[i].cost, a, policy_args,
-                     server_time);
+                     server_time, once);
     }
 
     std::vector<char> done(n, 0);
@@ -937,7 +1016,7 @@ class redis_store {
       reply_ptr r = conn.receive(until);
       if (detail::is_noscript(*r)) return false;
       try {
-        out[i] = detail::parse_reply(cfg, *r);
+        out[i] = once != nullptr ? detail::parse_reply_once(cfg, *r) : detail::parse_reply(cfg, *r);
         done[i] = 1;
       } catch (const script_error&) {
         item_errors[i] = std::current_exception();
@@ -973,7 +1052,7 @@ class redis_store {
         buf.clear();
         for (std::size_t j = 0; j < retry.size(); ++j) {
           const pending& p = items[retry[j]];
-          append_eval<P>(buf, j == 0, p.keys, p.time, p.cost, a, policy_args, server_time);
+          append_eval<P>(buf, j == 0, p.keys, p.time, p.cost, a, policy_args, server_time, once);
         }
         lease->send(buf, until);
         for (const std::size_t i : retry) {

@@ -23,6 +23,7 @@
 #include "ratelimit/concepts.hpp"
 #include "ratelimit/decision.hpp"
 #include "ratelimit/detail/spin_lock.hpp"
+#include "ratelimit/request_id.hpp"
 
 namespace ratelimit {
 
@@ -139,6 +140,19 @@ class blocked_cache {
   decision apply(const Config& cfg, std::string_view key, store_time_t, units cost, access a) {
     return decide(cfg, key, local_now(), true, cost, a,
                   [&] { return inner_.apply(cfg, key, store_time, cost, a); });
+  }
+
+  /// Forwards an idempotent check to a store that keeps request ids itself
+  /// (the Redis stores), without consulting the cache: a retry must get its
+  /// first decision, which a cached block could contradict.
+  template <class Config, class Time>
+    requires requires(Store& s, const Config& c, std::string_view k, request_id id,
+                      std::chrono::microseconds r, Time t, units u, access a) {
+      { s.apply_once(c, k, id, r, t, u, a) } -> std::same_as<decision>;
+    }
+  decision apply_once(const Config& cfg, std::string_view key, request_id id,
+                      std::chrono::microseconds retention, Time now, units cost, access a) {
+    return inner_.apply_once(cfg, key, id, retention, now, cost, a);
   }
 
   /// Forwards the wrapped store's config check (limiter's constructor calls it).

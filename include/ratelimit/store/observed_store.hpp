@@ -19,6 +19,7 @@
 
 #include "ratelimit/concepts.hpp"
 #include "ratelimit/decision.hpp"
+#include "ratelimit/request_id.hpp"
 
 namespace ratelimit {
 
@@ -126,6 +127,20 @@ class observed_store {
   decision apply(const Config& cfg, std::string_view key, store_time_t, units cost, access a) {
     return observe(Config::policy_type::name, key, cost, a,
                    [&] { return inner_.apply(cfg, key, store_time, cost, a); });
+  }
+
+  /// Forwards an idempotent check to a store that keeps request ids itself
+  /// (the Redis stores), timing the call. Over other stores the limiter keeps
+  /// the ids and calls `apply`.
+  template <class Config, class Time>
+    requires requires(Store& s, const Config& c, std::string_view k, request_id id,
+                      std::chrono::microseconds r, Time t, units u, access a) {
+      { s.apply_once(c, k, id, r, t, u, a) } -> std::same_as<decision>;
+    }
+  decision apply_once(const Config& cfg, std::string_view key, request_id id,
+                      std::chrono::microseconds retention, Time now, units cost, access a) {
+    return observe(Config::policy_type::name, key, cost, a,
+                   [&] { return inner_.apply_once(cfg, key, id, retention, now, cost, a); });
   }
 
   /// Forwards the wrapped store's config check (limiter's constructor calls it).
