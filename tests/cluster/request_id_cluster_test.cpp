@@ -45,6 +45,13 @@ TEST(ClusterRequestId, ExactRules) {
   }
 }
 
+// Verifies shadow mode with request ids on the cluster.
+TEST(ClusterRequestId, ShadowModeForcesRecordsAndShadowsRepeats) {
+  limiter<fixed_window, redis::cluster_store> lim{rltest::request_id_rules_config(),
+                                                  redis::cluster_store{options_for("shadow")}};
+  rltest::check_request_id_shadow_rules(lim, "s/");
+}
+
 TEST(ClusterRequestId, IdKeyIsInTheUserKeysSlot) {
   redis::cluster_store store(options_for("slot"));
   const gcra::config cfg{"5/s", bucket_options{.name = "ids"}};

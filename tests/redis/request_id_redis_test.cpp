@@ -42,6 +42,14 @@ TEST(RedisRequestId, ExactRules) {
   rltest::check_request_id_rules(lim, "");
 }
 
+// Verifies shadow mode with request ids on Redis: the wrapped script forces
+// (ARGV[3] = "2") and records the forced decision.
+TEST(RedisRequestId, ShadowModeForcesRecordsAndShadowsRepeats) {
+  limiter<fixed_window, redis::redis_store> lim{rltest::request_id_rules_config(),
+                                                redis::redis_store{fresh("shadow")}};
+  rltest::check_request_id_shadow_rules(lim, "");
+}
+
 TEST(RedisRequestId, ExactRulesOnServerTime) {
   redis::options o = fresh("server-time");
   limiter<gcra, redis::redis_store, redis::server_clock> lim{

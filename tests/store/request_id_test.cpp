@@ -22,6 +22,12 @@ TEST(RequestId, ExactRulesInProcess) {
   rltest::check_request_id_rules(lim, "");
 }
 
+// Verifies shadow mode with request ids in process (see the helper).
+TEST(RequestId, ShadowModeForcesRecordsAndShadowsRepeats) {
+  limiter<fixed_window> lim{rltest::request_id_rules_config()};
+  rltest::check_request_id_shadow_rules(lim, "");
+}
+
 TEST(RequestId, RetentionDefaultsToThePolicysPeriod) {
   EXPECT_EQ(limiter<sliding_window_log>(sliding_window_log::config{"10/15min"}).retention(),
             microseconds{900'000'000});

@@ -113,4 +113,38 @@ void check_request_id_rules(Limiter& lim, const std::string& prefix) {
   EXPECT_THROW((void)lim.try_acquire("", request_id{"x"}, t0), std::invalid_argument);
 }
 
+/// Shadow mode with request ids on `lim` (a fresh limiter of
+/// request_id_rules_config()): the first check of an id is forced and
+/// recorded as the policy decided it; every answer in shadow mode is
+/// shadowed; a repeat after shadow mode is switched off is the recorded
+/// rejection.
+template <class Limiter>
+void check_request_id_shadow_rules(Limiter& lim, const std::string& prefix) {
+  using namespace ratelimit;
+  using std::chrono::microseconds;
+  const std::string k = prefix + "+15550001111";
+  const timestamp t0{1'700'000'000'000'000};
+  lim.set_shadow(true);
+  EXPECT_TRUE(lim.try_acquire(k, request_id{"a"}, t0).allowed);
+  EXPECT_TRUE(lim.try_acquire(k, request_id{"b"}, t0).allowed);
+  const decision over = lim.try_acquire(k, request_id{"c"}, t0 + microseconds{1});
+  EXPECT_TRUE(over.allowed);
+  EXPECT_TRUE(over.shadow_rejected);
+  EXPECT_TRUE(over.counted);
+  EXPECT_FALSE(over.repeat);
+  // A retry in shadow mode: the same shadowed answer, consuming nothing.
+  decision expected = over;
+  expected.repeat = true;
+  EXPECT_EQ(lim.try_acquire(k, request_id{"c"}, t0 + microseconds{2}), expected);
+  // The forced request was recorded: 3 of 2 used (a peek sees the window full).
+  EXPECT_FALSE(lim.peek(k, t0 + microseconds{3}).allowed);
+  // Shadow off: a retry gets the recorded decision as the policy made it.
+  lim.set_shadow(false);
+  const decision enforced = lim.try_acquire(k, request_id{"c"}, t0 + microseconds{4});
+  EXPECT_FALSE(enforced.allowed);
+  EXPECT_FALSE(enforced.shadow_rejected);
+  EXPECT_TRUE(enforced.repeat);
+  EXPECT_EQ(enforced.retry_after, over.retry_after);
+}
+
 }  // namespace rltest
