@@ -23,6 +23,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -231,35 +233,26 @@ struct leases {
   /// the state as it was.
   static decision step(const config& cfg, state& s, timestamp now, units /*cost*/) {
     const std::int64_t t = now.count();
-    std::erase_if(s.held, [t](const lease& l) { return l.expiry <= t; });
-    const lease* mine = nullptr;
-    for (const lease& l : s.held) {
-      if (l.id == cfg.lease_id()) {
-        mine = &l;
-        break;
-      }
+    std::size_t mine = find(s, cfg.lease_id(), t);
+    if (mine == expired_found) {
+      std::erase_if(s.held, [t](const lease& l) { return l.expiry <= t; });
+      mine = find(s, cfg.lease_id(), t);
     }
     switch (cfg.op()) {
       case lease_op::acquire: return acquire(cfg, s, mine, now);
-      case lease_op::release: {
-        const bool freed = mine != nullptr;
-        if (freed) {
-          // Order does not matter: swap with the last, then pop.
-          const auto at = static_cast<std::size_t>(mine - s.held.data());
-          if (at + 1 != s.held.size()) s.held[at] = std::move(s.held.back());
+      case lease_op::release:
+        if (mine != absent) {
+          // Order does not matter: move the last into its place, then pop.
+          if (mine + 1 != s.held.size()) s.held[mine] = std::move(s.held.back());
           s.held.pop_back();
         }
-        return answer(cfg, s, t, freed);
-      }
-      case lease_op::renew: {
-        const bool renewed = mine != nullptr;
-        if (renewed) {
-          auto& l = s.held[static_cast<std::size_t>(mine - s.held.data())];
-          l.expiry = std::max(l.expiry,
-                              t + cfg.get_settings().concurrency().max_duration().count());
+        return answer(cfg, s, t, mine != absent);
+      case lease_op::renew:
+        if (mine != absent) {
+          lease& l = s.held[mine];
+          l.expiry = std::max(l.expiry, t + duration_of(cfg));
         }
-        return answer(cfg, s, t, renewed);
-      }
+        return answer(cfg, s, t, mine != absent);
       case lease_op::none: break;
     }
     return answer(cfg, s, t, false);
@@ -279,19 +272,41 @@ struct leases {
   }
 
  private:
-  /// The lease part's fields on the state `s` at `t`.
+  static constexpr std::size_t absent = static_cast<std::size_t>(-1);
+  static constexpr std::size_t expired_found = static_cast<std::size_t>(-2);
+
+  [[nodiscard]] static std::int64_t duration_of(const config& cfg) noexcept {
+    return cfg.get_settings().concurrency().max_duration().count();
+  }
+
+  /// Index of the live lease `id`, `absent`, or `expired_found` when some
+  /// lease has expired at `t` (the caller drops them and looks again).
+  [[nodiscard]] static std::size_t find(const state& s, std::string_view id,
+                                        std::int64_t t) noexcept {
+    std::size_t found = absent;
+    for (std::size_t i = 0; i < s.held.size(); ++i) {
+      const lease& l = s.held[i];
+      if (l.expiry <= t) return expired_found;
+      if (found == absent && l.id.size() == id.size() &&
+          std::memcmp(l.id.data(), id.data(), id.size()) == 0) {
+        found = i;
+      }
+    }
+    return found;
+  }
+
+  /// The lease part's fields on the state `s` (all live at `t`).
   static detail::compound_part lease_part(const config& cfg, const state& s, std::int64_t t,
                                           bool ok) noexcept {
     detail::compound_part p;
     p.limit = cfg.limit();
     const auto live = static_cast<units>(s.held.size());
-    p.remaining = std::max<units>(0, p.limit - live);
-    std::int64_t earliest = 0;
+    p.remaining = live >= p.limit ? 0 : p.limit - live;
+    std::int64_t earliest = std::numeric_limits<std::int64_t>::max();
     std::int64_t latest = t;
-    for (std::size_t i = 0; i < s.held.size(); ++i) {
-      const std::int64_t e = s.held[i].expiry;
-      earliest = i == 0 ? e : std::min(earliest, e);
-      latest = std::max(latest, e);
+    for (const lease& l : s.held) {
+      earliest = std::min(earliest, l.expiry);
+      latest = std::max(latest, l.expiry);
     }
     p.reset_after = std::chrono::microseconds{latest - t};
     if (!ok) p.retry_after = std::chrono::microseconds{earliest - t};
@@ -313,9 +328,9 @@ struct leases {
     return d;
   }
 
-  static decision acquire(const config& cfg, state& s, const lease* mine, timestamp now) {
+  static decision acquire(const config& cfg, state& s, std::size_t mine, timestamp now) {
     const std::int64_t t = now.count();
-    if (mine != nullptr) {
+    if (mine != absent) {
       // Already live: the same lease again, no second slot, no renewal.
       decision d = answer(cfg, s, t, true);
       d.counted = false;
@@ -323,11 +338,18 @@ struct leases {
       return d;
     }
     const bool free_slot = static_cast<units>(s.held.size()) < cfg.limit();
-    const std::int64_t expiry = t + cfg.get_settings().concurrency().max_duration().count();
+    const std::int64_t expiry = t + duration_of(cfg);
     if constexpr (!rated) {
       if (free_slot) s.held.push_back(lease{std::string(cfg.lease_id()), expiry});
       const detail::compound_part p = lease_part(cfg, s, t, free_slot);
-      return detail::combine(&p, 1, free_slot);
+      decision d;
+      d.allowed = free_slot;
+      d.counted = free_slot;
+      d.limit = p.limit;
+      d.remaining = p.remaining;
+      d.retry_after = p.retry_after;
+      d.reset_after = p.reset_after;
+      return d;
     } else {
       const rate_config& rc = cfg.get_settings().rate();
       rate_state trial = s.rate;
