@@ -214,10 +214,58 @@ struct leases {
     friend bool operator==(const lease&, const lease&) = default;
   };
 
-  /// The key's leases (unordered; at most N live ones, expired ones are
-  /// dropped by the next operation) and the rate's state.
+  /// A key's leases, unordered: the first held inline (in the store's node,
+  /// so that a key with one call costs no second allocation and no second
+  /// cache miss), the others in a vector.
+  class lease_set {
+   public:
+    [[nodiscard]] std::size_t size() const noexcept { return size_; }
+    [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+    [[nodiscard]] lease& operator[](std::size_t i) noexcept {
+      return i == 0 ? first_ : rest_[i - 1];
+    }
+    [[nodiscard]] const lease& operator[](std::size_t i) const noexcept {
+      return i == 0 ? first_ : rest_[i - 1];
+    }
+    /// @throws std::bad_alloc with the set unchanged
+    void push_back(lease&& l) {
+      if (size_ == 0) {
+        first_ = std::move(l);
+      } else {
+        rest_.push_back(std::move(l));
+      }
+      ++size_;
+    }
+    /// Removes lease i (the last one takes its place).
+    void remove(std::size_t i) noexcept {
+      if (i + 1 != size_) (*this)[i] = std::move((*this)[size_ - 1]);
+      if (size_ == 1) {
+        first_.id.clear();
+        first_.expiry = 0;
+      } else {
+        rest_.pop_back();
+      }
+      --size_;
+    }
+    /// Same leases, in any order held (order is never observable).
+    friend bool operator==(const lease_set& a, const lease_set& b) noexcept {
+      if (a.size_ != b.size_) return false;
+      for (std::size_t i = 0; i < a.size_; ++i) {
+        if (!(a[i] == b[i])) return false;
+      }
+      return true;
+    }
+
+   private:
+    lease first_;
+    std::vector<lease> rest_;
+    std::size_t size_ = 0;
+  };
+
+  /// The key's leases (at most N live ones; expired ones are dropped by the
+  /// next operation) and the rate's state.
   struct state {
-    std::vector<lease> held;
+    lease_set held;
     [[no_unique_address]] rate_state rate{};
     friend bool operator==(const state& a, const state& b) {
       if constexpr (rated) {
@@ -235,16 +283,16 @@ struct leases {
     const std::int64_t t = now.count();
     std::size_t mine = find(s, cfg.lease_id(), t);
     if (mine == expired_found) {
-      std::erase_if(s.held, [t](const lease& l) { return l.expiry <= t; });
+      for (std::size_t i = s.held.size(); i-- > 0;) {
+        if (s.held[i].expiry <= t) s.held.remove(i);
+      }
       mine = find(s, cfg.lease_id(), t);
     }
     switch (cfg.op()) {
       case lease_op::acquire: return acquire(cfg, s, mine, now);
       case lease_op::release:
         if (mine != absent) {
-          // Order does not matter: move the last into its place, then pop.
-          if (mine + 1 != s.held.size()) s.held[mine] = std::move(s.held.back());
-          s.held.pop_back();
+          s.held.remove(mine);
         }
         return answer(cfg, s, t, mine != absent);
       case lease_op::renew:
@@ -260,8 +308,8 @@ struct leases {
 
   /// True when no lease is live at `now` and the rate's state is idle.
   static bool idle(const config& cfg, const state& s, timestamp now) noexcept {
-    for (const lease& l : s.held) {
-      if (l.expiry > now.count()) return false;
+    for (std::size_t i = 0; i < s.held.size(); ++i) {
+      if (s.held[i].expiry > now.count()) return false;
     }
     if constexpr (rated) {
       return R::idle(cfg.get_settings().rate(), s.rate, now);
@@ -304,9 +352,9 @@ struct leases {
     p.remaining = live >= p.limit ? 0 : p.limit - live;
     std::int64_t earliest = std::numeric_limits<std::int64_t>::max();
     std::int64_t latest = t;
-    for (const lease& l : s.held) {
-      earliest = std::min(earliest, l.expiry);
-      latest = std::max(latest, l.expiry);
+    for (std::size_t i = 0; i < s.held.size(); ++i) {
+      earliest = std::min(earliest, s.held[i].expiry);
+      latest = std::max(latest, s.held[i].expiry);
     }
     p.reset_after = std::chrono::microseconds{latest - t};
     if (!ok) p.retry_after = std::chrono::microseconds{earliest - t};

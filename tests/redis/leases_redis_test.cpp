@@ -103,6 +103,31 @@ TEST(LeasesRedis, DifferentialAgainstTheInProcessLimiter) {
   }
 }
 
+// Verifies the exact edges in Redis: the microsecond before a lease expires
+// the key is full and retry_after is 1 us; at its expiry a slot is free.
+TEST(LeasesRedis, ExactEdgesAtExpiry) {
+  const microseconds d{1000};
+  concurrency_limiter<no_rate, redis::redis_store> c{
+      concurrency_config{1, d, concurrency_options{.name = "calls"}},
+      redis::redis_store{fresh("edges")}};
+  ASSERT_TRUE(c.acquire("k", "a", t0).allowed);
+  decision r = c.acquire("k", "b", t0 + d - microseconds{1});
+  EXPECT_FALSE(r.allowed);
+  EXPECT_EQ(r.retry_after, microseconds{1});
+  EXPECT_EQ(r.reset_after, microseconds{1});
+  EXPECT_TRUE(c.renew("k", "a", t0 + d - microseconds{1}).allowed);
+  r = c.acquire("k", "b", t0 + d);
+  EXPECT_FALSE(r.allowed);
+  EXPECT_EQ(r.retry_after, d - microseconds{1});
+  // The renewed lease expires at t0 + 2d - 1: then it cannot be renewed or released.
+  EXPECT_EQ(c.renew("k", "a", t0 + 2 * d - microseconds{1}).retry_after, never);
+  EXPECT_FALSE(c.release("k", "a", t0 + 2 * d - microseconds{1}).allowed);
+  r = c.acquire("k", "b", t0 + 2 * d - microseconds{1});
+  EXPECT_TRUE(r.allowed);
+  EXPECT_EQ(r.remaining, 0);
+  EXPECT_EQ(r.reset_after, d);
+}
+
 // Verifies the keys, their TTLs (the latest expiry) and the repeat flag.
 TEST(LeasesRedis, KeysAndTtls) {
   const auto o = fresh("keys");

@@ -237,6 +237,28 @@ TEST(Leases, KeysWithoutLiveLeasesAreReclaimed) {
   EXPECT_EQ(held, 1U);
 }
 
+// Verifies a full store (max_keys): an acquire on a new key follows on_full
+// and, admitted under fail_open, records no lease.
+TEST(Leases, FullStoreFollowsOnFull) {
+  using store = memory_store<leases<>>;
+  concurrency_limiter<> open{three(), store{memory_store_options{.max_keys = 1}}};
+  ASSERT_TRUE(open.acquire("a", "x", t0).allowed);
+  decision d = open.acquire("b", "x", t0);
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.source, decision_source::fail_open);
+  EXPECT_FALSE(open.release("b", "x", t0).allowed);  // nothing was recorded
+  EXPECT_EQ(open.store().size(), 1U);
+  concurrency_limiter<> closed{
+      three(), store{memory_store_options{.max_keys = 1, .on_full = when_full::fail_closed}}};
+  ASSERT_TRUE(closed.acquire("a", "x", t0).allowed);
+  d = closed.acquire("b", "x", t0);
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.source, decision_source::fail_closed);
+  // Once "a" has no live lease it is reclaimed and "b" gets its place.
+  ASSERT_TRUE(closed.release("a", "x", t0).allowed);
+  EXPECT_TRUE(closed.acquire("b", "x", t0).allowed);
+}
+
 // Verifies that threads on one key never hold more than N live leases.
 TEST(Leases, ThreadsOnOneKeyNeverHoldMoreThanN) {
   concurrency_limiter<> c{concurrency_config{5, std::chrono::hours{1}, {.name = "calls"}}};
