@@ -227,12 +227,21 @@ struct leases {
     [[nodiscard]] const lease& operator[](std::size_t i) const noexcept {
       return i == 0 ? first_ : rest_[i - 1];
     }
+    /// Adds a lease, copying its id once.
     /// @throws std::bad_alloc with the set unchanged
-    void push_back(lease&& l) {
+    void add(std::string_view id, std::int64_t expiry) {
       if (size_ == 0) {
-        first_ = std::move(l);
+        first_.id.assign(id.data(), id.size());  // unused until size_ grows
+        first_.expiry = expiry;
       } else {
-        rest_.push_back(std::move(l));
+        rest_.emplace_back();
+        try {
+          rest_.back().id.assign(id.data(), id.size());
+        } catch (...) {
+          rest_.pop_back();
+          throw;
+        }
+        rest_.back().expiry = expiry;
       }
       ++size_;
     }
@@ -388,7 +397,7 @@ struct leases {
     const bool free_slot = static_cast<units>(s.held.size()) < cfg.limit();
     const std::int64_t expiry = t + duration_of(cfg);
     if constexpr (!rated) {
-      if (free_slot) s.held.push_back(lease{std::string(cfg.lease_id()), expiry});
+      if (free_slot) s.held.add(cfg.lease_id(), expiry);
       const detail::compound_part p = lease_part(cfg, s, t, free_slot);
       decision d;
       d.allowed = free_slot;
@@ -407,7 +416,7 @@ struct leases {
       parts[1] = detail::settle<R>(rc, s.rate, trial, rd, all, now, 1);
       // Everything that may throw is done; the rate is committed last
       // (a move that does not allocate).
-      if (all) s.held.push_back(lease{std::string(cfg.lease_id()), expiry});
+      if (all) s.held.add(cfg.lease_id(), expiry);
       parts[0] = lease_part(cfg, s, t, free_slot);
       parts[0].counted = all;
       if (free_slot && !all) {

@@ -38,6 +38,7 @@ redis::cluster_options cluster_opts(std::string_view what) {
   auto o = rltest::shared_cluster().options();
   o.node.prefix = unique_prefix(what);
   o.node.on_failure = redis::failure_policy::throw_error;
+  o.node.command_timeout = 5000ms;  // every answer must come from Redis, even on a loaded machine
   return o;
 }
 

@@ -36,6 +36,8 @@ redis::options fresh(std::string_view what) {
   o.prefix = rltest::unique_prefix(what);
   o.pool_size = 4;
   o.on_failure = redis::failure_policy::throw_error;
+  // Every answer must come from Redis: be patient on a loaded machine.
+  o.command_timeout = 5000ms;
   return o;
 }
 
