@@ -151,8 +151,8 @@ struct leases {
   /// Thread safety: immutable.
   class settings {
    public:
+    /// The rate's own name plays no part: the limiter is named by `c`.
     /// @throws std::invalid_argument for a rate that counts rejected attempts
-    ///   or whose name differs from the lease limit's (when it has one)
     explicit settings(concurrency_config c, rate_config r = {})
         : conc_(std::move(c)), rate_(std::move(r)) {
       if constexpr (rated) {
