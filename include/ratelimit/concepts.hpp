@@ -14,6 +14,11 @@ namespace ratelimit {
 enum class access : unsigned char {
   consume,  ///< decide and record the outcome in the key's state
   peek,     ///< decide as `consume` would, but leave the state untouched
+  /// Decide as `consume` would, but record the request as admitted even when
+  /// the policy rejects it (shadow mode: the request really happens). The
+  /// store returns the policy's own decision, so `allowed` says whether it
+  /// would have been admitted; see docs/semantics.md, "Shadow mode".
+  force,
 };
 
 /// Monotonic time: `c.now()` never decreases for one object (a manual clock may
@@ -64,6 +69,19 @@ concept policy = requires(const typename P::config& cfg, typename P::state& s,
   { P::step(cfg, s, now, cost) } -> std::same_as<decision>;
   { P::idle(cfg, cs, now) } noexcept -> std::same_as<bool>;
   { cfg.limit() } noexcept -> std::same_as<units>;
+};
+
+/// A policy that can record a request it rejects as if admitted
+/// (access::force): `P::force(cfg, state&, now, cost)` decides exactly as
+/// `P::step` and records the request as admitted either way; the decision is
+/// the policy's own (`allowed` false when it rejects), with `counted` true and
+/// `remaining`, `retry_after` and `reset_after` measured on the recorded state.
+/// Every policy of the library models it; a store asked to force a policy
+/// that does not throws std::invalid_argument.
+template <class P>
+concept forcible_policy = policy<P> && requires(const typename P::config& cfg, typename P::state& s,
+                                                timestamp now, units cost) {
+  { P::force(cfg, s, now, cost) } -> std::same_as<decision>;
 };
 
 /// Applies policy P to one key atomically: the whole read-decide-write happens

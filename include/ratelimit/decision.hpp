@@ -61,6 +61,8 @@ struct [[nodiscard]] decision {
   units remaining = 0;
   /// 0 when allowed; otherwise the smallest wait after which the same request
   /// would be admitted if nothing else arrives; `never` if it never can be.
+  /// A shadow_rejected decision keeps the wait the policy would have imposed
+  /// (measured on the state that recorded the request), though allowed.
   std::chrono::microseconds retry_after{0};
   /// Time until the key is back to its empty, fully available state (0 if it is).
   std::chrono::microseconds reset_after{0};

@@ -181,8 +181,15 @@ struct event {
   std::string key;
   std::int64_t t = 0;
   units cost = 1;
-  enum kind_t { consume, peek, reset } kind = consume;
+  enum kind_t { consume, peek, reset, force } kind = consume;
 };
+
+// The access of an event: forced checks (shadow mode) are part of the traces.
+ratelimit::access access_of(event::kind_t k) {
+  return k == event::peek    ? ratelimit::access::peek
+         : k == event::force ? ratelimit::access::force
+                             : ratelimit::access::consume;
+}
 
 std::int64_t uniform(std::mt19937_64& rng, std::int64_t lo, std::int64_t hi) {
   return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
@@ -224,6 +231,8 @@ std::vector<event> random_trace(std::mt19937_64& rng, const typename P::config& 
   }
   std::int64_t t = 1'732'950'000'000'000 + uniform(rng, 0, 1'000'000'000);
   std::vector<event> trace;
+  // Forced checks: none, some or most of the trace.
+  const std::int64_t forced_share = uniform(rng, 0, 2) * 30;
   const auto n = uniform(rng, 20, 80);
   for (std::int64_t i = 0; i < n; ++i) {
     switch (uniform(rng, 0, 7)) {
@@ -240,6 +249,7 @@ std::vector<event> random_trace(std::mt19937_64& rng, const typename P::config& 
     e.cost = uniform(rng, 0, 5) == 0 ? uniform(rng, 1, limit + 2) : 1;
     const auto k = uniform(rng, 0, 39);
     e.kind = k < 3 ? event::peek : (k == 3 ? event::reset : event::consume);
+    if (e.kind == event::consume && uniform(rng, 0, 99) < forced_share) e.kind = event::force;
     trace.push_back(std::move(e));
   }
   return trace;
@@ -273,8 +283,7 @@ TYPED_TEST(ClusterDifferential, MatchesMemoryStoreOnRandomTraces) {
         m.reset(cfg, e.key);
         expected.push_back(decision{});
       } else {
-        expected.push_back(m.apply(cfg, e.key, microseconds{e.t}, e.cost,
-                                   e.kind == event::peek ? access::peek : access::consume));
+        expected.push_back(m.apply(cfg, e.key, microseconds{e.t}, e.cost, access_of(e.kind)));
       }
     }
     std::vector<decision> got(trace.size());
@@ -284,8 +293,7 @@ TYPED_TEST(ClusterDifferential, MatchesMemoryStoreOnRandomTraces) {
         store.reset(cfg, e.key);
         ++i;
       } else if (!batched) {
-        got[i] = store.apply(cfg, e.key, microseconds{e.t}, e.cost,
-                             e.kind == event::peek ? access::peek : access::consume);
+        got[i] = store.apply(cfg, e.key, microseconds{e.t}, e.cost, access_of(e.kind));
         ++i;
       } else {
         std::vector<redis::batch_item> batch;
@@ -296,7 +304,7 @@ TYPED_TEST(ClusterDifferential, MatchesMemoryStoreOnRandomTraces) {
           ++i;
         }
         auto ds = store.apply_batch(cfg, std::span<const redis::batch_item>(batch),
-                                    kind == event::peek ? access::peek : access::consume);
+                                    access_of(kind));
         std::copy(ds.begin(), ds.end(), got.begin() + static_cast<std::ptrdiff_t>(first));
       }
     }

@@ -279,8 +279,15 @@ struct event {
   std::string key;
   std::int64_t t = 0;
   units cost = 1;
-  enum kind_t { consume, peek, reset } kind = consume;
+  enum kind_t { consume, peek, reset, force } kind = consume;
 };
+
+// The access of an event: forced checks (shadow mode) are part of the traces.
+ratelimit::access access_of(event::kind_t k) {
+  return k == event::peek    ? ratelimit::access::peek
+         : k == event::force ? ratelimit::access::force
+                             : ratelimit::access::consume;
+}
 
 std::vector<event> random_trace(std::mt19937_64& rng, units smallest, std::int64_t w, int seed) {
   static const std::vector<std::string> key_pool = {"+1555", std::string("a\0b", 3), "{br}", "a}b",
@@ -294,6 +301,8 @@ std::vector<event> random_trace(std::mt19937_64& rng, units smallest, std::int64
   std::int64_t t = 1'732'950'000'000'000 + uniform(rng, 0, 1'000'000'000);
   const auto n = uniform(rng, 20, 60);
   std::vector<event> trace;
+  // Forced checks: none, some or most of the trace.
+  const std::int64_t forced_share = uniform(rng, 0, 2) * 30;
   for (std::int64_t i = 0; i < n; ++i) {
     switch (uniform(rng, 0, 9)) {
       case 0:
@@ -317,6 +326,7 @@ std::vector<event> random_trace(std::mt19937_64& rng, units smallest, std::int64
     }
     const auto k = uniform(rng, 0, 39);
     e.kind = k < 4 ? event::peek : (k == 4 ? event::reset : event::consume);
+    if (e.kind == event::consume && uniform(rng, 0, 99) < forced_share) e.kind = event::force;
     trace.push_back(std::move(e));
   }
   return trace;
@@ -353,16 +363,13 @@ TYPED_TEST(CompoundClusterDifferential, MatchesMemoryStoreOnRandomTraces) {
         m.reset(cfg, e.key);
         expected.push_back(decision{});
       } else {
-        expected.push_back(
-            m.apply(cfg, e.key, microseconds{e.t}, e.cost,
-                    e.kind == event::peek ? ratelimit::access::peek : ratelimit::access::consume));
+        expected.push_back(m.apply(cfg, e.key, microseconds{e.t}, e.cost, access_of(e.kind)));
       }
     }
     std::vector<decision> got(trace.size());
     for (std::size_t i = 0; i < trace.size();) {
       const event& e = trace[i];
-      const ratelimit::access a = e.kind == event::peek ? ratelimit::access::peek
-                                                        : ratelimit::access::consume;
+      const ratelimit::access a = access_of(e.kind);
       if (e.kind == event::reset) {
         store.reset(cfg, e.key);
         ++i;

@@ -514,6 +514,11 @@ TEST(BasicMetrics, ExampleOutputIsValidPrometheusText) {
   EXPECT_EQ(e.samples.at(R"(ratelimit_degraded_total{store="api",source="fail_open"})"), 600);
   EXPECT_EQ(e.samples.at(R"(ratelimit_peeks_total{store="login"})"), 300);
   EXPECT_EQ(e.samples.at(R"(ratelimit_check_duration_seconds_count{store="api"})"), 3'000);
+  // The shadow-mode limiter: 60 checks per caller in one hour, 20 admitted.
+  EXPECT_EQ(e.samples.at(R"(ratelimit_checks_total{store="search",result="allowed"})"), 1'000);
+  EXPECT_EQ(e.samples.at(R"(ratelimit_checks_total{store="search",result="shadow_rejected"})"),
+            2'000);
+  EXPECT_EQ(e.samples.at(R"(ratelimit_checks_total{store="search",result="rejected"})"), 0);
 }
 
 }  // namespace

@@ -68,7 +68,8 @@ class script_driver {
       for (const std::string& k : ks) args.emplace_back(k);
       args.emplace_back(time);
       args.emplace_back(cost_s);
-      args.emplace_back(a == ratelimit::access::peek ? "1" : "0");
+      args.emplace_back(a == ratelimit::access::peek ? "1"
+                                                     : (a == ratelimit::access::force ? "2" : "0"));
       args.emplace_back(floor);
       for (const std::string& p : policy_args) args.emplace_back(p);
       const redis::reply_ptr r = conn_.command(
@@ -183,8 +184,15 @@ struct event {
   std::string key;
   std::int64_t t = 0;
   units cost = 1;
-  enum kind_t { consume, peek, reset } kind = consume;
+  enum kind_t { consume, peek, reset, force } kind = consume;
 };
+
+// The access of an event: forced checks (shadow mode) are part of the traces.
+ratelimit::access access_of(event::kind_t k) {
+  return k == event::peek    ? ratelimit::access::peek
+         : k == event::force ? ratelimit::access::force
+                             : ratelimit::access::consume;
+}
 
 std::vector<event> random_trace(std::mt19937_64& rng, units smallest, std::int64_t w) {
   const std::vector<std::string> keys = {"+15551234567", std::string("a\0}{b", 5)};
@@ -193,6 +201,8 @@ std::vector<event> random_trace(std::mt19937_64& rng, units smallest, std::int64
                                            : 1'732'950'000'000'000 + uniform(rng, 0, 1'000'000'000);
   const auto n = uniform(rng, 20, 80);
   std::vector<event> trace;
+  // Forced checks: none, some or most of the trace.
+  const std::int64_t forced_share = uniform(rng, 0, 2) * 30;
   for (std::int64_t i = 0; i < n; ++i) {
     switch (uniform(rng, 0, 9)) {
       case 0:
@@ -217,6 +227,7 @@ std::vector<event> random_trace(std::mt19937_64& rng, units smallest, std::int64
     }
     const auto k = uniform(rng, 0, 39);
     e.kind = k < 4 ? event::peek : (k == 4 ? event::reset : event::consume);
+    if (e.kind == event::consume && uniform(rng, 0, 99) < forced_share) e.kind = event::force;
     trace.push_back(std::move(e));
   }
   return trace;
@@ -253,8 +264,7 @@ TYPED_TEST(CompoundRedisDifferential, MatchesInProcessCompound) {
         redis_side.reset(cfg, e.key);
         continue;
       }
-      const ratelimit::access a = e.kind == event::peek ? ratelimit::access::peek
-                                                        : ratelimit::access::consume;
+      const ratelimit::access a = access_of(e.kind);
       const decision want = m.apply(cfg, e.key, microseconds{e.t}, e.cost, a);
       const decision got = redis_side.apply(cfg, e.key, microseconds{e.t}, e.cost, a);
       ASSERT_EQ(describe(got), describe(want))
@@ -316,17 +326,14 @@ TYPED_TEST(CompoundRedisDifferential, RedisStoreMatchesMemoryStore) {
         m.reset(cfg, e.key);
         expected.push_back(decision{});
       } else {
-        expected.push_back(
-            m.apply(cfg, e.key, microseconds{e.t}, e.cost,
-                    e.kind == event::peek ? ratelimit::access::peek : ratelimit::access::consume));
+        expected.push_back(m.apply(cfg, e.key, microseconds{e.t}, e.cost, access_of(e.kind)));
       }
     }
     std::vector<decision> got(trace.size());
     std::size_t i = 0;
     while (i < trace.size()) {
       const event& e = trace[i];
-      const ratelimit::access a = e.kind == event::peek ? ratelimit::access::peek
-                                                        : ratelimit::access::consume;
+      const ratelimit::access a = access_of(e.kind);
       if (e.kind == event::reset) {
         store.reset(cfg, e.key);
         ASSERT_EQ(keys_starting_with(o, user_key_start(o, e.key)), std::vector<std::string>{})

@@ -26,8 +26,12 @@ struct event {
   std::string key;
   std::int64_t t = 0;
   units cost = 1;
-  enum kind_t { consume, peek, reset } kind = consume;
+  enum kind_t { consume, peek, reset, force } kind = consume;
 };
+
+ratelimit::access access_of(event::kind_t k) {
+  return k == event::peek ? access::peek : (k == event::force ? access::force : access::consume);
+}
 
 std::string describe(const decision& d) {
   std::ostringstream o;
@@ -98,6 +102,9 @@ std::vector<event> random_trace(std::mt19937_64& rng, const typename P::config& 
   std::int64_t t = uniform(rng, 0, 1) == 0 ? uniform(rng, 0, 3 * w)
                                            : 1'732'950'000'000'000 + uniform(rng, 0, 1'000'000'000);
   const auto n = uniform(rng, 20, 120);
+  // Forced checks (shadow mode): none, some, or most of the trace, so that
+  // states far past the limit (debt, a TAT far ahead, long logs) occur.
+  const std::int64_t forced_share = pick(rng, {0, 15, 60});
   std::vector<event> trace;
   for (std::int64_t i = 0; i < n; ++i) {
     switch (uniform(rng, 0, 9)) {
@@ -124,6 +131,7 @@ std::vector<event> random_trace(std::mt19937_64& rng, const typename P::config& 
     }
     const auto k = uniform(rng, 0, 49);
     e.kind = k < 4 ? event::peek : (k == 4 ? event::reset : event::consume);
+    if (e.kind == event::consume && uniform(rng, 0, 99) < forced_share) e.kind = event::force;
     trace.push_back(std::move(e));
   }
   return trace;
@@ -138,7 +146,7 @@ TYPED_TEST_SUITE(RedisDifferential, policies);
 
 // Verifies identical decisions on thousands of random traces (count_rejected,
 // costs > 1, cost > limit, time going backwards, periods down to 1 us, binary
-// keys, peeks and resets), half sent one check per round trip and half as batches.
+// keys, peeks, forced checks and resets), half sent one check per round trip and half as batches.
 TYPED_TEST(RedisDifferential, MatchesMemoryStoreOnRandomTraces) {
   using P = TypeParam;
   redis::options o = rltest::shared_redis();
@@ -161,8 +169,7 @@ TYPED_TEST(RedisDifferential, MatchesMemoryStoreOnRandomTraces) {
         m.reset(cfg, e.key);
         expected.push_back(decision{});
       } else {
-        expected.push_back(m.apply(cfg, e.key, microseconds{e.t}, e.cost,
-                                   e.kind == event::peek ? access::peek : access::consume));
+        expected.push_back(m.apply(cfg, e.key, microseconds{e.t}, e.cost, access_of(e.kind)));
       }
     }
     std::vector<decision> got(trace.size());
@@ -173,11 +180,10 @@ TYPED_TEST(RedisDifferential, MatchesMemoryStoreOnRandomTraces) {
         store.reset(cfg, e.key);
         ++i;
       } else if (!batched) {
-        got[i] = store.apply(cfg, e.key, microseconds{e.t}, e.cost,
-                             e.kind == event::peek ? access::peek : access::consume);
+        got[i] = store.apply(cfg, e.key, microseconds{e.t}, e.cost, access_of(e.kind));
         ++i;
       } else {
-        // The longest run of events of one kind (consume or peek) without a reset.
+        // The longest run of events of one kind (consume, peek or force) without a reset.
         std::vector<redis::batch_item> batch;
         const auto kind = e.kind;
         const std::size_t first = i;
@@ -186,7 +192,7 @@ TYPED_TEST(RedisDifferential, MatchesMemoryStoreOnRandomTraces) {
           ++i;
         }
         auto ds = store.apply_batch(cfg, std::span<const redis::batch_item>(batch),
-                                    kind == event::peek ? access::peek : access::consume);
+                                    access_of(kind));
         std::copy(ds.begin(), ds.end(), got.begin() + static_cast<std::ptrdiff_t>(first));
       }
     }
@@ -196,8 +202,8 @@ TYPED_TEST(RedisDifferential, MatchesMemoryStoreOnRandomTraces) {
       ASSERT_EQ(describe(got[j]), describe(expected[j]))
           << P::name << " seed " << seed << " event " << j << " t=" << trace[j].t
           << " cost=" << trace[j].cost << " peek=" << (trace[j].kind == event::peek)
-          << " limit=" << cfg.limit() << " period=" << period_of(cfg.get_rate())
-          << (batched ? " (batched)" : "");
+          << " force=" << (trace[j].kind == event::force) << " limit=" << cfg.limit()
+          << " period=" << period_of(cfg.get_rate()) << (batched ? " (batched)" : "");
       ASSERT_EQ(got[j], expected[j]);
     }
     // Start every trace from empty keys.
@@ -226,6 +232,44 @@ TEST(RedisDifferential, SlidingLogRebasesHugeRunningTotals) {
     const auto got = store.apply(cfg, "k", microseconds{t}, cost, access::consume);
     ASSERT_EQ(describe(got), describe(want)) << "step " << i;
   }
+}
+
+// Verifies identical decisions and saturation at 2^52 when huge costs are
+// forced again and again past the limit: the fixed window's and sliding
+// counter's counts, the bucket's debt and GCRA's TAT stop at their ceilings
+// in both stores, and what the scripts wrote is read back by their strict
+// readers (no script error).
+template <class P>
+void forced_saturation(const typename P::config& cfg, const char* name) {
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix(std::string("saturate-") + name);
+  redis::redis_store store(o);
+  memory_store<P> memory;
+  std::int64_t t = 1'000'000;
+  for (int i = 0; i < 60; ++i) {
+    const units cost = i % 4 == 3 ? 1 : (i % 4 == 2 ? cfg.limit() : max_units);
+    t += i % 7 == 0 ? 1'000 : 0;
+    const ratelimit::access a = i % 5 == 4 ? access::peek
+                                           : (i % 6 == 5 ? access::consume : access::force);
+    const auto want = memory.apply(cfg, "k", microseconds{t}, cost, a);
+    const auto got = store.apply(cfg, "k", microseconds{t}, cost, a);
+    ASSERT_EQ(describe(got), describe(want)) << name << " step " << i << " cost " << cost;
+  }
+  EXPECT_EQ(store.stats().errors, 0u);
+}
+
+TEST(RedisDifferential, ForcedChecksSaturateIdentically) {
+  forced_saturation<fixed_window>(fixed_window::config("10/1h", window_options{false, "t"}),
+                                  "fixed");
+  forced_saturation<sliding_window_counter>(
+      sliding_window_counter::config("10/1h", window_options{false, "t"}), "counter");
+  forced_saturation<sliding_window_log>(
+      sliding_window_log::config("10/1h", window_options{false, "t"}), "log");
+  forced_saturation<token_bucket>(token_bucket::config("10/1h", bucket_options{{}, "t"}), "bucket");
+  forced_saturation<token_bucket>(token_bucket::config("7/1us", bucket_options{{}, "t"}),
+                                  "fast-bucket");
+  forced_saturation<gcra>(gcra::config("10/1h", bucket_options{{}, "t"}), "gcra");
+  forced_saturation<gcra>(gcra::config("1/1us", bucket_options{{}, "t"}), "fast-gcra");
 }
 
 }  // namespace

@@ -193,11 +193,12 @@ void run_both(redis::redis_store& store, const typename P::config& cfg, std::str
 
 /// The in-process state a config change leaves, per policy (see
 /// docs/semantics.md): the log keeps the entries the new window holds, trimmed
-/// as the new limit would; GCRA clamps TAT to t + burst' x T'; the others
-/// start fresh. `t` is the time of the first check after the change.
+/// as the new limit would (none if it was idle under the old window); GCRA
+/// clamps TAT to t + burst' x T'; the others start fresh. `t` is the time of
+/// the first check after the change.
 template <class P>
-typename P::state converted(const typename P::state& old, const typename P::config& cfg,
-                            std::int64_t t) {
+typename P::state converted(const typename P::state& old, const typename P::config& old_cfg,
+                            const typename P::config& cfg, std::int64_t t) {
   if constexpr (std::is_same_v<P, gcra>) {
     gcra::state s{std::min(old.tat, t + cfg.tolerance_us())};
     if (s.tat <= t) s = gcra::state{};
@@ -205,6 +206,7 @@ typename P::state converted(const typename P::state& old, const typename P::conf
   } else if constexpr (std::is_same_v<P, sliding_window_log>) {
     if (!old.empty()) t = std::max(t, old.back().ts);
     sliding_window_log::state s;
+    if (sliding_window_log::idle(old_cfg, old, microseconds{t})) return s;
     // Room for every old entry while building; trim then keeps at most limit.
     const std::size_t max_entries = std::max(old.size(), static_cast<std::size_t>(cfg.limit()));
     for (std::size_t i = 0; i < old.size(); ++i) {
@@ -213,6 +215,7 @@ typename P::state converted(const typename P::state& old, const typename P::conf
     sliding_window_log::trim(s, cfg.limit());
     return s;
   } else {
+    (void)old_cfg;
     return typename P::state{};
   }
 }
@@ -280,6 +283,7 @@ TYPED_TEST(RedisConfigChange, DecisionsAfterAChangeAreThoseOfTheNewConfig) {
     const std::string key = "k" + std::to_string(seed);
     std::int64_t t = uniform(rng, 1, 1'000'000'000);
     typename P::config cfg = random_config<P>(rng);
+    typename P::config old_cfg = cfg;
     typename P::state state{};
     bool changed = false;
     for (int phase = 0; phase < 4; ++phase) {
@@ -288,7 +292,7 @@ TYPED_TEST(RedisConfigChange, DecisionsAfterAChangeAreThoseOfTheNewConfig) {
         // The first check after a change is a consume: it converts the state
         // (a peek decides on the converted state without writing it).
         events.front().peek = false;
-        if (changed) state = converted<P>(state, cfg, events.front().t);
+        if (changed) state = converted<P>(state, old_cfg, cfg, events.front().t);
       }
       run_both<P>(store, cfg, key, state, events,
                   "seed " + std::to_string(seed) + " phase " + std::to_string(phase) + " config " +
@@ -296,6 +300,7 @@ TYPED_TEST(RedisConfigChange, DecisionsAfterAChangeAreThoseOfTheNewConfig) {
       if (::testing::Test::HasFatalFailure()) return;
       const typename P::config next = random_config<P>(rng);
       changed = redis::detail::config_id(next) != redis::detail::config_id(cfg);
+      old_cfg = cfg;
       cfg = next;
     }
   }
@@ -456,7 +461,7 @@ TEST(RedisLogRebase, TrimAfterAChangeReadsFewEntries) {
   const std::int64_t before = calls_of(o, "lindex");
   const decision got = store.apply(narrow, "u", microseconds{t}, 1);
   const std::int64_t reads = calls_of(o, "lindex") - before;
-  sliding_window_log::state converted_state = converted<sliding_window_log>(state, narrow, t);
+  sliding_window_log::state converted_state = converted<sliding_window_log>(state, wide, narrow, t);
   EXPECT_EQ(describe(got),
             describe(sliding_window_log::step(narrow, converted_state, microseconds{t}, 1)));
   EXPECT_LT(reads, 200) << "LINDEX calls for one check";

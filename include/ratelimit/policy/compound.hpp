@@ -126,7 +126,9 @@ template <class Pred>
       lo = mid + 1;
     }
   }
-  return std::chrono::microseconds{lo};
+  // A guess past the ceiling may find a wait past it: that is `never` too
+  // (the Lua driver's FAR), however the search got there.
+  return lo > ceiling ? never : std::chrono::microseconds{lo};
 }
 
 /// Settles sub-limit P after every sub-limit decided on a copy: says
@@ -138,10 +140,14 @@ template <class Pred>
 /// @param kept  P's state in the key
 /// @param trial P's copy, after P::step at `now` returned `d`
 /// @param all   every sub-limit admitted
+/// @param forced the compound check is forced (access::force): every
+///   sub-limit stepped with P::force and records the request, as one that
+///   counts rejected attempts would
 template <policy P>
 [[nodiscard]] compound_part settle(const typename P::config& cfg, const typename P::state& kept,
                                    const typename P::state& trial, const decision& d, bool all,
-                                   timestamp now, units cost) noexcept(nothrow_probe<P>) {
+                                   timestamp now, units cost,
+                                   bool forced = false) noexcept(nothrow_probe<P>) {
   compound_part out;
   out.limit = d.limit;
   out.remaining = d.remaining;
@@ -157,7 +163,7 @@ template <policy P>
     out.retry_after = d.retry_after;
     return out;
   }
-  if (counts_rejected(cfg)) {
+  if (forced || counts_rejected(cfg)) {
     // P admitted, but the compound rejects and P records every attempt: keep
     // the copy. The copy's remaining and reset_after are exact for it; the
     // same request admits again as soon as P admits it on that state.
@@ -281,7 +287,16 @@ struct compound {
   /// Decides and records. Throws only when a sub-state's copy or step does
   /// (std::bad_alloc, sliding log); every sub-state is then unchanged.
   static decision step(const config& cfg, state& s, timestamp now, units cost) noexcept(nothrow) {
-    return step_each(cfg, s, now, cost, std::index_sequence_for<Ps...>{});
+    return step_each(cfg, s, now, cost, false, std::index_sequence_for<Ps...>{});
+  }
+
+  /// As step, recording the request in every sub-limit even when the
+  /// compound rejects (access::force): each sub-limit is forced (Ps::force),
+  /// and the decision is measured on the recorded states.
+  static decision force(const config& cfg, state& s, timestamp now, units cost) noexcept(nothrow)
+    requires(forcible_policy<Ps> && ...)
+  {
+    return step_each(cfg, s, now, cost, true, std::index_sequence_for<Ps...>{});
   }
 
   static bool idle(const config& cfg, const state& s, timestamp now) noexcept {
@@ -292,19 +307,28 @@ struct compound {
   static constexpr bool nothrow = (detail::nothrow_probe<Ps> && ...);
 
   template <std::size_t... I>
-  static decision step_each(const config& cfg, state& s, timestamp now, units cost,
+  static decision step_each(const config& cfg, state& s, timestamp now, units cost, bool forced,
                             std::index_sequence<I...>) noexcept(nothrow) {
     std::tuple<typename Ps::state...> trial = s.parts;
     // Braced lists evaluate left to right: sub-limits decide in order.
     const std::array<decision, size> sub{
-        Ps::step(std::get<I>(cfg.parts()), std::get<I>(trial), now, cost)...};
+        sub_step<Ps>(std::get<I>(cfg.parts()), std::get<I>(trial), now, cost, forced)...};
     const bool all = (sub[I].allowed && ...);
     const std::array<detail::compound_part, size> parts{
         detail::settle<Ps>(std::get<I>(cfg.parts()), std::get<I>(s.parts), std::get<I>(trial),
-                           sub[I], all, now, cost)...};
+                           sub[I], all, now, cost, forced)...};
     // Nothing below throws: states move without allocating.
     ((parts[I].counted ? void(std::get<I>(s.parts) = std::move(std::get<I>(trial))) : void()), ...);
     return detail::combine(parts.data(), size, all);
+  }
+
+  template <class P>
+  static decision sub_step(const typename P::config& cfg, typename P::state& s, timestamp now,
+                           units cost, bool forced) noexcept(nothrow) {
+    if constexpr (forcible_policy<P>) {
+      if (forced) return P::force(cfg, s, now, cost);
+    }
+    return P::step(cfg, s, now, cost);
   }
 
   template <std::size_t... I>
@@ -407,6 +431,19 @@ struct compound_of {
   /// then unchanged: everything is computed on copies first and committed
   /// by moves that cannot throw.
   static decision step(const config& cfg, state& s, timestamp now, units cost) {
+    return step_as(cfg, s, now, cost, false);
+  }
+
+  /// As step, recording the request in every sub-limit even when the
+  /// compound rejects (access::force): each sub-limit is forced (P::force),
+  /// and the decision is measured on the recorded states.
+  static decision force(const config& cfg, state& s, timestamp now, units cost)
+    requires forcible_policy<P>
+  {
+    return step_as(cfg, s, now, cost, true);
+  }
+
+  static decision step_as(const config& cfg, state& s, timestamp now, units cost, bool forced) {
     const std::size_t n = cfg.size();
     // A key never seen (or held under a config with another number of
     // sub-limits) starts from initial sub-states, built aside.
@@ -421,13 +458,19 @@ struct compound_of {
     sub.reserve(n);
     bool all = true;
     for (std::size_t i = 0; i < n; ++i) {
-      sub.push_back(P::step(cfg.parts()[i], trial[i], now, cost));
+      if constexpr (forcible_policy<P>) {
+        sub.push_back(forced ? P::force(cfg.parts()[i], trial[i], now, cost)
+                             : P::step(cfg.parts()[i], trial[i], now, cost));
+      } else {
+        sub.push_back(P::step(cfg.parts()[i], trial[i], now, cost));
+      }
       all = all && sub.back().allowed;
     }
     std::vector<detail::compound_part> parts;
     parts.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
-      parts.push_back(detail::settle<P>(cfg.parts()[i], kept[i], trial[i], sub[i], all, now, cost));
+      parts.push_back(
+          detail::settle<P>(cfg.parts()[i], kept[i], trial[i], sub[i], all, now, cost, forced));
     }
     // Nothing below throws: states and vectors move without allocating.
     for (std::size_t i = 0; i < n; ++i) {

@@ -74,6 +74,15 @@ struct fixed_window {
   };
 
   static decision step(const config& cfg, state& s, timestamp now, units cost) noexcept {
+    return step_as(cfg, s, now, cost, false);
+  }
+  /// As step, recording the request even when rejected (access::force): the
+  /// count may pass the limit (saturating at 2^52).
+  static decision force(const config& cfg, state& s, timestamp now, units cost) noexcept {
+    return step_as(cfg, s, now, cost, true);
+  }
+  static decision step_as(const config& cfg, state& s, timestamp now, units cost,
+                          bool forced) noexcept {
     const std::int64_t w = cfg.period_us();
     std::int64_t t = now.count();
     // Time never runs backwards inside a key: an earlier request is decided at
@@ -86,7 +95,7 @@ struct fixed_window {
     decision d;
     d.limit = cfg.limit();
     d.allowed = n + cost <= cfg.limit();
-    if (d.allowed || cfg.count_rejected()) {
+    if (d.allowed || forced || cfg.count_rejected()) {
       n = detail::add_saturated(n, cost);
       s.window = k;
       s.count = n;

@@ -76,6 +76,16 @@ struct gcra {
   };
 
   static decision step(const config& cfg, state& s, timestamp now, units cost) noexcept {
+    return step_as(cfg, s, now, cost, false);
+  }
+  /// As step, recording the request even when rejected (access::force): the
+  /// TAT runs ahead of the tolerance, by at most 2^52 us past `now` (it is
+  /// never moved back).
+  static decision force(const config& cfg, state& s, timestamp now, units cost) noexcept {
+    return step_as(cfg, s, now, cost, true);
+  }
+  static decision step_as(const config& cfg, state& s, timestamp now, units cost,
+                          bool forced) noexcept {
     // No clamp needed: max(TAT, t) already makes an earlier t safe.
     const std::int64_t t = now.count();
     const std::int64_t tv = cfg.interval_us();
@@ -87,6 +97,11 @@ struct gcra {
     d.allowed = cost <= cfg.burst() && base + cost * tv - t <= tol;
     if (d.allowed) {
       s.tat = base + cost * tv;
+      d.counted = true;
+    } else if (forced) {
+      // base + cost x T, saturating at t + 2^52 (never below base).
+      const std::int64_t ceiling = t + detail::max_ticks;
+      s.tat = base >= ceiling ? base : cost > (ceiling - base) / tv ? ceiling : base + cost * tv;
       d.counted = true;
     }
     const std::int64_t debt = std::max<std::int64_t>(s.tat - t, 0);

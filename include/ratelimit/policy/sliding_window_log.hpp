@@ -184,6 +184,15 @@ struct sliding_window_log {
   /// grow; the state is then unchanged (the ring grows before anything else
   /// is written).
   static decision step(const config& cfg, state& s, timestamp now, units cost) {
+    return step_as(cfg, s, now, cost, false);
+  }
+  /// As step, recording the request even when rejected (access::force), as
+  /// count_rejected records an attempt; `trim` keeps the log at most `limit`
+  /// entries however many requests are forced past the limit.
+  static decision force(const config& cfg, state& s, timestamp now, units cost) {
+    return step_as(cfg, s, now, cost, true);
+  }
+  static decision step_as(const config& cfg, state& s, timestamp now, units cost, bool forced) {
     const std::int64_t w = cfg.period_us();
     const units limit = cfg.limit();
     std::int64_t t = now.count();
@@ -198,7 +207,7 @@ struct sliding_window_log {
     decision d;
     d.limit = limit;
     d.allowed = in_window + cost <= limit;
-    if (d.allowed || cfg.count_rejected()) {
+    if (d.allowed || forced || cfg.count_rejected()) {
       // The ring never needs more than `limit` slots (see `trim`): a full
       // ring's oldest entry is one that trimming after this push would drop.
       const auto max_entries = static_cast<std::size_t>(limit);
@@ -259,7 +268,20 @@ struct sliding_window_log {
   /// Older entries can no longer change any decision: while one of them is
   /// still in the window, so is the whole kept run, which alone rejects every
   /// request; and every retry_after is decided inside the kept run. So the log
-  /// holds at most `limit` entries even when rejected attempts are counted.
+  /// holds at most `limit` entries even when rejected attempts are counted or
+  /// requests are forced past the limit (access::force).
+  ///
+  /// In full, with K the kept run (costs summing to S >= limit, base B =
+  /// the running total just before it) and any dropped entry e (e.ts <= every
+  /// kept time, e.cum <= B): (1) admission at any later t: if e is in (t - W,
+  /// t], so is all of K, so the window holds >= S >= limit and the request
+  /// (cost >= 1) is rejected with or without e; if e is not, e adds nothing.
+  /// (2) retry_after picks the oldest entry i with cum_i >= need = last.cum +
+  /// cost - limit; since last.cum - B = S >= limit, need > B >= e.cum, so i is
+  /// never a dropped entry. (3) remaining and reset_after read only the newest
+  /// entries (remaining is 0 once S >= limit). Times never run backwards in a
+  /// key (a request is decided at the newest entry's time or later), so no
+  /// later check can look at a window that ends before K's entries.
   static void trim(state& s, units limit) noexcept {
     while (s.size() > 1 && s.back().cum - s.front().cum >= limit) s.pop_front();
   }

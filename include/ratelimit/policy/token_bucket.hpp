@@ -113,6 +113,16 @@ struct token_bucket {
   }
 
   static decision step(const config& cfg, state& s, timestamp now, units cost) noexcept {
+    return step_as(cfg, s, now, cost, false);
+  }
+  /// As step, recording the request even when rejected (access::force): the
+  /// bucket goes into debt, its deficit passing the capacity (saturating at
+  /// 2^52 ticks, `detail::max_ticks`).
+  static decision force(const config& cfg, state& s, timestamp now, units cost) noexcept {
+    return step_as(cfg, s, now, cost, true);
+  }
+  static decision step_as(const config& cfg, state& s, timestamp now, units cost,
+                          bool forced) noexcept {
     std::int64_t t = now.count();
     // Time never runs backwards inside a key: decide at the last update.
     if (s.deficit > 0 && t < s.last) t = s.last;
@@ -122,12 +132,15 @@ struct token_bucket {
     decision d;
     d.limit = cfg.burst();
     d.allowed = cost <= cfg.burst() && deficit + cost * cfg.ticks_per_token() <= cap;
-    if (d.allowed) {
-      deficit += cost * cfg.ticks_per_token();
+    if (d.allowed || forced) {
+      // Admitted, deficit + cost x P <= capacity <= 2^52; forced, it may pass
+      // the capacity and saturates at 2^52 (cost x P alone may not fit int64).
+      const std::int64_t p = cfg.ticks_per_token();
+      deficit = cost > (detail::max_ticks - deficit) / p ? detail::max_ticks : deficit + cost * p;
       s = state{deficit, t};
       d.counted = true;
     }
-    d.remaining = (cap - deficit) / cfg.ticks_per_token();
+    d.remaining = deficit >= cap ? 0 : (cap - deficit) / cfg.ticks_per_token();
     if (!d.allowed) {
       d.retry_after = cost > cfg.burst()
                           ? never

@@ -63,7 +63,9 @@ struct blocked_cache_stats {
 ///
 /// - Only consume checks decided by the store itself (`source == store`) are
 ///   cached; a degraded decision (fail_open, fail_closed, fallback) and a peek
-///   never are. A peek does read the cache.
+///   never are. A peek does read the cache. A forced check (access::force,
+///   shadow mode) neither reads nor fills it: the request really happens, so
+///   the store must record it.
 /// - A cached rejection: `allowed == false`, `counted == false` (nothing is
 ///   recorded), `remaining == 0`, `limit` as the store said, `retry_after` the
 ///   rest of the block (>= 1 us, `never` stays `never`), `reset_after` the rest
@@ -305,6 +307,7 @@ class blocked_cache {
   decision decide(const Config& cfg, std::string_view key, std::int64_t now, bool local, units cost,
                   access a, Call call) {
     using P = typename Config::policy_type;
+    if (a == access::force) return call();
     shard& sh = shard_for(key);
     std::uint64_t generation = 0;
     if (auto hit = lookup(sh, key, P::name, cfg.name(), cfg.limit(), now, local, cost,

@@ -22,6 +22,7 @@
 
 #include "ratelimit/concepts.hpp"
 #include "ratelimit/decision.hpp"
+#include "ratelimit/detail/forced_step.hpp"
 #include "ratelimit/detail/siphash.hpp"
 #include "ratelimit/detail/spin_lock.hpp"
 
@@ -109,7 +110,8 @@ class memory_store {
   /// @param key  validated by the caller (1..512 bytes)
   /// @param now  microseconds since the clock's epoch
   /// @param cost validated by the caller (>= 1)
-  /// @param a    consume (record) or peek (decide only)
+  /// @param a    consume (record), peek (decide only) or force (record as
+  ///             admitted even when rejected; see concepts.hpp)
   /// @throws std::bad_alloc with the store unchanged (see the class comment)
   decision apply(const config_type& cfg, std::string_view key, timestamp now, units cost,
                  access a) {
@@ -507,6 +509,8 @@ class memory_store {
       state_type copy = held;
       return P::step(cfg, copy, now, cost);
     }
+    if (a == access::force) [[unlikely]]
+      return detail::forced_step<P>(cfg, held, now, cost);
     return P::step(cfg, held, now, cost);
   }
 
@@ -520,7 +524,8 @@ class memory_store {
                                                       timestamp now, units cost, access a) {
     now = std::max(now, sh.reclaimed_at);
     state_type fresh{};
-    decision d = P::step(cfg, fresh, now, cost);
+    decision d = a == access::force ? detail::forced_step<P>(cfg, fresh, now, cost)
+                                    : P::step(cfg, fresh, now, cost);
     if (a == access::peek || fresh == state_type{}) return d;  // nothing to record
     sh.sweep_some(cfg, now, options_.sweep_per_insert, *count_);
     // Reserve the key's place first so that concurrent inserts on other

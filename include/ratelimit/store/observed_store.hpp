@@ -29,7 +29,8 @@ struct observation {
   /// The key, only for observers that opt in with `wants_key` (keys may be
   /// personal data, and a label per key explodes a metrics system); else empty.
   std::string_view key;
-  /// consume (a real check) or peek.
+  /// consume (a real check), peek, or force (a shadow-mode check: recorded
+  /// as admitted whatever the decision says).
   access mode = access::consume;
   /// Units the request asked for.
   units cost = 1;
@@ -179,7 +180,9 @@ class observed_store {
 /// A ready observer: lock-free counters and a fixed-bucket latency histogram,
 /// written in the Prometheus text exposition format.
 ///
-/// Counts, for consume calls (real checks): allowed, rejected, degraded by
+/// Counts, for consume and force calls (real checks): allowed, rejected,
+/// shadow_rejected (a forced call the policy, or a failure policy, rejected:
+/// the request went ahead, so it is not counted as rejected), degraded by
 /// source (`decision::degraded()`: fail_open, fail_closed, fallback) and
 /// cache hits (`source == local_cache`); for all calls: peeks, errors (the
 /// store threw), and the latency of every call, returned or thrown, in
@@ -214,6 +217,8 @@ class basic_metrics {
   struct reading {
     std::uint64_t allowed = 0;
     std::uint64_t rejected = 0;
+    /// Forced (shadow-mode) checks that would have been rejected.
+    std::uint64_t shadow_rejected = 0;
     std::uint64_t fail_open = 0;
     std::uint64_t fail_closed = 0;
     std::uint64_t fallback = 0;
@@ -248,7 +253,11 @@ class basic_metrics {
       bump(peeks_);
       return;
     }
-    bump(d.allowed ? allowed_ : rejected_);
+    if (d.allowed) {
+      bump(d.shadow_rejected ? shadow_rejected_ : allowed_);
+    } else {
+      bump(obs.mode == access::force ? shadow_rejected_ : rejected_);
+    }
     switch (d.source) {
       case decision_source::fail_open: bump(fail_open_); break;
       case decision_source::fail_closed: bump(fail_closed_); break;
@@ -269,6 +278,7 @@ class basic_metrics {
     reading r;
     r.allowed = load(allowed_);
     r.rejected = load(rejected_);
+    r.shadow_rejected = load(shadow_rejected_);
     r.fail_open = load(fail_open_);
     r.fail_closed = load(fail_closed_);
     r.fallback = load(fallback_);
@@ -303,6 +313,7 @@ class basic_metrics {
 
   counter allowed_{0};
   counter rejected_{0};
+  counter shadow_rejected_{0};
   counter fail_open_{0};
   counter fail_closed_{0};
   counter fallback_{0};
@@ -371,12 +382,14 @@ inline void write_prometheus(std::ostream& out, std::initializer_list<labelled_m
   }
 
   detail::write_family_header(out, "ratelimit_checks_total", "counter",
-                              "Checks decided (consume calls), by result.");
+                              "Checks decided (consume and shadow-mode calls), by result.");
   for (const row& x : rows) {
     out << "ratelimit_checks_total{store=\"" << x.store << "\",result=\"allowed\"} " << x.r.allowed
         << '\n';
     out << "ratelimit_checks_total{store=\"" << x.store << "\",result=\"rejected\"} "
         << x.r.rejected << '\n';
+    out << "ratelimit_checks_total{store=\"" << x.store << "\",result=\"shadow_rejected\"} "
+        << x.r.shadow_rejected << '\n';
   }
   detail::write_family_header(
       out, "ratelimit_degraded_total", "counter",

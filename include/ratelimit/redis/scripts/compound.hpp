@@ -17,7 +17,8 @@
 //
 // The script decides every sub-limit without writing, then commits all of
 // them when all admit, or only the sub-limits that count rejected attempts
-// when one rejects: the rule of detail::settle in policy/compound.hpp. Its
+// when one rejects (every sub-limit when the check is forced, ARGV[3] = "2"):
+// the rule of detail::settle in policy/compound.hpp. Its
 // reply has a sixth element, the binding sub-limit's limit.
 #pragma once
 
@@ -92,6 +93,9 @@ local rs, limits, counts = {}, {}, {}
 local all = true
 for i = 1, n do
   rs[i], limits[i], counts[i] = decide(i)
+  -- Forced, every sub-limit records the request, as one counting rejected
+  -- attempts does (detail::settle's `forced`).
+  counts[i] = counts[i] or force
   all = all and rs[i].allowed
 end
 local counted, retry, reset = 0, 0, 0

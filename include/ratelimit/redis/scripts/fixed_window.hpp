@@ -47,7 +47,7 @@ local function fixed_window(key, t, cost, W, limit, count_rejected)
   if same then n = sn end
   local allowed = n + cost <= limit
   local counted = 0
-  if allowed or count_rejected then
+  if allowed or force or count_rejected then
     n = n + cost
     if n > CEILING then n = CEILING end
     counted = 1

@@ -57,6 +57,17 @@ local function gcra(key, t, cost, tv, burst)
   if allowed then
     tat = base + cost * tv
     counted = 1
+  elseif force then
+    -- base + cost * tv, saturating at t + 2^52 (never below base).
+    local ceiling = t + CEILING
+    if base >= ceiling then
+      tat = base
+    elseif cost > fdiv(ceiling - base, tv) then
+      tat = ceiling
+    else
+      tat = base + cost * tv
+    end
+    counted = 1
   end
   local function commit()
     if counted == 0 then return convert() end
@@ -66,12 +77,18 @@ local function gcra(key, t, cost, tv, burst)
   if debt < 0 then debt = 0 end
   local remaining = 0
   if tol - debt > 0 then remaining = fdiv(tol - debt, tv) end
+  -- `again`: when the same request is admitted on the recorded state (for
+  -- a forced compound whose other sub-limit rejected).
+  local again = 0
+  if remaining < cost then
+    if cost > burst then again = -1 else again = tat + (cost * tv - tol) end
+  end
   local retry = 0
   if not allowed then
-    if cost > burst then retry = -1 else retry = (tat - t) + cost * tv - tol end
+    if cost > burst then retry = -1 else retry = (tat - t) + (cost * tv - tol) end
   end
   return {allowed = allowed, counted = counted, remaining = remaining, retry = retry,
-          reset = debt, again = 0, idle_at = idle_at, commit = commit, convert = convert}
+          reset = debt, again = again, idle_at = idle_at, commit = commit, convert = convert}
 end
 )lua";
 

@@ -23,8 +23,10 @@ namespace ratelimit::redis {
 /// - `scaled(cfg, divisor)`: the config of the in-process fallback limiter.
 ///
 /// Every script takes ARGV[1] = the caller's time in microseconds, or "" to
-/// read the server's TIME; ARGV[2] = cost; ARGV[3] = "1" to peek (decide,
-/// write nothing); ARGV[4] = TTL floor in milliseconds. It returns
+/// read the server's TIME; ARGV[2] = cost; ARGV[3] = the access: "0" to
+/// consume, "1" to peek (decide, write nothing), "2" to force (record the
+/// request as admitted even when rejected; the reply is the policy's own
+/// decision, as P::force returns it); ARGV[4] = TTL floor in milliseconds. It returns
 /// {allowed, counted, remaining, retry_after_us (-1 = never), reset_after_us}.
 template <class P>
 struct script_for;
@@ -100,6 +102,7 @@ inline constexpr timestamp max_script_time{std::int64_t{1} << 52};
   "end\n"                                                                         \
   "local cost = tonumber(ARGV[2])\n"                                              \
   "local peek = ARGV[3] == '1'\n"                                                 \
+  "local force = ARGV[3] == '2'\n"                                                \
   "local floor_ms = tonumber(ARGV[4])\n"                                          \
   "local function ttl(need_us)\n"                                                 \
   "  local ms = cdiv(need_us, 1000)\n"                                            \

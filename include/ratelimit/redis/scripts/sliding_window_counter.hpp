@@ -69,7 +69,7 @@ local function sliding_window_counter(key, t, cost, W, limit, count_rejected)
   end
   local allowed = passes(prev, cur, e, cost)
   local counted = 0
-  if allowed or count_rejected then
+  if allowed or force or count_rejected then
     cur = cur + cost
     if cur > CEILING then cur = CEILING end
     counted = 1

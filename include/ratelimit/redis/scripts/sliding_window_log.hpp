@@ -15,7 +15,10 @@
 // converted, not dropped: the entries the new window no longer holds (at or
 // before t - W') are dropped, the rest trimmed as the new limit's log would
 // be (`trim`), and the converted log is written back under the new header by
-// any check that is not a peek, so that it is converted once.
+// any check that is not a peek, so that it is converted once. A log idle
+// under the window that wrote it (newest entry at or before t - W) is empty,
+// as if its key had expired: what it holds then no longer depends on when
+// Redis (or the in-process store's reclaim) drops it.
 #pragma once
 
 #include <string>
@@ -38,7 +41,7 @@ local function sliding_window_log(key, t, cost, W, limit, count_rejected)
   local header = '#' .. int(W) .. ',' .. int(limit) .. ',' .. (count_rejected and '1' or '0')
   local stored = redis.call('LLEN', key)
   -- `len` entries follow the header, at list indices 1..len.
-  local len, converted = 0, false
+  local len, converted, old_W = 0, false, 0
   if stored > 0 then
     local h = redis.call('LINDEX', key, 0)
     if stored < 2 or not string.find(h, '^#%d+,%d+,[01]$') then
@@ -46,6 +49,7 @@ local function sliding_window_log(key, t, cost, W, limit, count_rejected)
     end
     len = stored - 1
     converted = h ~= header
+    if converted then old_W = whole(key, string.match(h, '^#(%d+),'), 1, CEILING) end
   end
   -- The log is the stored entries [head, len) followed by at most one pushed
   -- entry; `offset` rebases running totals (always < 2^53).
@@ -121,8 +125,13 @@ local function sliding_window_log(key, t, cost, W, limit, count_rejected)
   end
   if size > 0 and t < at(size - 1)[1] then t = at(size - 1)[1] end
   if converted then
-    for _ = 1, first_after(t - W) do pop() end
-    trim()
+    if at(size - 1)[1] <= t - old_W then
+      -- Idle under the config that wrote it: empty, as if it had expired.
+      head, size = head + size, 0
+    else
+      for _ = 1, first_after(t - W) do pop() end
+      trim()
+    end
   end
   -- The log as read (and converted), for convert().
   local head0, size0, offset0 = head, size, offset
@@ -136,7 +145,7 @@ local function sliding_window_log(key, t, cost, W, limit, count_rejected)
   local allowed = in_window + cost <= limit
   local counted = 0
   local rebased = false
-  if allowed or count_rejected then
+  if allowed or force or count_rejected then
     for _ = 1, first do pop() end
     if size >= limit then pop() end
     local last = 0

@@ -32,10 +32,9 @@ local function token_bucket(key, t, cost, L, P, burst)
   if raw then
     local f, written_under = split_state(key, raw, 2)
     local d0, l0 = whole(key, f[1], 0, CEILING), whole(key, f[2], 0, CEILING)
-    if written_under == fp then
-      if d0 > cap then bad(key, 'deficit above the capacity:', raw) end
-      sd, sl = d0, l0
-    end
+    -- A deficit above the capacity is a debt left by forced checks; the
+    -- reader's range [0, 2^52] is what any check can write.
+    if written_under == fp then sd, sl = d0, l0 end
   end
   local idle_at = 0
   if sd > 0 then idle_at = sl + cdiv(sd, L) end
@@ -47,21 +46,33 @@ local function token_bucket(key, t, cost, L, P, burst)
   end
   local allowed = cost <= burst and deficit + cost * P <= cap
   local counted = 0
-  if allowed then
-    deficit = deficit + cost * P
+  if allowed or force then
+    -- Forced past the capacity, the deficit saturates at 2^52 ticks.
+    if cost > fdiv(CEILING - deficit, P) then
+      deficit = CEILING
+    else
+      deficit = deficit + cost * P
+    end
     counted = 1
   end
   local function commit()
     if counted == 0 then return end
     redis.call('SET', key, int(deficit) .. ':' .. int(t) .. ';' .. fp, 'PX', ttl(cdiv(deficit, L)))
   end
-  local remaining = fdiv(cap - deficit, P)
+  local remaining = 0
+  if deficit < cap then remaining = fdiv(cap - deficit, P) end
+  -- `again`: when the same request is admitted on the recorded state (for
+  -- a forced compound whose other sub-limit rejected).
+  local again = 0
+  if remaining < cost then
+    if cost > burst then again = -1 else again = t + cdiv(deficit + (cost * P - cap), L) end
+  end
   local retry = 0
   if not allowed then
-    if cost > burst then retry = -1 else retry = cdiv(deficit + cost * P - cap, L) end
+    if cost > burst then retry = -1 else retry = cdiv(deficit + (cost * P - cap), L) end
   end
   return {allowed = allowed, counted = counted, remaining = remaining, retry = retry,
-          reset = cdiv(deficit, L), again = 0, idle_at = idle_at, commit = commit,
+          reset = cdiv(deficit, L), again = again, idle_at = idle_at, commit = commit,
           convert = function() end}
 end
 )lua";

@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: Apache-2.0
+// access::force in process: P::force when the policy has it, else a clear error. Not API.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "ratelimit/concepts.hpp"
+#include "ratelimit/decision.hpp"
+
+namespace ratelimit::detail {
+
+[[noreturn, gnu::noinline, gnu::cold]] inline void throw_not_forcible(std::string_view policy) {
+  throw std::invalid_argument("ratelimit: policy " + std::string(policy) +
+                              " does not support access::force (it has no P::force)");
+}
+
+/// P::force(cfg, s, now, cost), or std::invalid_argument (state untouched)
+/// for a policy without one.
+template <policy P>
+decision forced_step(const typename P::config& cfg, typename P::state& s, timestamp now,
+                     units cost) {
+  if constexpr (forcible_policy<P>) {
+    return P::force(cfg, s, now, cost);
+  } else {
+    throw_not_forcible(P::name);
+  }
+}
+
+}  // namespace ratelimit::detail

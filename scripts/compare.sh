@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Builds ratelimit-compare in Release into ./build/compare and compares the five policies at one rate.
+#
+# Usage: scripts/compare.sh            every policy at 10/15min: in process, on a throwaway
+#                                      redis-server, and on examples/data/sample_calls.csv
+#                                      (also build/compare/compare.csv and compare.svg)
+#        scripts/compare.sh ARGS...    ratelimit-compare ARGS... (e.g. --help, --rate 100/min my_log.csv)
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build_dir="$root/build/compare"
+
+bash "$root/scripts/deps.sh" >&2
+redis=OFF
+if pkg-config --exists hiredis; then redis=ON; fi
+cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DRATELIMIT_BUILD_TESTS=OFF \
+  -DRATELIMIT_BUILD_EXAMPLES=ON -DRATELIMIT_REDIS="$redis" >&2
+cmake --build "$build_dir" -j2 --target ratelimit_compare >&2
+
+compare="$build_dir/examples/compare/ratelimit-compare"
+if [ "$#" -eq 0 ]; then
+  set -- --csv "$build_dir/compare.csv" --svg "$build_dir/compare.svg"
+fi
+exec "$compare" "$@"
