@@ -144,6 +144,30 @@ void memory_of(redis::redis_store& store, const redis::options& o, units calls) 
             << (r->type == REDIS_REPLY_INTEGER ? r->integer : -1) << " bytes\n";
 }
 
+/// MEMORY USAGE of a lease set with `live` leases (16-byte phone key, ids of
+/// 36 bytes like a SIP Call-ID), and of the rate key a GCRA rate adds.
+void memory_of_leases(const redis::options& o, int live) {
+  const std::string phone = "+15551234567890x";  // 16 bytes
+  concurrency_limiter<gcra, redis::redis_store, redis::server_clock> calls{
+      concurrency_config{10, std::chrono::hours{2}, concurrency_options{.name = "calls"}},
+      gcra::config{"10/15min", bucket_options{.name = "calls"}}, redis::redis_store{o}};
+  calls.reset(phone);
+  for (int i = 0; i < live; ++i) {
+    std::string id = "a84b4c76e66710" + std::to_string(1000 + i) + "@pc33.atlanta.example";
+    id.resize(36, 'x');
+    (void)calls.acquire(phone, id);
+  }
+  const leases<gcra>::config req(calls.settings(), lease_op::none, {});
+  const auto keys = redis::redis_store{o}.keys_for(req, phone);
+  redis::connection c(o);
+  for (const std::string& key : keys) {
+    const std::string_view args[] = {"MEMORY", "USAGE", key, "SAMPLES", "0"};
+    auto r = c.command(args, 5, redis::deadline_clock::now() + std::chrono::seconds(2));
+    std::cout << "leases, " << live << " live: key \"" << key << "\" "
+              << (r->type == REDIS_REPLY_INTEGER ? r->integer : -1) << " bytes\n";
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -156,6 +180,7 @@ int main(int argc, char** argv) {
     memory_of<sliding_window_counter>(store, o, 3);
     memory_of<sliding_window_log>(store, o, 3);
     memory_of<sliding_window_log>(store, o, 10);
+    for (const int live : {1, 3, 5}) memory_of_leases(o, live);
     return 0;
   }
   if (argc >= 3 && std::strcmp(argv[1], "--print-script") == 0) {

@@ -6,6 +6,7 @@
 #include "ratelimit/clock/manual_clock.hpp"
 #include "ratelimit/clock/steady_clock.hpp"
 #include "ratelimit/concepts.hpp"
+#include "ratelimit/concurrency.hpp"
 #include "ratelimit/decision.hpp"
 #include "ratelimit/errors.hpp"
 #include "ratelimit/limiter.hpp"

@@ -10,6 +10,7 @@
 #include "ratelimit/redis/redis_store.hpp"
 #include "ratelimit/redis/scripts/fixed_window.hpp"
 #include "ratelimit/redis/scripts/gcra.hpp"
+#include "ratelimit/redis/scripts/leases.hpp"
 #include "ratelimit/redis/scripts/script_for.hpp"
 #include "ratelimit/redis/scripts/sliding_window_counter.hpp"
 #include "ratelimit/redis/scripts/sliding_window_log.hpp"

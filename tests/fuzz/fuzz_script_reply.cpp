@@ -43,8 +43,11 @@ void check_decision(const rl::decision& d) {
   RATELIMIT_FUZZ_CHECK(d.remaining >= 0 && d.remaining <= d.limit,
                        "decoded remaining outside 0..limit");
   RATELIMIT_FUZZ_CHECK(d.reset_after.count() >= 0, "decoded a negative reset_after");
+  // A repeat (leases: an id already live) is admitted and records nothing.
+  RATELIMIT_FUZZ_CHECK(!d.repeat || (d.allowed && !d.counted),
+                       "decoded a repeat that was rejected or counted");
   if (d.allowed) {
-    RATELIMIT_FUZZ_CHECK(d.counted && d.retry_after.count() == 0,
+    RATELIMIT_FUZZ_CHECK((d.counted || d.repeat) && d.retry_after.count() == 0,
                          "decoded an admission that was not counted or must wait");
   } else {
     RATELIMIT_FUZZ_CHECK(d.retry_after.count() >= 1, "decoded a rejection with no wait");

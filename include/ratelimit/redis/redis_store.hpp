@@ -40,6 +40,7 @@
 #include "ratelimit/redis/scripts/compound.hpp"
 #include "ratelimit/redis/scripts/fixed_window.hpp"
 #include "ratelimit/redis/scripts/gcra.hpp"
+#include "ratelimit/redis/scripts/leases.hpp"
 #include "ratelimit/redis/scripts/request_id.hpp"
 #include "ratelimit/redis/scripts/script_for.hpp"
 #include "ratelimit/redis/scripts/sliding_window_counter.hpp"
@@ -511,11 +512,12 @@ template <class Config>
   if (r.type == REDIS_REPLY_ERROR) {
     throw script_error("ratelimit: redis: script failed: " + std::string(r.str, r.len));
   }
-  // Five integers, or six when the script reports the decision's limit (compound).
-  if (r.type != REDIS_REPLY_ARRAY || (r.elements != 5 && r.elements != 6)) {
+  // Five integers, or six when the script reports the decision's limit
+  // (compound), or seven when it also reports a repeat (leases).
+  if (r.type != REDIS_REPLY_ARRAY || r.elements < 5 || r.elements > 7) {
     throw script_error("ratelimit: redis: unexpected script reply");
   }
-  long long v[6] = {};
+  long long v[7] = {};
   for (std::size_t i = 0; i < r.elements; ++i) {
     if (r.element[i]->type != REDIS_REPLY_INTEGER) {
       throw script_error("ratelimit: redis: unexpected script reply element");
@@ -523,11 +525,14 @@ template <class Config>
     v[i] = r.element[i]->integer;
   }
   // Only a reply a script of this library could give decides a check.
-  const long long limit = r.elements == 6 ? v[5] : cfg.limit();
+  const long long limit = r.elements >= 6 ? v[5] : cfg.limit();
   const long long far = std::int64_t{1} << 53;
+  // A repeat is admitted and records nothing; any other admission records.
+  const bool repeat = v[6] == 1;
   const bool ok = (v[0] == 0 || v[0] == 1) && (v[1] == 0 || v[1] == 1) &&
-                  (v[0] == 0 || v[1] == 1) && limit >= 1 && limit <= max_units && v[2] >= 0 &&
-                  v[2] <= limit && v[3] >= -1 && v[3] <= far &&
+                  (v[6] == 0 || (repeat && v[0] == 1 && v[1] == 0)) &&
+                  (v[0] == 0 || v[1] == 1 || repeat) && limit >= 1 && limit <= max_units &&
+                  v[2] >= 0 && v[2] <= limit && v[3] >= -1 && v[3] <= far &&
                   // An admission waits 0; a rejection at least 1 us, or never.
                   (v[0] == 1 ? v[3] == 0 : v[3] != 0) && v[4] >= 0 && v[4] <= far;
   if (!ok) {
@@ -545,6 +550,7 @@ template <class Config>
   d.remaining = static_cast<units>(v[2]);
   d.retry_after = v[3] < 0 ? never : std::chrono::microseconds{v[3]};
   d.reset_after = std::chrono::microseconds{v[4]};
+  d.repeat = repeat;
   return d;
 }
 
@@ -628,7 +634,13 @@ class degrader {
         const timestamp t = now ? *now
                                 : std::chrono::duration_cast<timestamp>(
                                       std::chrono::system_clock::now().time_since_epoch());
-        d = fb.store.apply(fb.cfg, key, t, cost, a);
+        // A config that carries per-call data (leases: the operation and
+        // lease id) lends it to the fallback's own config.
+        if constexpr (requires { script_for<P>::rebind(fb.cfg, cfg); }) {
+          d = fb.store.apply(script_for<P>::rebind(fb.cfg, cfg), key, t, cost, a);
+        } else {
+          d = fb.store.apply(fb.cfg, key, t, cost, a);
+        }
         d.source = decision_source::fallback;
         return d;
       }
@@ -646,7 +658,11 @@ class degrader {
   [[nodiscard]] static fallback_id id_of(const typename P::config& cfg) {
     std::string id = cfg.name();
     id += '/';
-    id += config_id(cfg);
+    if constexpr (requires { script_for<P>::fallback_id(cfg); }) {
+      id += script_for<P>::fallback_id(cfg);  // without per-call data (leases)
+    } else {
+      id += config_id(cfg);
+    }
     return fallback_id{std::type_index(typeid(P)), std::move(id)};
   }
 

@@ -1,0 +1,567 @@
+// SPDX-License-Identifier: Apache-2.0
+// Concurrency limits with leases: "at most 5 calls in progress per subscriber".
+//
+// A key holds up to N live leases, each named by a lease id the caller picks
+// (a SIP dialog's Call-ID, a request id) and each expiring at most
+// `max_duration` after it was granted or last renewed, so a lost BYE cannot
+// hold a slot forever. `acquire` grants a lease or rejects with the time until
+// the earliest live lease expires; `release` frees one; `renew` extends one.
+// Optionally a rate policy R is applied by the same acquire, all or nothing:
+// "at most 5 calls in progress and 10 calls per 15 minutes" is one check that
+// consumes from neither when either refuses.
+//
+// The lease set is a policy in the sense of concepts.hpp (`leases<R>`), whose
+// per-call config (`leases<R>::config`) carries the operation and the lease
+// id, so memory_store, redis_store and cluster_store run it unchanged: one
+// critical section per operation in process, one Lua script in Redis
+// (redis/scripts/leases.hpp). `concurrency_limiter` is the front end.
+// Exact rules: docs/semantics.md, "Concurrency limits (leases)".
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ratelimit/clock/steady_clock.hpp"
+#include "ratelimit/concepts.hpp"
+#include "ratelimit/decision.hpp"
+#include "ratelimit/detail/limiter_name.hpp"
+#include "ratelimit/detail/validate.hpp"
+#include "ratelimit/policy/compound.hpp"
+#include "ratelimit/rate.hpp"
+#include "ratelimit/store/memory_store.hpp"
+
+namespace ratelimit {
+
+/// Most live leases one key may be configured to hold (a key's leases are
+/// scanned linearly in process).
+inline constexpr units max_leases = 65536;
+/// Longest lease id in bytes (binary safe: any bytes, NUL included).
+inline constexpr std::size_t max_lease_id_bytes = 256;
+
+/// Options of a concurrency limit.
+struct concurrency_options {
+  /// The limiter's name, its identity in shared stores: 1..64 bytes of
+  /// [A-Za-z0-9_.-], or empty (unnamed; the Redis stores refuse it).
+  std::string name = {};
+};
+
+/// N live leases per key, each for at most `max_duration`.
+/// Thread safety: immutable.
+class concurrency_config {
+ public:
+  /// @param max_live     leases live at once per key, 1 .. max_leases
+  /// @param max_duration lifetime of a lease from its grant or last renewal,
+  ///                     1 us .. max_period (2^46 us)
+  /// @throws std::invalid_argument naming the bad value (or a bad name)
+  concurrency_config(units max_live, std::chrono::microseconds max_duration,
+                     concurrency_options o = {})
+      : limit_(max_live), duration_(max_duration), name_(std::move(o.name)) {
+    if (limit_ < 1 || limit_ > max_leases) {
+      throw std::invalid_argument("ratelimit: concurrency limit must be in 1.." +
+                                  std::to_string(max_leases) + ", got " + std::to_string(limit_));
+    }
+    if (duration_.count() < 1 || duration_ > max_period) {
+      throw std::invalid_argument("ratelimit: lease duration must be in 1.." +
+                                  std::to_string(max_period.count()) + "us, got " +
+                                  std::to_string(duration_.count()) + "us");
+    }
+    detail::check_name(name_);
+  }
+
+  /// Leases live at once per key (N).
+  [[nodiscard]] units limit() const noexcept { return limit_; }
+  /// Longest life of a lease from its grant or last renewal.
+  [[nodiscard]] std::chrono::microseconds max_duration() const noexcept { return duration_; }
+  /// The limiter's name (concurrency_options::name), empty when unnamed.
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
+ private:
+  units limit_;
+  std::chrono::microseconds duration_;
+  std::string name_;
+};
+
+/// The rate part of `leases<no_rate>`: none.
+struct no_rate {};
+
+/// What one call to a lease limiter does.
+enum class lease_op : unsigned char {
+  none,     ///< nothing (sweeps and resets)
+  acquire,  ///< grant a lease (or find it already live)
+  release,  ///< free a live lease
+  renew,    ///< extend a live lease to now + max_duration
+};
+
+namespace detail {
+
+/// @throws std::invalid_argument for an empty lease id or one over max_lease_id_bytes
+inline void check_lease_id(std::string_view id) {
+  if (id.size() - 1 >= max_lease_id_bytes) {
+    if (id.empty()) throw std::invalid_argument("ratelimit: lease id must not be empty");
+    throw std::invalid_argument("ratelimit: lease id of " + std::to_string(id.size()) +
+                                " bytes exceeds the maximum of " +
+                                std::to_string(max_lease_id_bytes) + " bytes");
+  }
+}
+
+/// The rate policy's config, or nothing.
+template <class R>
+struct rate_config_of {
+  using type = typename R::config;
+};
+template <>
+struct rate_config_of<no_rate> {
+  using type = no_rate;
+};
+template <class R>
+struct rate_state_of {
+  using type = typename R::state;
+};
+template <>
+struct rate_state_of<no_rate> {
+  using type = no_rate;
+};
+
+}  // namespace detail
+
+/// The lease set of one key as a policy: `leases<>` alone, or `leases<R>` with
+/// the rate policy R applied by every acquire (all or nothing). Any of the
+/// five policies may be R, without `count_rejected` (a refused acquire
+/// consumes nothing from the rate).
+template <class R = no_rate>
+struct leases {
+  static constexpr std::string_view name = "leases";
+  static constexpr bool rated = !std::is_same_v<R, no_rate>;
+  using rate_config = typename detail::rate_config_of<R>::type;
+  using rate_state = typename detail::rate_state_of<R>::type;
+
+  /// The limiter's configuration: the lease limit and, if any, the rate.
+  /// Thread safety: immutable.
+  class settings {
+   public:
+    /// The rate's own name plays no part: the limiter is named by `c`.
+    /// @throws std::invalid_argument for a rate that counts rejected attempts
+    explicit settings(concurrency_config c, rate_config r = {})
+        : conc_(std::move(c)), rate_(std::move(r)) {
+      if constexpr (rated) {
+        if (detail::counts_rejected(rate_)) {
+          throw std::invalid_argument(
+              "ratelimit: the rate of a concurrency limiter must not count rejected attempts "
+              "(a refused acquire consumes nothing)");
+        }
+      }
+    }
+    [[nodiscard]] const concurrency_config& concurrency() const noexcept { return conc_; }
+    [[nodiscard]] const rate_config& rate() const noexcept { return rate_; }
+
+   private:
+    concurrency_config conc_;
+    rate_config rate_;
+  };
+
+  /// One operation: the settings, what to do and the lease id. Cheap to copy
+  /// (a pointer and a view); the policy concept's `config`. The settings and
+  /// the id must outlive it, except in a config made by `owning`.
+  class config {
+   public:
+    using policy_type = leases;
+    config(const settings& s, lease_op op, std::string_view id) noexcept
+        : s_(&s), op_(op), id_(id) {}
+    /// A config that owns its settings (the Redis stores' fallback limiter).
+    [[nodiscard]] static config owning(settings s) {
+      auto held = std::make_shared<const settings>(std::move(s));
+      config c(*held, lease_op::none, {});
+      c.held_ = std::move(held);
+      return c;
+    }
+    /// The same settings with another operation and lease id.
+    [[nodiscard]] config with(lease_op op, std::string_view id) const {
+      config c = *this;
+      c.op_ = op;
+      c.id_ = id;
+      return c;
+    }
+    /// N, the concurrency limit.
+    [[nodiscard]] units limit() const noexcept { return s_->concurrency().limit(); }
+    [[nodiscard]] const std::string& name() const noexcept { return s_->concurrency().name(); }
+    [[nodiscard]] const settings& get_settings() const noexcept { return *s_; }
+    [[nodiscard]] lease_op op() const noexcept { return op_; }
+    [[nodiscard]] std::string_view lease_id() const noexcept { return id_; }
+
+   private:
+    const settings* s_;
+    lease_op op_;
+    std::string_view id_;
+    std::shared_ptr<const settings> held_;
+  };
+
+  /// One live (or not yet dropped) lease.
+  struct lease {
+    std::string id;
+    std::int64_t expiry = 0;  ///< microseconds; live while expiry > t
+    friend bool operator==(const lease&, const lease&) = default;
+  };
+
+  /// A key's leases, unordered: the first held inline (in the store's node,
+  /// so that a key with one call costs no second allocation and no second
+  /// cache miss), the others in a vector.
+  class lease_set {
+   public:
+    [[nodiscard]] std::size_t size() const noexcept { return size_; }
+    [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+    [[nodiscard]] lease& operator[](std::size_t i) noexcept {
+      return i == 0 ? first_ : rest_[i - 1];
+    }
+    [[nodiscard]] const lease& operator[](std::size_t i) const noexcept {
+      return i == 0 ? first_ : rest_[i - 1];
+    }
+    /// Adds a lease, copying its id once.
+    /// @throws std::bad_alloc with the set unchanged
+    void add(std::string_view id, std::int64_t expiry) {
+      if (size_ == 0) {
+        first_.id.assign(id.data(), id.size());  // unused until size_ grows
+        first_.expiry = expiry;
+      } else {
+        rest_.emplace_back();
+        try {
+          rest_.back().id.assign(id.data(), id.size());
+        } catch (...) {
+          rest_.pop_back();
+          throw;
+        }
+        rest_.back().expiry = expiry;
+      }
+      ++size_;
+    }
+    /// Removes lease i (the last one takes its place).
+    void remove(std::size_t i) noexcept {
+      if (i + 1 != size_) (*this)[i] = std::move((*this)[size_ - 1]);
+      if (size_ == 1) {
+        first_.id.clear();
+        first_.expiry = 0;
+      } else {
+        rest_.pop_back();
+      }
+      --size_;
+    }
+    /// Same leases, in any order held (order is never observable).
+    friend bool operator==(const lease_set& a, const lease_set& b) noexcept {
+      if (a.size_ != b.size_) return false;
+      for (std::size_t i = 0; i < a.size_; ++i) {
+        if (!(a[i] == b[i])) return false;
+      }
+      return true;
+    }
+
+   private:
+    lease first_;
+    std::vector<lease> rest_;
+    std::size_t size_ = 0;
+  };
+
+  /// The key's leases (at most N live ones; expired ones are dropped by the
+  /// next operation) and the rate's state.
+  struct state {
+    lease_set held;
+    [[no_unique_address]] rate_state rate{};
+    friend bool operator==(const state& a, const state& b) {
+      if constexpr (rated) {
+        return a.held == b.held && a.rate == b.rate;
+      } else {
+        return a.held == b.held;
+      }
+    }
+  };
+
+  /// Runs `cfg.op()` on the key's state at `now` (cost is always 1). May
+  /// throw std::bad_alloc (a new lease's id, a sliding log's entry), leaving
+  /// the state as it was.
+  static decision step(const config& cfg, state& s, timestamp now, units /*cost*/) {
+    const std::int64_t t = now.count();
+    std::size_t mine = find(s, cfg.lease_id(), t);
+    if (mine == expired_found) {
+      for (std::size_t i = s.held.size(); i-- > 0;) {
+        if (s.held[i].expiry <= t) s.held.remove(i);
+      }
+      mine = find(s, cfg.lease_id(), t);
+    }
+    switch (cfg.op()) {
+      case lease_op::acquire: return acquire(cfg, s, mine, now);
+      case lease_op::release:
+        if (mine != absent) {
+          s.held.remove(mine);
+        }
+        return answer(cfg, s, t, mine != absent);
+      case lease_op::renew:
+        if (mine != absent) {
+          lease& l = s.held[mine];
+          l.expiry = std::max(l.expiry, t + duration_of(cfg));
+        }
+        return answer(cfg, s, t, mine != absent);
+      case lease_op::none: break;
+    }
+    return answer(cfg, s, t, false);
+  }
+
+  /// True when no lease is live at `now` and the rate's state is idle.
+  static bool idle(const config& cfg, const state& s, timestamp now) noexcept {
+    for (std::size_t i = 0; i < s.held.size(); ++i) {
+      if (s.held[i].expiry > now.count()) return false;
+    }
+    if constexpr (rated) {
+      return R::idle(cfg.get_settings().rate(), s.rate, now);
+    } else {
+      (void)cfg;
+      return true;
+    }
+  }
+
+ private:
+  static constexpr std::size_t absent = static_cast<std::size_t>(-1);
+  static constexpr std::size_t expired_found = static_cast<std::size_t>(-2);
+
+  [[nodiscard]] static std::int64_t duration_of(const config& cfg) noexcept {
+    return cfg.get_settings().concurrency().max_duration().count();
+  }
+
+  /// Index of the live lease `id`, `absent`, or `expired_found` when some
+  /// lease has expired at `t` (the caller drops them and looks again).
+  [[nodiscard]] static std::size_t find(const state& s, std::string_view id,
+                                        std::int64_t t) noexcept {
+    std::size_t found = absent;
+    for (std::size_t i = 0; i < s.held.size(); ++i) {
+      const lease& l = s.held[i];
+      if (l.expiry <= t) return expired_found;
+      if (found == absent && l.id.size() == id.size() &&
+          std::memcmp(l.id.data(), id.data(), id.size()) == 0) {
+        found = i;
+      }
+    }
+    return found;
+  }
+
+  /// The lease part's fields on the state `s` (all live at `t`).
+  static detail::compound_part lease_part(const config& cfg, const state& s, std::int64_t t,
+                                          bool ok) noexcept {
+    detail::compound_part p;
+    p.limit = cfg.limit();
+    const auto live = static_cast<units>(s.held.size());
+    p.remaining = live >= p.limit ? 0 : p.limit - live;
+    std::int64_t earliest = std::numeric_limits<std::int64_t>::max();
+    std::int64_t latest = t;
+    for (std::size_t i = 0; i < s.held.size(); ++i) {
+      earliest = std::min(earliest, s.held[i].expiry);
+      latest = std::max(latest, s.held[i].expiry);
+    }
+    p.reset_after = std::chrono::microseconds{latest - t};
+    if (!ok) p.retry_after = std::chrono::microseconds{earliest - t};
+    p.counted = ok;
+    return p;
+  }
+
+  /// The decision of release and renew: the lease part alone; `done` =
+  /// a live lease was freed or extended; otherwise rejected, retry `never`.
+  static decision answer(const config& cfg, const state& s, std::int64_t t, bool done) noexcept {
+    const detail::compound_part p = lease_part(cfg, s, t, true);
+    decision d;
+    d.allowed = done;
+    d.counted = done;
+    d.limit = p.limit;
+    d.remaining = p.remaining;
+    d.retry_after = done ? std::chrono::microseconds{0} : never;
+    d.reset_after = p.reset_after;
+    return d;
+  }
+
+  static decision acquire(const config& cfg, state& s, std::size_t mine, timestamp now) {
+    const std::int64_t t = now.count();
+    if (mine != absent) {
+      // Already live: the same lease again, no second slot, no renewal.
+      decision d = answer(cfg, s, t, true);
+      d.counted = false;
+      d.repeat = true;
+      return d;
+    }
+    const bool free_slot = static_cast<units>(s.held.size()) < cfg.limit();
+    const std::int64_t expiry = t + duration_of(cfg);
+    if constexpr (!rated) {
+      if (free_slot) s.held.add(cfg.lease_id(), expiry);
+      const detail::compound_part p = lease_part(cfg, s, t, free_slot);
+      decision d;
+      d.allowed = free_slot;
+      d.counted = free_slot;
+      d.limit = p.limit;
+      d.remaining = p.remaining;
+      d.retry_after = p.retry_after;
+      d.reset_after = p.reset_after;
+      return d;
+    } else {
+      const rate_config& rc = cfg.get_settings().rate();
+      rate_state trial = s.rate;
+      const decision rd = R::step(rc, trial, now, 1);
+      const bool all = free_slot && rd.allowed;
+      std::array<detail::compound_part, 2> parts{};
+      parts[1] = detail::settle<R>(rc, s.rate, trial, rd, all, now, 1);
+      // Everything that may throw is done; the rate is committed last
+      // (a move that does not allocate).
+      if (all) s.held.add(cfg.lease_id(), expiry);
+      parts[0] = lease_part(cfg, s, t, free_slot);
+      parts[0].counted = all;
+      if (free_slot && !all) {
+        // Admitted on the lease set, which stays untouched: never binding.
+        parts[0].binding_candidate = false;
+      }
+      if (all) s.rate = std::move(trial);
+      return detail::combine(parts.data(), parts.size(), all);
+    }
+  }
+};
+
+/// The front end of a lease limit: `acquire`, `release`, `renew` per key and
+/// lease id, each reading the clock once (or taking `now`), validating its
+/// input and running as one atomic operation in the store.
+///
+/// @tparam R     a rate policy applied by every acquire, or `no_rate`
+/// @tparam Store memory_store<leases<R>> (default), redis::redis_store or
+///               redis::cluster_store
+/// @tparam Clock as for `limiter`
+///
+/// Bad input (empty key or key over 512 bytes, empty lease id or one over
+/// 256 bytes, time out of range) throws std::invalid_argument naming it.
+/// Thread safety: as `limiter`.
+template <class R = no_rate, class Store = memory_store<leases<R>>, class Clock = steady_clock>
+  requires(clock_source<Clock> && store_for<Store, leases<R>>) ||
+          (store_clock<Clock> && store_clocked_store_for<Store, leases<R>>)
+class concurrency_limiter {
+ public:
+  using policy_type = leases<R>;
+  using settings_type = typename leases<R>::settings;
+
+  /// A lease limit alone.
+  /// @throws std::invalid_argument when the store refuses the config (unnamed, in Redis)
+  explicit concurrency_limiter(concurrency_config c, Store store = Store{}, Clock clock = Clock{})
+    requires(!leases<R>::rated)
+      : concurrency_limiter(settings_type(std::move(c)), std::move(store), std::move(clock)) {}
+
+  /// A lease limit and the rate `r`, applied together by every acquire.
+  /// @throws std::invalid_argument for a rate that counts rejected attempts,
+  ///   or when the store refuses the config
+  concurrency_limiter(concurrency_config c, typename leases<R>::rate_config r,
+                      Store store = Store{}, Clock clock = Clock{})
+    requires(leases<R>::rated)
+      : concurrency_limiter(settings_type(std::move(c), std::move(r)), std::move(store),
+                            std::move(clock)) {}
+
+  explicit concurrency_limiter(settings_type s, Store store = Store{}, Clock clock = Clock{})
+      : settings_(std::make_unique<settings_type>(std::move(s))),
+        store_(std::move(store)),
+        clock_(std::move(clock)) {
+    if constexpr (requires { store_.check_config(request(lease_op::none, {})); }) {
+      store_.check_config(request(lease_op::none, {}));
+    }
+  }
+
+  /// Grants `lease_id` on `key` for max_duration, or rejects (see
+  /// docs/semantics.md: a live id is the same lease again, `repeat`).
+  /// @param key      1..512 bytes, binary safe
+  /// @param lease_id 1..256 bytes, binary safe
+  [[nodiscard]] decision acquire(std::string_view key, std::string_view lease_id) {
+    return run(key, lease_op::acquire, lease_id);
+  }
+  /// As above, at `now`.
+  [[nodiscard]] decision acquire(std::string_view key, std::string_view lease_id, timestamp now)
+    requires store_for<Store, leases<R>>
+  {
+    return run_at(key, lease_op::acquire, lease_id, now);
+  }
+
+  /// Frees `lease_id`: allowed when it was live; an unknown or expired id is
+  /// rejected with retry_after `never` and changes nothing.
+  decision release(std::string_view key, std::string_view lease_id) {
+    return run(key, lease_op::release, lease_id);
+  }
+  /// As above, at `now`.
+  decision release(std::string_view key, std::string_view lease_id, timestamp now)
+    requires store_for<Store, leases<R>>
+  {
+    return run_at(key, lease_op::release, lease_id, now);
+  }
+
+  /// Extends a live `lease_id` to expire at now + max_duration (never
+  /// earlier than it did); an unknown or expired id is rejected with
+  /// retry_after `never` and changes nothing (acquire it again).
+  decision renew(std::string_view key, std::string_view lease_id) {
+    return run(key, lease_op::renew, lease_id);
+  }
+  /// As above, at `now`.
+  decision renew(std::string_view key, std::string_view lease_id, timestamp now)
+    requires store_for<Store, leases<R>>
+  {
+    return run_at(key, lease_op::renew, lease_id, now);
+  }
+
+  /// Forgets every lease of `key` (and its rate state).
+  void reset(std::string_view key) {
+    detail::check_key(key);
+    store_.reset(request(lease_op::none, {}), key);
+  }
+
+  /// Drops the keys with no live lease (and an idle rate) at `now`; in process only.
+  std::size_t sweep(timestamp now)
+    requires requires(Store& s, const typename leases<R>::config& c) { s.sweep(c, now); }
+  {
+    return store_.sweep(request(lease_op::none, {}), now);
+  }
+
+  /// The clock's current time in microseconds since its epoch.
+  [[nodiscard]] timestamp now() const noexcept
+    requires clock_source<Clock>
+  {
+    return std::chrono::duration_cast<timestamp>(clock_.now().time_since_epoch());
+  }
+
+  [[nodiscard]] const settings_type& settings() const noexcept { return *settings_; }
+  [[nodiscard]] Store& store() noexcept { return store_; }
+  [[nodiscard]] Clock& clock() noexcept { return clock_; }
+
+ private:
+  [[nodiscard]] typename leases<R>::config request(lease_op op, std::string_view id) const {
+    return typename leases<R>::config(*settings_, op, id);
+  }
+
+  decision run(std::string_view key, lease_op op, std::string_view id) {
+    if constexpr (store_clock<Clock>) {
+      detail::check_key(key);
+      detail::check_lease_id(id);
+      return store_.apply(request(op, id), key, store_time, 1, access::consume);
+    } else {
+      return run_at(key, op, id, now());
+    }
+  }
+
+  decision run_at(std::string_view key, lease_op op, std::string_view id, timestamp now) {
+    detail::check_key(key);
+    detail::check_lease_id(id);
+    detail::check_time(now);
+    return store_.apply(request(op, id), key, now, 1, access::consume);
+  }
+
+  /// Behind a pointer, so that the requests' pointer to it survives a move.
+  std::unique_ptr<settings_type> settings_;
+  Store store_;
+  Clock clock_;
+};
+
+}  // namespace ratelimit
