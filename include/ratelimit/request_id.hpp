@@ -22,6 +22,7 @@
 
 #include "ratelimit/concepts.hpp"
 #include "ratelimit/decision.hpp"
+#include "ratelimit/detail/printable.hpp"
 #include "ratelimit/detail/siphash.hpp"
 #include "ratelimit/detail/spin_lock.hpp"
 #include "ratelimit/detail/validate.hpp"
@@ -62,28 +63,9 @@ inline constexpr std::size_t default_max_request_ids = std::size_t{1} << 20;
 
 namespace detail {
 
-/// Printable form of hostile bytes for an error message: at most 40 bytes,
-/// non-printable ones as \xNN.
-[[nodiscard]] inline std::string printable(std::string_view bytes) {
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string out;
-  for (std::size_t i = 0; i < bytes.size() && i < 40; ++i) {
-    const auto c = static_cast<unsigned char>(bytes[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '"') {
-      out += static_cast<char>(c);
-    } else {
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 0xf];
-    }
-  }
-  if (bytes.size() > 40) out += "...";
-  return out;
-}
-
 [[noreturn, gnu::noinline, gnu::cold]] inline void throw_bad_request_id(std::string_view id) {
   if (id.empty()) throw std::invalid_argument("ratelimit: request id must not be empty");
-  throw std::invalid_argument("ratelimit: request id \"" + printable(id) + "\" of " +
+  throw std::invalid_argument("ratelimit: request id \"" + printable(id, 40) + "\" of " +
                               std::to_string(id.size()) + " bytes exceeds the maximum of " +
                               std::to_string(max_request_id_bytes) + " bytes");
 }

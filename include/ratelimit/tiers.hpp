@@ -41,6 +41,7 @@
 #include "ratelimit/decision.hpp"
 #include "ratelimit/detail/forced_step.hpp"
 #include "ratelimit/detail/limiter_name.hpp"
+#include "ratelimit/detail/printable.hpp"
 #include "ratelimit/detail/validate.hpp"
 #include "ratelimit/policy/fixed_window.hpp"
 #include "ratelimit/policy/gcra.hpp"
@@ -286,25 +287,6 @@ struct tier {
 };
 
 namespace detail {
-
-/// A name from the application's lookup, for an error message: at most 64
-/// bytes, anything outside printable ASCII as \xNN.
-[[nodiscard]] inline std::string printable(std::string_view s) {
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string out;
-  for (const char c : s.substr(0, max_name_bytes)) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u < 0x7f && c != '"' && c != '\\') {
-      out += c;
-    } else {
-      out += "\\x";
-      out += hex[u >> 4];
-      out += hex[u & 0xf];
-    }
-  }
-  if (s.size() > max_name_bytes) out += "...";
-  return out;
-}
 
 /// Tier names are operator-chosen identifiers: 1..64 bytes of [A-Za-z0-9_.-].
 inline void check_tier_name(std::string_view name) {
