@@ -562,6 +562,32 @@ namespace detail {
   return buf;
 }
 
+/// A name the user gave (the trace's file name) as markdown text on one
+/// line: valid UTF-8 kept, line breaks, other control bytes and bytes that
+/// are not UTF-8 as U+FFFD, and the characters markdown or HTML would read as
+/// markup backslash-escaped, so a hostile name cannot add rows, tags or links.
+[[nodiscard]] inline std::string markdown_text(std::string_view s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size();) {
+    const auto u = static_cast<unsigned char>(s[i]);
+    if (u < 0x20 || u == 0x7f) {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    } else if (u < 0x80) {
+      if (std::string_view("\\`[]<>|&").find(s[i]) != std::string_view::npos) out += '\\';
+      out += s[i];
+      ++i;
+    } else if (const std::size_t n = replay::detail::utf8_length(s, i); n == 0) {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    } else {
+      out.append(s.substr(i, n));
+      i += n;
+    }
+  }
+  return out;
+}
+
 [[nodiscard]] inline std::string rate_text(const rate& r) {
   return std::to_string(r.limit()) + "/" + replay::format_duration(r.period().count());
 }
@@ -588,8 +614,8 @@ inline void write_markdown(std::ostream& o, const report& rep) {
   using replay::detail::group;
   using replay::detail::pct;
   o << "Rate " << rep.r.limit() << " per " << replay::format_duration(rep.r.period().count())
-    << "; trace " << rep.input_name << ": " << group(rep.events) << " calls, " << group(rep.keys)
-    << " keys";
+    << "; trace " << detail::markdown_text(rep.input_name) << ": " << group(rep.events)
+    << " calls, " << group(rep.keys) << " keys";
   if (rep.labelled) {
     o << " (" << group(rep.abusive_keys) << " labelled abusive, " << group(rep.normal_keys)
       << " normal)";
