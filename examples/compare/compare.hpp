@@ -666,7 +666,8 @@ inline void write_markdown(std::ostream& o, const report& rep) {
          "key after one check, beyond the key's bytes (`-` where the allocator does not say).\n";
   }
   if (!rep.redis_where.empty()) {
-    o << "- Redis: " << rep.redis_where
+    // The URL is the user's and the version the server's: text, not markup.
+    o << "- Redis: " << detail::markdown_text(rep.redis_where)
       << "; one connection, the server's TIME, each check one script (batches: one round trip "
          "per 100 checks); Redis B/key: `MEMORY USAGE` of a 16-byte key after one check "
          "(state and config fingerprint).\n";
