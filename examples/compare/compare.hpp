@@ -499,9 +499,20 @@ inline void measure_in_process(report& rep, std::size_t key_count, int rounds,
       now += step;
       std::uint64_t other = 0;
       const double two = detail::seconds_of([&] {
-        std::thread a([&] { other = passes[s](lo, now); });
+        // A pass may throw (bad_alloc): the other thread's error is carried
+        // back, and jthread is joined on the way out if this thread's pass
+        // throws, where a std::thread would end the process either way.
+        std::exception_ptr error;
+        std::jthread a([&] {
+          try {
+            other = passes[s](lo, now);
+          } catch (...) {
+            error = std::current_exception();
+          }
+        });
         sink += passes[s](hi, now);
         a.join();
+        if (error) std::rethrow_exception(error);
       });
       sink += other;
       out.push_back(two > 0 ? one / two : 0.0);
