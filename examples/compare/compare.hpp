@@ -499,9 +499,20 @@ inline void measure_in_process(report& rep, std::size_t key_count, int rounds,
       now += step;
       std::uint64_t other = 0;
       const double two = detail::seconds_of([&] {
-        std::thread a([&] { other = passes[s](lo, now); });
+        // A pass may throw (bad_alloc): the other thread's error is carried
+        // back, and jthread is joined on the way out if this thread's pass
+        // throws, where a std::thread would end the process either way.
+        std::exception_ptr error;
+        std::jthread a([&] {
+          try {
+            other = passes[s](lo, now);
+          } catch (...) {
+            error = std::current_exception();
+          }
+        });
         sink += passes[s](hi, now);
         a.join();
+        if (error) std::rethrow_exception(error);
       });
       sink += other;
       out.push_back(two > 0 ? one / two : 0.0);
@@ -562,6 +573,32 @@ namespace detail {
   return buf;
 }
 
+/// A name the user gave (the trace's file name) as markdown text on one
+/// line: valid UTF-8 kept, line breaks, other control bytes and bytes that
+/// are not UTF-8 as U+FFFD, and the characters markdown or HTML would read as
+/// markup backslash-escaped, so a hostile name cannot add rows, tags or links.
+[[nodiscard]] inline std::string markdown_text(std::string_view s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size();) {
+    const auto u = static_cast<unsigned char>(s[i]);
+    if (u < 0x20 || u == 0x7f) {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    } else if (u < 0x80) {
+      if (std::string_view("\\`[]<>|&").find(s[i]) != std::string_view::npos) out += '\\';
+      out += s[i];
+      ++i;
+    } else if (const std::size_t n = replay::detail::utf8_length(s, i); n == 0) {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    } else {
+      out.append(s.substr(i, n));
+      i += n;
+    }
+  }
+  return out;
+}
+
 [[nodiscard]] inline std::string rate_text(const rate& r) {
   return std::to_string(r.limit()) + "/" + replay::format_duration(r.period().count());
 }
@@ -588,8 +625,8 @@ inline void write_markdown(std::ostream& o, const report& rep) {
   using replay::detail::group;
   using replay::detail::pct;
   o << "Rate " << rep.r.limit() << " per " << replay::format_duration(rep.r.period().count())
-    << "; trace " << rep.input_name << ": " << group(rep.events) << " calls, " << group(rep.keys)
-    << " keys";
+    << "; trace " << detail::markdown_text(rep.input_name) << ": " << group(rep.events)
+    << " calls, " << group(rep.keys) << " keys";
   if (rep.labelled) {
     o << " (" << group(rep.abusive_keys) << " labelled abusive, " << group(rep.normal_keys)
       << " normal)";
@@ -640,7 +677,8 @@ inline void write_markdown(std::ostream& o, const report& rep) {
          "key after one check, beyond the key's bytes (`-` where the allocator does not say).\n";
   }
   if (!rep.redis_where.empty()) {
-    o << "- Redis: " << rep.redis_where
+    // The URL is the user's and the version the server's: text, not markup.
+    o << "- Redis: " << detail::markdown_text(rep.redis_where)
       << "; one connection, the server's TIME, each check one script (batches: one round trip "
          "per 100 checks); Redis B/key: `MEMORY USAGE` of a 16-byte key after one check "
          "(state and config fingerprint).\n";

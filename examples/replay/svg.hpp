@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <ostream>
 #include <string>
@@ -30,16 +31,65 @@ struct plot_panel {
 
 namespace detail {
 
+/// Bytes of a valid UTF-8 sequence starting at `s[i]` (1 to 4), or 0 when
+/// the bytes there are not one (stray continuation, overlong form, surrogate,
+/// past U+10FFFF, cut short).
+[[nodiscard]] inline std::size_t utf8_length(std::string_view s, std::size_t i) noexcept {
+  const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[i + k]); };
+  const unsigned char c = b(0);
+  if (c < 0x80) return 1;
+  std::size_t n = 0;
+  unsigned char lo = 0x80;
+  unsigned char hi = 0xbf;
+  if (c >= 0xc2 && c <= 0xdf) {
+    n = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    n = 3;
+    if (c == 0xe0) lo = 0xa0;
+    if (c == 0xed) hi = 0x9f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    n = 4;
+    if (c == 0xf0) lo = 0x90;
+    if (c == 0xf4) hi = 0x8f;
+  } else {
+    return 0;
+  }
+  if (s.size() - i < n) return 0;
+  if (b(1) < lo || b(1) > hi) return 0;
+  for (std::size_t k = 2; k < n; ++k) {
+    if (b(k) < 0x80 || b(k) > 0xbf) return 0;
+  }
+  return n;
+}
+
+/// `s` as XML character data or a quoted attribute value: markup characters
+/// as entities, valid UTF-8 kept, and every byte XML 1.0 cannot carry (control
+/// bytes other than tab, newline and carriage return; bytes that are not
+/// UTF-8, as a file name may hold) as U+FFFD, so a hostile name cannot make
+/// the document ill-formed.
 [[nodiscard]] inline std::string xml_escape(std::string_view s) {
   std::string out;
-  for (const char c : s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const char c = s[i];
+    const auto u = static_cast<unsigned char>(c);
     switch (c) {
       case '&': out += "&amp;"; break;
       case '<': out += "&lt;"; break;
       case '>': out += "&gt;"; break;
       case '"': out += "&quot;"; break;
-      default: out += c;
+      case '\'': out += "&apos;"; break;
+      default:
+        if ((u < 0x20 && c != '\t' && c != '\n' && c != '\r') || u == 0x7f) {
+          out += "\xEF\xBF\xBD";
+        } else if (const std::size_t n = utf8_length(s, i); n == 0) {
+          out += "\xEF\xBF\xBD";
+        } else {
+          out.append(s.substr(i, n));
+          i += n;
+          continue;
+        }
     }
+    ++i;
   }
   return out;
 }

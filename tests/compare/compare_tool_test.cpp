@@ -148,7 +148,8 @@ bool well_formed(const std::string& svg, std::string& why) {
   for (std::size_t i = 0; i < svg.size();) {
     if (svg[i] != '<') {
       if (svg[i] == '&' && svg.compare(i, 5, "&amp;") != 0 && svg.compare(i, 4, "&lt;") != 0 &&
-          svg.compare(i, 4, "&gt;") != 0 && svg.compare(i, 6, "&quot;") != 0) {
+          svg.compare(i, 4, "&gt;") != 0 && svg.compare(i, 6, "&quot;") != 0 &&
+          svg.compare(i, 6, "&apos;") != 0) {
         why = "bare & at " + std::to_string(i);
         return false;
       }
@@ -269,6 +270,69 @@ TEST(CompareTool, TableCsvAndSvgFormats) {
   EXPECT_EQ(s.find("Redis"), std::string::npos);  // no Redis panels without Redis
   fs::remove(csv);
   fs::remove(svg);
+}
+
+/// Whether `s` is UTF-8 and holds no byte XML 1.0 forbids (control bytes but
+/// tab, newline and carriage return).
+bool xml_chars_only(const std::string& s, std::string& why) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n = c < 0x80             ? 1
+                    : (c & 0xe0) == 0xc0 ? 2
+                    : (c & 0xf0) == 0xe0 ? 3
+                    : (c & 0xf8) == 0xf0 ? 4
+                                         : 0;
+    if (n == 0 || i + n > s.size()) {
+      why = "byte " + std::to_string(c) + " at " + std::to_string(i) + " starts no UTF-8 character";
+      return false;
+    }
+    for (std::size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) {
+        why = "bad UTF-8 at " + std::to_string(i);
+        return false;
+      }
+    }
+    if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') {
+      why = "control byte " + std::to_string(c) + " at " + std::to_string(i);
+      return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
+// The trace's file name is the user's: control bytes, bytes that are not
+// UTF-8, markup and a line break in it (no quote: the test runs it through the shell) must not break the SVG (it is in the
+// subtitle) nor add lines or rows to the markdown table.
+TEST(CompareTool, HostileTraceFileNameKeepsTheOutputsWellFormed) {
+  const std::string name = "evil\x01\xff\xc3\xa9<text>&|x|`[a](b)\n| fake | row |.csv";
+  const fs::path trace = temp(name);
+  fs::copy_file(sample, trace, fs::copy_options::overwrite_existing);
+  const fs::path svg = temp("hostile.svg");
+  const fs::path md = temp("hostile.md");
+  const auto r = compare("--quick --no-redis --keys 200 --out '" + md.string() + "' --svg '" +
+                         svg.string() + "' '" + trace.string() + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string s = slurp(svg);
+  std::string why;
+  EXPECT_TRUE(well_formed(s, why)) << why;
+  EXPECT_TRUE(xml_chars_only(s, why)) << why;
+  EXPECT_NE(s.find("evil\xef\xbf\xbd\xef\xbf\xbd\xc3\xa9&lt;text&gt;&amp;|x|"), std::string::npos);
+
+  const std::string m = slurp(md);
+  EXPECT_TRUE(xml_chars_only(m, why)) << why;
+  const auto ls = lines_of(m);
+  ASSERT_GE(ls.size(), 9u) << m;
+  EXPECT_NE(ls[0].find("trace " + temp("").string()), std::string::npos) << ls[0];
+  EXPECT_NE(ls[0].find("evil\xef\xbf\xbd\xef\xbf\xbd\xc3\xa9\\<text\\>\\&\\|x\\|\\`\\[a\\](b)"
+                       "\xef\xbf\xbd\\| fake \\| row \\|.csv: 34,807 calls"),
+            std::string::npos)
+      << ls[0];
+  EXPECT_EQ(ls[1], "");
+  EXPECT_EQ(ls[2], expected_header);
+  fs::remove(trace);
+  fs::remove(svg);
+  fs::remove(md);
 }
 
 TEST(CompareTool, SvgCheckerRejectsBrokenXml) {

@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -105,6 +107,36 @@ TEST(ManualClock, ClockSetBackDecidesAtTheStoredWindow) {
   EXPECT_TRUE(lim.try_acquire("fresh").allowed);
   clock.set(11s);
   EXPECT_TRUE(lim.try_acquire("k").allowed);
+}
+
+// The limiter hands the store its clock reading after the key is hashed
+// (memory_store::apply_reading): a reading outside 0..max_time is still
+// refused with std::invalid_argument naming it, for every access and in
+// shadow mode, and nothing is recorded (no key, no state).
+TEST(ManualClock, ReadingOutsideTheRangeIsRefusedWithNothingRecorded) {
+  manual_clock clock{-1us};
+  fixed_limiter<manual_clock> lim{ratelimit::fixed_window::config{"1/s"},
+                                  memory_store<ratelimit::fixed_window>{}, clock};
+  const auto refused = [&](const char* why) {
+    try {
+      (void)lim.try_acquire("k");
+      ADD_FAILURE() << why << ": try_acquire accepted the reading";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::to_string(clock.now().time_since_epoch().count())),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_THROW((void)lim.peek("k"), std::invalid_argument) << why;
+    EXPECT_EQ(lim.store().size(), 0u) << why;
+  };
+  refused("-1 us");
+  clock.set(std::chrono::microseconds{(std::int64_t{1} << 62) + 1});
+  refused("max_time + 1 us");
+  lim.set_shadow(true);
+  refused("max_time + 1 us, shadow mode");
+  clock.set(std::chrono::microseconds{std::int64_t{1} << 62});
+  EXPECT_TRUE(lim.try_acquire("k").allowed);  // max_time itself is a valid time
+  EXPECT_EQ(lim.store().size(), 1u);
 }
 
 TEST(ManualClock, TokenBucketRefundsNothingWhenTimeGoesBack) {

@@ -24,10 +24,12 @@ namespace ratelimit {
 /// within one tick is decided at the same time. The library's rules hold
 /// exactly on this clock's timeline; measured against real time, a window
 /// or interval may end up to one resolution earlier or later than on
-/// `steady_clock`, and so may `retry_after` and `reset_after`. So a limit of
-/// N per W is never exceeded in any real-time interval of length W minus
-/// one resolution. Use it where that is acceptable (windows of seconds or
-/// more) and the check's cost matters.
+/// `steady_clock`, and so may `retry_after` and `reset_after`. So under
+/// sliding_window_log (the policy that bounds every window) a limit of N per
+/// W is never exceeded in any real-time interval of length W minus one
+/// resolution; the other policies' bounds shift by up to one resolution
+/// likewise. Use it where that is acceptable (windows of seconds or more)
+/// and the check's cost matters.
 ///
 /// Shares its epoch with `steady_clock` on Linux (CLOCK_MONOTONIC, since
 /// boot), and so its `time_point` type.
