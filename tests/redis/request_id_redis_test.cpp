@@ -112,10 +112,18 @@ TEST(RedisRequestId, ForeignRecordIsAScriptErrorAndTheCheckIsLeftUndone) {
     auto still = rltest::command(o, {"GET", id_key});
     EXPECT_EQ(std::string(still->str, still->len), bad);
   }
-  // A well-formed record whose decision no script gives (admitted, not counted).
-  rltest::command(o, {"SET", id_key, "rid1:9999999999999999:1:0:1:0:1:0"});
-  EXPECT_THROW((void)store.apply_once(cfg, "k", request_id{"r"}, microseconds{1'000'000}, t0, 1),
-               redis::script_error);
+  // Well-formed records whose decision no script gives (admitted, not
+  // counted; admitted with a wait; rejected without one; more remaining than
+  // the limit), each with a valid limit so that only the decision is wrong.
+  for (const std::string inconsistent :
+       {"rid1:9999999999999999:1:0:1:0:1:5", "rid1:9999999999999999:1:1:1:7:1:5",
+        "rid1:9999999999999999:0:0:0:0:1:5", "rid1:9999999999999999:1:1:6:0:1:5"}) {
+    rltest::command(o, {"SET", id_key, inconsistent});
+    EXPECT_THROW((void)store.apply_once(cfg, "k", request_id{"r"}, microseconds{1'000'000}, t0, 1),
+                 redis::script_error)
+        << inconsistent;
+    EXPECT_EQ(rltest::command(o, {"EXISTS", base})->integer, 0) << inconsistent;
+  }
   rltest::command(o, {"DEL", id_key});
   rltest::command(o, {"RPUSH", id_key, "x"});
   EXPECT_THROW((void)store.apply_once(cfg, "k", request_id{"r"}, microseconds{1'000'000}, t0, 1),
