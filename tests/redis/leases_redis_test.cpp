@@ -163,6 +163,39 @@ TEST(LeasesRedis, TimeRunningBackwardsMatchesTheInProcessLimiter) {
   EXPECT_EQ(both(0, "b", t0).reset_after, 2 * d);
 }
 
+// Verifies lease ids of 256 bytes (the maximum) holding NUL, braces, ':' and
+// '#' on a 512-byte key: granted, found again, renewed and released in Redis
+// as in process; a 257-byte id throws before Redis is asked.
+TEST(LeasesRedis, LongestBinaryLeaseIdsOnTheLongestKey) {
+  const concurrency_config cc{1, microseconds{1000}, concurrency_options{.name = "calls"}};
+  concurrency_limiter<no_rate> mem{cc};
+  concurrency_limiter<no_rate, redis::redis_store> red{cc, redis::redis_store{fresh("longest")}};
+  std::string key(512, '}');
+  key[7] = '\0';
+  std::string id(256, '#');
+  id[0] = '\0';
+  id[100] = '{';
+  id[200] = ':';
+  std::string other = id;
+  other[255] = ':';
+  const auto both = [&](int op, const std::string& i, timestamp t) {
+    const decision a = op == 0 ? mem.acquire(key, i, t)
+                               : (op == 1 ? mem.release(key, i, t) : mem.renew(key, i, t));
+    const decision b = op == 0 ? red.acquire(key, i, t)
+                               : (op == 1 ? red.release(key, i, t) : red.renew(key, i, t));
+    EXPECT_EQ(a, b) << "op " << op << ": memory " << describe_all(a) << " redis "
+                    << describe_all(b);
+    return b;
+  };
+  EXPECT_TRUE(both(0, id, t0).allowed);
+  EXPECT_TRUE(both(0, id, t0 + microseconds{1}).repeat);
+  EXPECT_FALSE(both(0, other, t0 + microseconds{2}).allowed);
+  EXPECT_TRUE(both(2, id, t0 + microseconds{3}).allowed);
+  EXPECT_TRUE(both(1, id, t0 + microseconds{4}).allowed);
+  EXPECT_TRUE(both(0, other, t0 + microseconds{5}).allowed);
+  EXPECT_THROW((void)red.acquire(key, id + "x", t0), std::invalid_argument);
+}
+
 // Verifies the keys, their TTLs (the latest expiry) and the repeat flag.
 TEST(LeasesRedis, KeysAndTtls) {
   const auto o = fresh("keys");

@@ -198,6 +198,37 @@ TEST(RedisRequestId, DecoratorsKeepIdsInRedis) {
   EXPECT_EQ(b.request_ids_held(), 0u);
 }
 
+// Verifies that ids built to look like another id's key suffix (`:<len>#`
+// inside the id) and 256-byte binary ids on a 512-byte key starting with '}'
+// (the key's own hash tag form) are distinct requests, decided as in process.
+TEST(RedisRequestId, IdsShapedLikeKeySuffixesAreDistinctRequests) {
+  const fixed_window::config cfg{"10/1h", window_options{.name = "ids"}};
+  limiter<fixed_window> mem{cfg};
+  limiter<fixed_window, redis::redis_store> red{cfg, redis::redis_store{fresh("suffix")}};
+  std::string long_key(512, '}');
+  long_key[3] = '\0';
+  std::string long_id(256, '#');
+  long_id[0] = '\0';
+  long_id[10] = '{';
+  long_id[254] = ':';
+  long_id[255] = '3';
+  const std::vector<std::string> ids = {
+      "a", "a:1#", "a:1#:4#", std::string("a\0", 2), long_id, long_id.substr(0, 255)};
+  const timestamp t0{1'700'000'000'000'000};
+  for (const std::string& key : {std::string("k"), long_key}) {
+    for (int round = 0; round < 2; ++round) {
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        const timestamp t = t0 + microseconds{static_cast<long>(10 * round + i)};
+        const decision a = mem.try_acquire(key, request_id{ids[i]}, t);
+        const decision b = red.try_acquire(key, request_id{ids[i]}, t);
+        EXPECT_EQ(a, b) << "id " << i << " round " << round;
+        EXPECT_EQ(b.repeat, round == 1) << "id " << i;
+        EXPECT_EQ(b.remaining, static_cast<units>(9 - i)) << "id " << i;
+      }
+    }
+  }
+}
+
 TEST(RedisRequestId, BadRetentionIsRefused) {
   redis::redis_store store(fresh("bad"));
   const gcra::config cfg{"5/s", bucket_options{.name = "ids"}};
