@@ -218,12 +218,12 @@ TEST(RedisRequestId, IdsShapedLikeKeySuffixesAreDistinctRequests) {
   for (const std::string& key : {std::string("k"), long_key}) {
     for (int round = 0; round < 2; ++round) {
       for (std::size_t i = 0; i < ids.size(); ++i) {
-        const timestamp t = t0 + microseconds{static_cast<long>(10 * round + i)};
+        const timestamp t = t0 + microseconds{10 * round + static_cast<int>(i)};
         const decision a = mem.try_acquire(key, request_id{ids[i]}, t);
         const decision b = red.try_acquire(key, request_id{ids[i]}, t);
         EXPECT_EQ(a, b) << "id " << i << " round " << round;
         EXPECT_EQ(b.repeat, round == 1) << "id " << i;
-        EXPECT_EQ(b.remaining, static_cast<units>(9 - i)) << "id " << i;
+        EXPECT_EQ(b.remaining, static_cast<units>(9 - static_cast<int>(i))) << "id " << i;
       }
     }
   }
