@@ -128,7 +128,8 @@ template <class Config>
 /// which probes and the sweep read, 4 to a cache line; the record (the
 /// 128-bit fingerprint of (key, id) and the decision) is read only when the
 /// tag's 32 bits match, and never moves. No key or id bytes, and no
-/// allocation per id: 88 bytes per id held at the fullest, 176 just after a
+/// allocation per id: 92 bytes per id held at the fullest (two tags, a
+/// record, a 4-byte free-list entry reserved per record), 184 just after a
 /// stripe doubles. The fingerprint is two SipHash-1-3
 /// values of `<key length><key><id>` under two secret keys drawn for each
 /// table: without the keys nobody can build two (key, id) pairs that share

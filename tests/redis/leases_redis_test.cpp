@@ -130,6 +130,72 @@ TEST(LeasesRedis, ExactEdgesAtExpiry) {
   EXPECT_EQ(r.reset_after, d);
 }
 
+// Verifies that time running backwards is decided alike in process and in
+// Redis (no clamp): a lease dropped by an operation at its expiry stays
+// dropped for an operation stamped before it; a lease granted at a later time
+// is live at an earlier one, with retry and reset measured from that time.
+TEST(LeasesRedis, TimeRunningBackwardsMatchesTheInProcessLimiter) {
+  const microseconds d{1000};
+  const concurrency_config cc{2, d, concurrency_options{.name = "calls"}};
+  concurrency_limiter<no_rate> mem{cc};
+  concurrency_limiter<no_rate, redis::redis_store> red{cc, redis::redis_store{fresh("backwards")}};
+  const auto both = [&](int op, std::string_view id, timestamp t) {
+    const decision a = op == 0 ? mem.acquire("k", id, t)
+                               : (op == 1 ? mem.release("k", id, t) : mem.renew("k", id, t));
+    const decision b = op == 0 ? red.acquire("k", id, t)
+                               : (op == 1 ? red.release("k", id, t) : red.renew("k", id, t));
+    EXPECT_EQ(a, b) << "op " << op << " " << id << " at " << (t - t0).count() << ": memory "
+                    << describe_all(a) << " redis " << describe_all(b);
+    return a;
+  };
+  EXPECT_TRUE(both(0, "a", t0).allowed);
+  EXPECT_TRUE(both(0, "b", t0 + d).allowed);       // drops a (expired at t0 + d)
+  EXPECT_FALSE(both(1, "a", t0 + d / 2).allowed);  // not revived by an earlier time
+  EXPECT_FALSE(both(2, "a", t0 + d / 2).allowed);
+  const decision r = both(0, "c", t0 + d / 2);  // b (expiry t0 + 2d) is live at t0 + d/2
+  EXPECT_TRUE(r.allowed);
+  EXPECT_EQ(r.remaining, 0);
+  const decision full = both(0, "e", t0 + d / 4);
+  EXPECT_FALSE(full.allowed);
+  EXPECT_EQ(full.retry_after, d + d / 2 - d / 4);  // c expires at t0 + 3d/2
+  EXPECT_EQ(full.reset_after, 2 * d - d / 4);
+  EXPECT_TRUE(both(2, "b", t0).allowed);  // a renew at an earlier time never shortens
+  EXPECT_EQ(both(0, "b", t0).reset_after, 2 * d);
+}
+
+// Verifies lease ids of 256 bytes (the maximum) holding NUL, braces, ':' and
+// '#' on a 512-byte key: granted, found again, renewed and released in Redis
+// as in process; a 257-byte id throws before Redis is asked.
+TEST(LeasesRedis, LongestBinaryLeaseIdsOnTheLongestKey) {
+  const concurrency_config cc{1, microseconds{1000}, concurrency_options{.name = "calls"}};
+  concurrency_limiter<no_rate> mem{cc};
+  concurrency_limiter<no_rate, redis::redis_store> red{cc, redis::redis_store{fresh("longest")}};
+  std::string key(512, '}');
+  key[7] = '\0';
+  std::string id(256, '#');
+  id[0] = '\0';
+  id[100] = '{';
+  id[200] = ':';
+  std::string other = id;
+  other[255] = ':';
+  const auto both = [&](int op, const std::string& i, timestamp t) {
+    const decision a = op == 0 ? mem.acquire(key, i, t)
+                               : (op == 1 ? mem.release(key, i, t) : mem.renew(key, i, t));
+    const decision b = op == 0 ? red.acquire(key, i, t)
+                               : (op == 1 ? red.release(key, i, t) : red.renew(key, i, t));
+    EXPECT_EQ(a, b) << "op " << op << ": memory " << describe_all(a) << " redis "
+                    << describe_all(b);
+    return b;
+  };
+  EXPECT_TRUE(both(0, id, t0).allowed);
+  EXPECT_TRUE(both(0, id, t0 + microseconds{1}).repeat);
+  EXPECT_FALSE(both(0, other, t0 + microseconds{2}).allowed);
+  EXPECT_TRUE(both(2, id, t0 + microseconds{3}).allowed);
+  EXPECT_TRUE(both(1, id, t0 + microseconds{4}).allowed);
+  EXPECT_TRUE(both(0, other, t0 + microseconds{5}).allowed);
+  EXPECT_THROW((void)red.acquire(key, id + "x", t0), std::invalid_argument);
+}
+
 // Verifies the keys, their TTLs (the latest expiry) and the repeat flag.
 TEST(LeasesRedis, KeysAndTtls) {
   const auto o = fresh("keys");
@@ -192,6 +258,44 @@ TEST(LeasesRedis, ForeignValuesAreScriptErrorsNamingTheKey) {
   auto r = rltest::command(o, {"ZCARD", set});
   EXPECT_EQ(r->integer, 1);  // nothing written, nothing dropped
   EXPECT_THROW((void)c.release("k", "a", t0), redis::script_error);
+}
+
+// Verifies that a foreign expiry in the middle of the lease set (neither the
+// lowest nor the highest), or a foreign value at the rate's key, is found
+// before anything is written: the expired leases are not dropped by a check
+// that fails.
+TEST(LeasesRedis, ForeignValuesInTheMiddleLeaveTheSetUntouched) {
+  const auto o = fresh("foreign-middle");
+  const std::int64_t t = t0.count();
+  {
+    concurrency_limiter<no_rate, redis::redis_store> c{
+        concurrency_config{5, 10s, concurrency_options{.name = "calls"}}, redis::redis_store{o}};
+    const std::string set = o.prefix + "{k}:leases:calls";
+    (void)rltest::command(o, {"ZADD", set, std::to_string(t - 10), "old"});
+    (void)rltest::command(o, {"ZADD", set, std::to_string(t) + ".5", "mid"});
+    (void)rltest::command(o, {"ZADD", set, std::to_string(t + 1'000'000), "late"});
+    for (int op = 0; op < 3; ++op) {
+      try {
+        (void)(op == 0 ? c.acquire("k", "a", t0)
+                       : (op == 1 ? c.release("k", "late", t0) : c.renew("k", "late", t0)));
+        ADD_FAILURE() << "accepted a fractional expiry in the middle, op " << op;
+      } catch (const redis::script_error& e) {
+        EXPECT_NE(std::string(e.what()).find(set), std::string::npos) << e.what();
+      }
+      EXPECT_EQ(rltest::command(o, {"ZCARD", set})->integer, 3) << "op " << op;
+    }
+  }
+  {
+    concurrency_limiter<fixed_window, redis::redis_store> c{
+        concurrency_config{5, 10s, concurrency_options{.name = "rated"}},
+        fixed_window::config{"10/1h"}, redis::redis_store{o}};
+    const std::string set = o.prefix + "{k}:leases:rated";
+    (void)rltest::command(o, {"ZADD", set, std::to_string(t - 10), "old"});
+    (void)rltest::command(o, {"ZADD", set, std::to_string(t + 1'000'000), "late"});
+    (void)rltest::command(o, {"SET", set + ":0:fixed_window", "foreign"});
+    EXPECT_THROW((void)c.acquire("k", "a", t0), redis::script_error);
+    EXPECT_EQ(rltest::command(o, {"ZCARD", set})->integer, 2);
+  }
 }
 
 /// Acquires unique lease ids on one key from 8 threads; returns the grants.

@@ -112,10 +112,18 @@ TEST(RedisRequestId, ForeignRecordIsAScriptErrorAndTheCheckIsLeftUndone) {
     auto still = rltest::command(o, {"GET", id_key});
     EXPECT_EQ(std::string(still->str, still->len), bad);
   }
-  // A well-formed record whose decision no script gives (admitted, not counted).
-  rltest::command(o, {"SET", id_key, "rid1:9999999999999999:1:0:1:0:1:0"});
-  EXPECT_THROW((void)store.apply_once(cfg, "k", request_id{"r"}, microseconds{1'000'000}, t0, 1),
-               redis::script_error);
+  // Well-formed records whose decision no script gives (admitted, not
+  // counted; admitted with a wait; rejected without one; more remaining than
+  // the limit), each with a valid limit so that only the decision is wrong.
+  for (const std::string inconsistent :
+       {"rid1:9999999999999999:1:0:1:0:1:5", "rid1:9999999999999999:1:1:1:7:1:5",
+        "rid1:9999999999999999:0:0:0:0:1:5", "rid1:9999999999999999:1:1:6:0:1:5"}) {
+    rltest::command(o, {"SET", id_key, inconsistent});
+    EXPECT_THROW((void)store.apply_once(cfg, "k", request_id{"r"}, microseconds{1'000'000}, t0, 1),
+                 redis::script_error)
+        << inconsistent;
+    EXPECT_EQ(rltest::command(o, {"EXISTS", base})->integer, 0) << inconsistent;
+  }
   rltest::command(o, {"DEL", id_key});
   rltest::command(o, {"RPUSH", id_key, "x"});
   EXPECT_THROW((void)store.apply_once(cfg, "k", request_id{"r"}, microseconds{1'000'000}, t0, 1),
@@ -188,6 +196,37 @@ TEST(RedisRequestId, DecoratorsKeepIdsInRedis) {
   EXPECT_FALSE(b.try_acquire("k", t0 + microseconds{3}).allowed);
   EXPECT_TRUE(b.try_acquire("k", request_id{"r1"}, t0 + microseconds{4}).allowed);
   EXPECT_EQ(b.request_ids_held(), 0u);
+}
+
+// Verifies that ids built to look like another id's key suffix (`:<len>#`
+// inside the id) and 256-byte binary ids on a 512-byte key starting with '}'
+// (the key's own hash tag form) are distinct requests, decided as in process.
+TEST(RedisRequestId, IdsShapedLikeKeySuffixesAreDistinctRequests) {
+  const fixed_window::config cfg{"10/1h", window_options{.name = "ids"}};
+  limiter<fixed_window> mem{cfg};
+  limiter<fixed_window, redis::redis_store> red{cfg, redis::redis_store{fresh("suffix")}};
+  std::string long_key(512, '}');
+  long_key[3] = '\0';
+  std::string long_id(256, '#');
+  long_id[0] = '\0';
+  long_id[10] = '{';
+  long_id[254] = ':';
+  long_id[255] = '3';
+  const std::vector<std::string> ids = {
+      "a", "a:1#", "a:1#:4#", std::string("a\0", 2), long_id, long_id.substr(0, 255)};
+  const timestamp t0{1'700'000'000'000'000};
+  for (const std::string& key : {std::string("k"), long_key}) {
+    for (int round = 0; round < 2; ++round) {
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        const timestamp t = t0 + microseconds{10 * round + static_cast<int>(i)};
+        const decision a = mem.try_acquire(key, request_id{ids[i]}, t);
+        const decision b = red.try_acquire(key, request_id{ids[i]}, t);
+        EXPECT_EQ(a, b) << "id " << i << " round " << round;
+        EXPECT_EQ(b.repeat, round == 1) << "id " << i;
+        EXPECT_EQ(b.remaining, static_cast<units>(9 - static_cast<int>(i))) << "id " << i;
+      }
+    }
+  }
 }
 
 TEST(RedisRequestId, BadRetentionIsRefused) {

@@ -12,9 +12,11 @@
 // until they expire and count against the new N.
 //
 // Stored values are checked before anything is written: KEYS[1] must be a
-// sorted set (or absent) whose lowest and highest expiries are integers in
-// 0..2^53 and whose members read are 1..256 bytes; every expiry read is
-// checked likewise. Anything else is a script error naming the key.
+// sorted set (or absent) whose lowest and highest expiries, earliest live
+// expiry and the lease id's own are integers in 0..2^53 and whose members
+// read are 1..256 bytes; the rate's state is read before the expired leases
+// are dropped. Anything else is a script error naming the key, and the keys
+// are left as they were.
 //
 // ARGV[5] = N, ARGV[6] = max duration us, ARGV[7] = operation (acquire,
 // release, renew), ARGV[8] = lease id (binary safe), ARGV[9] = the rate as
@@ -56,14 +58,27 @@ local function at(rank)
   local e = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
   return expiry(e[1], e[2])
 end
+-- Everything read is checked before the first write: the lowest and highest
+-- expiries, the earliest live one (the lowest once the expired are dropped)
+-- and this id's; the expired are dropped only once the rate (if any) has
+-- read its state too (prune).
+local live = 0
+local mine = nil
 if kind == 'zset' then
   at(0)
   at(-1)
+  local e = redis.call('ZRANGEBYSCORE', key, '(' .. int(t), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if #e > 0 then expiry(e[1], e[2]) end
+  live = redis.call('ZCOUNT', key, '(' .. int(t), '+inf')
+  mine = redis.call('ZSCORE', key, id)
+  if mine then
+    mine = expiry(id, mine)
+    if mine <= t then mine = nil end
+  end
 end
-redis.call('ZREMRANGEBYSCORE', key, '-inf', int(t))
-local live = redis.call('ZCARD', key)
-local mine = redis.call('ZSCORE', key, id)
-if mine then mine = expiry(id, mine) end
+local function prune()
+  if kind == 'zset' then redis.call('ZREMRANGEBYSCORE', key, '-inf', int(t)) end
+end
 -- The earliest and latest live expiries (t, t when none is live).
 local function bounds()
   if live == 0 then return t, t end
@@ -77,6 +92,7 @@ local function keep(latest)
   if live > 0 then redis.call('PEXPIRE', key, ttl(latest - t)) end
 end
 if op == 'release' or op == 'renew' then
+  prune()
   if mine then
     if op == 'release' then
       redis.call('ZREM', key, id)
@@ -94,6 +110,7 @@ if op ~= 'acquire' then
   return redis.error_reply('ratelimit: unknown lease operation ' .. tostring(op))
 end
 if mine then
+  prune()
   local _, latest = bounds()
   return {1, 0, left(), 0, latest - t, N, 1}
 end
@@ -119,6 +136,7 @@ if ARGV[9] ~= '' then
   end
 end
 local all = free and (r == nil or r.allowed)
+prune()
 local earliest, latest = bounds()
 if all then
   redis.call('ZADD', key, int(t + D), id)
