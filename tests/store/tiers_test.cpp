@@ -101,6 +101,14 @@ TEST(Tiers, BlockedCacheMissesAfterATierChange) {
   EXPECT_TRUE(g.apply(slow, "k", at(100), 1, access::consume).allowed);
   ASSERT_FALSE(g.apply(slow, "k", at(100), 1, access::consume).allowed);
   EXPECT_EQ(g.apply(fast, "k", at(102), 1, access::consume).source, decision_source::store);
+  // A compound whose binding sub-limit changed rate: every sub-limit counts.
+  blocked_cache<memory_store<compound_of<fixed_window>>> m;
+  const compound_of<fixed_window>::config before({"2/1h", "5/1d"}, named());
+  const compound_of<fixed_window>::config after({"2/1s", "5/1d"}, named());
+  EXPECT_TRUE(m.apply(before, "k", at(100), 1, access::consume).allowed);
+  EXPECT_TRUE(m.apply(before, "k", at(100), 1, access::consume).allowed);
+  ASSERT_FALSE(m.apply(before, "k", at(100), 1, access::consume).allowed);
+  EXPECT_EQ(m.apply(after, "k", at(5'000'000), 1, access::consume).source, decision_source::store);
 }
 
 // Verifies that a tiered_limiter refuses a plain memory_store<P> inside the
