@@ -155,14 +155,23 @@ template <class Config>
 /// - X-RateLimit-Reset: rounded-up seconds of `d.reset_after` (or the Unix
 ///   time then, see header_options::unix_now);
 /// - Retry-After: only when rejected (a shadow-rejected decision is
-///   admitted), the rounded-up seconds of `retry_after`, at least 1; left out
-///   when `retry_after` is `never` (waiting never helps);
+///   admitted), the rounded-up seconds of `retry_after`, at least 1 (and so
+///   is `t` of a rejected decision); left out when `retry_after` is `never`
+///   (waiting never helps);
 /// - IETF Integers are clamped to 0 .. 999,999,999,999,999.
-/// @throws std::invalid_argument for a name that is not printable ASCII,
-///   or a `unix_now` outside 0 .. max_time
+/// @throws std::invalid_argument for a name that is not printable ASCII, a
+///   negative `p.quota` or `p.window`, or a `unix_now` outside 0 .. max_time
 [[nodiscard]] inline std::vector<header> headers(const decision& d, const policy_info& p,
                                                  const header_options& o = {}) {
   if (o.unix_now) ratelimit::detail::check_time(*o.unix_now);
+  if (p.quota < 0) {
+    throw std::invalid_argument("ratelimit: http: policy quota " + std::to_string(p.quota) +
+                                " is negative");
+  }
+  if (p.window.count() < 0) {
+    throw std::invalid_argument("ratelimit: http: policy window " +
+                                std::to_string(p.window.count()) + "us is negative");
+  }
   std::vector<header> out;
   const bool rejected = !d.allowed;
   const bool no_retry = rejected && d.retry_after == never;
@@ -173,7 +182,9 @@ template <class Config>
                                            ";w=" + std::to_string(detail::sf_integer(w))});
     std::string limit = name + ";r=" + std::to_string(detail::sf_integer(d.remaining));
     if (!no_retry) {
-      const std::int64_t t = ceil_seconds(rejected ? d.retry_after : d.reset_after);
+      // Rejected: t equals Retry-After (at least 1 s, as Retry-After is).
+      const std::int64_t t = rejected ? std::max<std::int64_t>(1, ceil_seconds(d.retry_after))
+                                      : ceil_seconds(d.reset_after);
       limit += ";t=" + std::to_string(detail::sf_integer(t));
     }
     out.push_back({"RateLimit", std::move(limit)});
@@ -182,8 +193,16 @@ template <class Config>
     out.push_back({"X-RateLimit-Limit", std::to_string(p.quota)});
     out.push_back({"X-RateLimit-Remaining", std::to_string(d.remaining)});
     const std::int64_t reset = ceil_seconds(d.reset_after);
-    out.push_back({"X-RateLimit-Reset",
-                   std::to_string(o.unix_now ? ceil_seconds(*o.unix_now + d.reset_after) : reset)});
+    std::int64_t at = reset;
+    if (o.unix_now) {
+      // unix_now + reset_after, saturating (a decision may carry up to `never`).
+      const std::int64_t now_us = o.unix_now->count();
+      const std::int64_t after = std::max<std::int64_t>(0, d.reset_after.count());
+      at = ceil_seconds(std::chrono::microseconds{
+          after > std::chrono::microseconds::max().count() - now_us ? never.count()
+                                                                    : now_us + after});
+    }
+    out.push_back({"X-RateLimit-Reset", std::to_string(at)});
   }
   if (o.retry_after && rejected && !no_retry) {
     out.push_back(

@@ -49,7 +49,9 @@
 #include "ratelimit/policy/sliding_window_log.hpp"
 #include "ratelimit/policy/token_bucket.hpp"
 #include "ratelimit/rate.hpp"
+#include "ratelimit/store/blocked_cache.hpp"
 #include "ratelimit/store/memory_store.hpp"
+#include "ratelimit/store/observed_store.hpp"
 
 namespace ratelimit {
 
@@ -320,6 +322,19 @@ template <class Store, class P>
   requires std::same_as<typename Store::policy_type, tiered<P>>
 struct keeps_tier_state<Store, P> : std::true_type {};
 
+/// Whether `Store` is a plain `memory_store<P>`, bare or inside the store
+/// wrappers (blocked_cache, observed_store): one that keeps P's state
+/// without the fingerprint of the config that wrote it, so keys of
+/// different tiers would read each other's state as their own.
+template <class Store, class P>
+struct wraps_plain_memory_store : std::false_type {};
+template <class P>
+struct wraps_plain_memory_store<memory_store<P>, P> : std::true_type {};
+template <class S, class C, class P>
+struct wraps_plain_memory_store<blocked_cache<S, C>, P> : wraps_plain_memory_store<S, P> {};
+template <class S, class O, class P>
+struct wraps_plain_memory_store<observed_store<S, O>, P> : wraps_plain_memory_store<S, P> {};
+
 }  // namespace detail
 
 /// The tiers of one limiter, changed at runtime while checks run.
@@ -587,8 +602,10 @@ template <policy P, class Store = memory_store<tiered<P>>, class Clock = steady_
   requires(clock_source<Clock> || store_clock<Clock>)
 class tiered_limiter {
   static constexpr bool tier_state_store = detail::keeps_tier_state<Store, P>::value;
-  static_assert(!std::is_same_v<Store, memory_store<P>>,
-                "a tiered_limiter keeps its keys in memory_store<tiered<P>>");
+  static_assert(!detail::wraps_plain_memory_store<Store, P>::value,
+                "a tiered_limiter keeps its keys in memory_store<tiered<P>>, not in a plain "
+                "memory_store<P> (bare or wrapped), which would read a key written under one "
+                "tier's config as the other's");
 
  public:
   using policy_type = P;

@@ -79,7 +79,7 @@ TEST(HttpHeaders, RejectedDecisionRoundsRetryUp) {
   // A rejection with no wait (fail_closed) still asks for 1 s.
   hs = http::headers(rejected(0, 0), p);
   EXPECT_EQ(field(hs, "Retry-After"), "1");
-  EXPECT_EQ(field(hs, "RateLimit"), "\"calls\";r=0;t=0");
+  EXPECT_EQ(field(hs, "RateLimit"), "\"calls\";r=0;t=1");  // t equals Retry-After
 }
 
 // Verifies `never` (a cost above the limit): no Retry-After and no t.
@@ -153,6 +153,34 @@ TEST(HttpHeaders, Options) {
   hs = http::headers(d, p);
   EXPECT_EQ(field(hs, "RateLimit-Policy"), "\"n\";q=999999999999999;w=1");
   EXPECT_EQ(field(hs, "RateLimit"), "\"n\";r=999999999999999;t=1");
+}
+
+// Verifies that a reset time past the end of the clock saturates: a hand-made
+// decision with reset_after = never and unix_now at max_time gives the
+// largest whole second, not a wrapped (negative, so 0) value.
+TEST(HttpHeaders, UnixResetSaturates) {
+  const http::policy_info p{"n", 1, std::chrono::seconds{1}};
+  decision d;
+  d.allowed = true;
+  d.reset_after = never;
+  http::header_options o;
+  o.unix_now = max_time;
+  const auto hs = http::headers(d, p, o);
+  EXPECT_EQ(field(hs, "X-RateLimit-Reset"), std::to_string(http::ceil_seconds(never)));
+}
+
+// Verifies that a policy_info the caller built with a negative quota or
+// window is refused, naming the value (X-RateLimit-Limit would say "-5").
+TEST(HttpHeaders, NegativePolicyValuesAreRefused) {
+  try {
+    (void)http::headers(decision{}, http::policy_info{"n", -5, std::chrono::seconds{1}});
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("-5"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(
+      (void)http::headers(decision{}, http::policy_info{"n", 5, std::chrono::microseconds{-1}}),
+      std::invalid_argument);
 }
 
 }  // namespace

@@ -41,15 +41,15 @@ redis::options fresh(std::string_view what) {
 /// decision must match field for field, and `flagged` of them must be
 /// shadow_rejected.
 template <class P>
-void same_on_redis(const typename P::config& cfg, int n, units cost, std::int64_t step,
-                   int flagged) {
+void same_on_redis(const typename P::config& cfg, int n, units cost, std::int64_t step, int flagged,
+                   std::int64_t start = t0) {
   limiter<P, redis::redis_store> remote{cfg, redis::redis_store{fresh(P::name)}};
   limiter<P> local{cfg};
   remote.set_shadow(true);
   local.set_shadow(true);
   int seen = 0;
   for (int i = 0; i < n; ++i) {
-    const microseconds at{t0 + i * step};
+    const microseconds at{start + i * step};
     const decision want = local.try_acquire("+15551234567", at, cost);
     const decision got = remote.try_acquire("+15551234567", at, cost);
     ASSERT_EQ(describe(got), describe(want)) << P::name << " check " << i;
@@ -63,7 +63,7 @@ void same_on_redis(const typename P::config& cfg, int n, units cost, std::int64_
   EXPECT_EQ(seen, flagged) << P::name;
   remote.set_shadow(false);
   local.set_shadow(false);
-  const microseconds at{t0 + n * step};
+  const microseconds at{start + n * step};
   const decision want = local.try_acquire("+15551234567", at, 1);
   const decision got = remote.try_acquire("+15551234567", at, 1);
   EXPECT_EQ(describe(got), describe(want)) << P::name << " enforced after shadow";
@@ -87,6 +87,35 @@ TEST(RedisShadow, ExactRulesPerPolicy) {
   same_on_redis<compound_of<fixed_window>>(
       compound_of<fixed_window>::config({"3/10s", "5/1h"}, window_options{.name = "s"}), 8, 1, 1000,
       5);
+}
+
+// Verifies the 2^52 caps on Redis: forced checks of the largest cost
+// (2^50) push counts, debts and the GCRA TAT to their saturation points;
+// every decision matches the in-process one, and the state the scripts
+// wrote is read back by their strict readers (no "corrupt state" error).
+TEST(RedisShadow, CapsMatchInProcess) {
+  same_on_redis<fixed_window>(fixed_window::config("3/10s", window_options{.name = "c"}), 7,
+                              max_units, 1, 7);
+  same_on_redis<sliding_window_log>(
+      sliding_window_log::config("3/10s", window_options{.name = "c"}), 7, max_units, 1, 7);
+  same_on_redis<sliding_window_counter>(
+      sliding_window_counter::config("3/10s", window_options{.name = "c"}), 7, max_units, 1, 7);
+  same_on_redis<token_bucket>(token_bucket::config("3/10s", bucket_options{.name = "c"}), 7,
+                              max_units, 1, 7);
+  same_on_redis<gcra>(gcra::config("3/10s", bucket_options{.name = "c"}), 7, max_units, 1, 7);
+  same_on_redis<gcra>(gcra::config("1000000/1s", bucket_options{.name = "c2"}), 7, max_units, 1, 7);
+  same_on_redis<compound_of<fixed_window>>(
+      compound_of<fixed_window>::config({"3/10s", "5/1h"}, window_options{.name = "c"}), 7,
+      max_units, 1, 7);
+  // At the latest caller time the scripts accept, the TAT cap t + 2^52 is
+  // past 2^53, where a Lua double no longer holds every integer.
+  const std::int64_t late = redis::max_script_time.count() - 7;  // the last check at 2^52
+  same_on_redis<gcra>(gcra::config("1000000/1s", bucket_options{.name = "c3"}), 7, max_units, 1, 7,
+                      late);
+  same_on_redis<token_bucket>(token_bucket::config("1000000/1s", bucket_options{.name = "c3"}), 7,
+                              max_units, 1, 7, late);
+  same_on_redis<sliding_window_log>(
+      sliding_window_log::config("3/10s", window_options{.name = "c3"}), 7, max_units, 1, 7, late);
 }
 
 /// Shadow checks on one GCRA key at one caller time from `threads` threads;

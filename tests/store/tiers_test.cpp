@@ -78,6 +78,50 @@ TEST(Tiers, RuntimeChangeAppliesToTheNextCheck) {
   EXPECT_EQ(d.limit, 3);
 }
 
+// Verifies that a blocked_cache (as a tiered_limiter on Redis puts in front
+// of its store) does not answer a check under a changed tier with the old
+// config's cached rejection: same name and limit, another rate (2/1h ->
+// 2/1s) must be decided by the store under the new config.
+TEST(Tiers, BlockedCacheMissesAfterATierChange) {
+  blocked_cache<memory_store<fixed_window>> c;
+  const fixed_window::config hour{"2/1h", named()};
+  const fixed_window::config second{"2/1s", named()};
+  EXPECT_TRUE(c.apply(hour, "k", at(100), 1, access::consume).allowed);
+  EXPECT_TRUE(c.apply(hour, "k", at(100), 1, access::consume).allowed);
+  ASSERT_FALSE(c.apply(hour, "k", at(100), 1, access::consume).allowed);
+  ASSERT_EQ(c.apply(hour, "k", at(200), 1, access::consume).source, decision_source::local_cache);
+  const decision d = c.apply(second, "k", at(5'000'000), 1, access::consume);  // second 5, hour 0
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.source, decision_source::store);
+  // The same for a bucket: burst 2 at 1/1h -> burst 2 at 1/1s.
+  blocked_cache<memory_store<gcra>> g;
+  const gcra::config slow{"1/1h", bucket_options{.burst = 2, .name = "t"}};
+  const gcra::config fast{"1/1s", bucket_options{.burst = 2, .name = "t"}};
+  EXPECT_TRUE(g.apply(slow, "k", at(100), 1, access::consume).allowed);
+  EXPECT_TRUE(g.apply(slow, "k", at(100), 1, access::consume).allowed);
+  ASSERT_FALSE(g.apply(slow, "k", at(100), 1, access::consume).allowed);
+  EXPECT_EQ(g.apply(fast, "k", at(102), 1, access::consume).source, decision_source::store);
+  // A compound whose binding sub-limit changed rate: every sub-limit counts.
+  blocked_cache<memory_store<compound_of<fixed_window>>> m;
+  const compound_of<fixed_window>::config before({"2/1h", "5/1d"}, named());
+  const compound_of<fixed_window>::config after({"2/1s", "5/1d"}, named());
+  EXPECT_TRUE(m.apply(before, "k", at(100), 1, access::consume).allowed);
+  EXPECT_TRUE(m.apply(before, "k", at(100), 1, access::consume).allowed);
+  ASSERT_FALSE(m.apply(before, "k", at(100), 1, access::consume).allowed);
+  EXPECT_EQ(m.apply(after, "k", at(5'000'000), 1, access::consume).source, decision_source::store);
+}
+
+// Verifies that a tiered_limiter refuses a plain memory_store<P> inside the
+// store wrappers too (it would read one tier's state as another's: a
+// bucket's deficit in the old config's ticks), as it refuses it bare.
+static_assert(detail::wraps_plain_memory_store<memory_store<token_bucket>, token_bucket>::value);
+static_assert(detail::wraps_plain_memory_store<blocked_cache<memory_store<token_bucket>>,
+                                               token_bucket>::value);
+static_assert(detail::wraps_plain_memory_store<
+              observed_store<blocked_cache<memory_store<gcra>>, basic_metrics*>, gcra>::value);
+static_assert(
+    !detail::wraps_plain_memory_store<memory_store<tiered<token_bucket>>, token_bucket>::value);
+
 // Verifies "start fresh writes only what the new decision records": a
 // rejection under the new config leaves the old state, which a change back
 // finds as written.

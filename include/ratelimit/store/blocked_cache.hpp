@@ -16,6 +16,8 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 
@@ -77,7 +79,8 @@ struct blocked_cache_stats {
 ///   called (never later than the store's own decision time).
 /// - `reset` forwards to the store, then drops the key from the cache.
 /// - Entries remember the policy name, the limiter's name (`cfg.name()`) and
-///   `cfg.limit()`: a check under another policy, limiter or limit misses. One
+///   `cfg.limit()` and rate(s): a check under another policy, limiter, limit
+///   or rate (a tier changed at run time) misses. One
 ///   cache serves one configuration per policy and name, as in a limiter,
 ///   which holds its store by value; a cache used directly by two configs
 ///   never answers one with the other's rejection unless both are the same
@@ -244,12 +247,48 @@ class blocked_cache {
 
   /// One cached block. Times are microseconds on the caller's clock, or on
   /// LocalClock when `local` is set; `forever` for a `never` rejection.
+  /// What a later check's config must match: cfg.limit(), and the rate
+  /// (limit, period us) of a config that has one, so that a config of one
+  /// name and limit but another rate (a tier changed at run time) misses. A
+  /// compound folds its sub-limits' rates into the last two numbers.
+  struct config_id {
+    units limit = 0;
+    std::uint64_t rate_limit = 0;  ///< unsigned: the compound's fold wraps
+    std::uint64_t period = 0;
+    friend bool operator==(const config_id&, const config_id&) = default;
+  };
+
+  template <class Config>
+  [[nodiscard]] static config_id id_of(const Config& cfg) noexcept {
+    config_id id;
+    id.limit = cfg.limit();
+    fold_rate(cfg, id);
+    return id;
+  }
+
+  template <class Config>
+  static void fold_rate(const Config& cfg, config_id& id) noexcept {
+    if constexpr (requires { cfg.get_rate().period(); }) {
+      // Each rate is mixed in, so a compound's sub-limits all count.
+      id.rate_limit = id.rate_limit * 1'000'003U +
+                      static_cast<std::uint64_t>(cfg.get_rate().limit());
+      id.period = id.period * 1'000'003U +
+                  static_cast<std::uint64_t>(cfg.get_rate().period().count());
+    } else if constexpr (requires { cfg.parts().begin(); }) {
+      for (const auto& part : cfg.parts()) fold_rate(part, id);
+    } else if constexpr (requires {
+                           std::tuple_size<std::remove_cvref_t<decltype(cfg.parts())>>::value;
+                         }) {
+      std::apply([&](const auto&... part) { (fold_rate(part, id), ...); }, cfg.parts());
+    }
+  }
+
   struct entry {
     std::int64_t until = 0;     ///< first time the block no longer holds
     std::int64_t reset_at = 0;  ///< when the key is back to empty, per the cached decision
     units cost = 0;             ///< smallest cost known to be rejected until `until`
     units limit = 0;            ///< decision.limit of the cached rejection (reported)
-    units config_limit = 0;     ///< cfg.limit() of the check: what a later check must match
+    config_id config;           ///< id_of(cfg) of the check: what a later check must match
     std::string_view policy;    ///< P::name (static storage)
     std::string name;           ///< cfg.name() of the check
     bool local = false;         ///< timed on LocalClock (store_time checks)
@@ -324,15 +363,14 @@ class blocked_cache {
     if (a == access::force) return call();
     shard& sh = shard_for(key);
     std::uint64_t generation = 0;
-    if (auto hit = lookup(sh, key, P::name, cfg.name(), cfg.limit(), now, local, cost,
-                          generation)) {
+    if (auto hit = lookup(sh, key, P::name, cfg.name(), id_of(cfg), now, local, cost, generation)) {
       counters_->hits.fetch_add(1, std::memory_order_relaxed);
       return *hit;
     }
     decision d = call();
     if (a == access::consume && !d.allowed && d.source == decision_source::store &&
         d.retry_after >= options_.threshold) {
-      store(sh, key, P::name, cfg.name(), cfg.limit(), now, local, cost, d, generation);
+      store(sh, key, P::name, cfg.name(), id_of(cfg), now, local, cost, d, generation);
     }
     return d;
   }
@@ -340,8 +378,8 @@ class blocked_cache {
   /// The cached rejection covering (key, cost) at `now`, if any; else reads
   /// the shard's generation into `generation` for a later `store`.
   std::optional<decision> lookup(shard& sh, std::string_view key, std::string_view policy,
-                                 std::string_view name, units limit, std::int64_t now, bool local,
-                                 units cost, std::uint64_t& generation) {
+                                 std::string_view name, const config_id& config, std::int64_t now,
+                                 bool local, units cost, std::uint64_t& generation) {
     if (sh.size.load(std::memory_order_acquire) == 0) {
       generation = sh.generation.load(std::memory_order_acquire);
       return std::nullopt;
@@ -351,7 +389,7 @@ class blocked_cache {
     const auto it = sh.map.find(key);
     if (it == sh.map.end()) return std::nullopt;
     const entry& e = it->second;
-    if (e.local != local || e.policy != policy || e.config_limit != limit || e.name != name) {
+    if (e.local != local || e.policy != policy || !(e.config == config) || e.name != name) {
       return std::nullopt;
     }
     if (now >= e.until) {
@@ -376,7 +414,7 @@ class blocked_cache {
   }
 
   void store(shard& sh, std::string_view key, std::string_view policy, std::string_view name,
-             units config_limit, std::int64_t now, bool local, units cost, const decision& d,
+             const config_id& config, std::int64_t now, bool local, units cost, const decision& d,
              std::uint64_t generation) {
     entry e;
     e.until = add_sat(now, options_.max_block.count() > 0
@@ -386,7 +424,7 @@ class blocked_cache {
     e.cost = cost;
     // A compound reports its binding sub-limit, which need not be cfg.limit().
     e.limit = d.limit;
-    e.config_limit = config_limit;
+    e.config = config;
     e.policy = policy;
     e.name = name;
     e.local = local;
