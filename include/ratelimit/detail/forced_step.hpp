@@ -18,9 +18,11 @@ namespace ratelimit::detail {
 
 /// P::force(cfg, s, now, cost), or std::invalid_argument (state untouched)
 /// for a policy without one.
+/// Out of line and cold: shadow mode is the rare case, and inlined into a
+/// store's check this path took the inliner's budget from the plain step.
 template <policy P>
-decision forced_step(const typename P::config& cfg, typename P::state& s, timestamp now,
-                     units cost) {
+[[gnu::noinline, gnu::cold]] decision forced_step(const typename P::config& cfg,
+                                                  typename P::state& s, timestamp now, units cost) {
   if constexpr (forcible_policy<P>) {
     return P::force(cfg, s, now, cost);
   } else {

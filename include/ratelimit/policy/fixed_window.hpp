@@ -74,15 +74,18 @@ struct fixed_window {
   };
 
   static decision step(const config& cfg, state& s, timestamp now, units cost) noexcept {
-    return step_as(cfg, s, now, cost, false);
+    return step_as<false>(cfg, s, now, cost);
   }
   /// As step, recording the request even when rejected (access::force): the
   /// count may pass the limit (saturating at 2^52).
   static decision force(const config& cfg, state& s, timestamp now, units cost) noexcept {
-    return step_as(cfg, s, now, cost, true);
+    return step_as<true>(cfg, s, now, cost);
   }
-  static decision step_as(const config& cfg, state& s, timestamp now, units cost,
-                          bool forced) noexcept {
+  /// `step` (Forced = false) or `force` (true), one instantiation each so
+  /// that a plain check carries no trace of the forced path.
+  template <bool Forced>
+  [[gnu::always_inline]] static decision step_as(const config& cfg, state& s, timestamp now,
+                                                 units cost) noexcept {
     const std::int64_t w = cfg.period_us();
     std::int64_t t = now.count();
     // The window of `now`, divided before the state is read: written after
@@ -100,7 +103,7 @@ struct fixed_window {
     decision d;
     d.limit = cfg.limit();
     d.allowed = n + cost <= cfg.limit();
-    if (d.allowed || forced || cfg.count_rejected()) {
+    if (d.allowed || Forced || cfg.count_rejected()) {
       n = detail::add_saturated(n, cost);
       s.window = k;
       s.count = n;

@@ -76,16 +76,19 @@ struct gcra {
   };
 
   static decision step(const config& cfg, state& s, timestamp now, units cost) noexcept {
-    return step_as(cfg, s, now, cost, false);
+    return step_as<false>(cfg, s, now, cost);
   }
   /// As step, recording the request even when rejected (access::force): the
   /// TAT runs ahead of the tolerance, by at most 2^52 us past `now` (it is
   /// never moved back).
   static decision force(const config& cfg, state& s, timestamp now, units cost) noexcept {
-    return step_as(cfg, s, now, cost, true);
+    return step_as<true>(cfg, s, now, cost);
   }
-  static decision step_as(const config& cfg, state& s, timestamp now, units cost,
-                          bool forced) noexcept {
+  /// `step` (Forced = false) or `force` (true), one instantiation each so
+  /// that a plain check carries no trace of the forced path.
+  template <bool Forced>
+  [[gnu::always_inline]] static decision step_as(const config& cfg, state& s, timestamp now,
+                                                 units cost) noexcept {
     // No clamp needed: max(TAT, t) already makes an earlier t safe.
     const std::int64_t t = now.count();
     const std::int64_t tv = cfg.interval_us();
@@ -98,7 +101,7 @@ struct gcra {
     if (d.allowed) {
       s.tat = base + cost * tv;
       d.counted = true;
-    } else if (forced) {
+    } else if (Forced) {
       // base + cost x T, saturating at t + 2^52 (never below base).
       const std::int64_t ceiling = t + detail::max_ticks;
       s.tat = base >= ceiling ? base : cost > (ceiling - base) / tv ? ceiling : base + cost * tv;

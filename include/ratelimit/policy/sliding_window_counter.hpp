@@ -76,15 +76,18 @@ struct sliding_window_counter {
   }
 
   static decision step(const config& cfg, state& s, timestamp now, units cost) noexcept {
-    return step_as(cfg, s, now, cost, false);
+    return step_as<false>(cfg, s, now, cost);
   }
   /// As step, recording the request even when rejected (access::force): the
   /// current count may pass the limit (saturating at 2^52).
   static decision force(const config& cfg, state& s, timestamp now, units cost) noexcept {
-    return step_as(cfg, s, now, cost, true);
+    return step_as<true>(cfg, s, now, cost);
   }
-  static decision step_as(const config& cfg, state& s, timestamp now, units cost,
-                          bool forced) noexcept {
+  /// `step` (Forced = false) or `force` (true), one instantiation each so
+  /// that a plain check carries no trace of the forced path.
+  template <bool Forced>
+  [[gnu::always_inline]] static decision step_as(const config& cfg, state& s, timestamp now,
+                                                 units cost) noexcept {
     const std::int64_t w = cfg.period_us();
     const units limit = cfg.limit();
     const bool seen = s.current > 0 || s.previous > 0;
@@ -114,7 +117,7 @@ struct sliding_window_counter {
     // decision: compute it once for the test and for `remaining`.
     const double weighted_prev = weighted(prev, w, e);
     d.allowed = fits(weighted_prev, cur, cost, limit);
-    if (d.allowed || forced || cfg.count_rejected()) {
+    if (d.allowed || Forced || cfg.count_rejected()) {
       cur = detail::add_saturated(cur, cost);
       s = state{k, cur, prev};
       d.counted = true;

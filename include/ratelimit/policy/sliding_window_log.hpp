@@ -193,15 +193,19 @@ struct sliding_window_log {
   /// grow; the state is then unchanged (the ring grows before anything else
   /// is written).
   static decision step(const config& cfg, state& s, timestamp now, units cost) {
-    return step_as(cfg, s, now, cost, false);
+    return step_as<false>(cfg, s, now, cost);
   }
   /// As step, recording the request even when rejected (access::force), as
   /// count_rejected records an attempt; `trim` keeps the log at most `limit`
   /// entries however many requests are forced past the limit.
   static decision force(const config& cfg, state& s, timestamp now, units cost) {
-    return step_as(cfg, s, now, cost, true);
+    return step_as<true>(cfg, s, now, cost);
   }
-  static decision step_as(const config& cfg, state& s, timestamp now, units cost, bool forced) {
+  /// `step` (Forced = false) or `force` (true), one instantiation each so
+  /// that a plain check carries no trace of the forced path.
+  template <bool Forced>
+  [[gnu::always_inline]] static decision step_as(const config& cfg, state& s, timestamp now,
+                                                 units cost) {
     std::int64_t t = now.count();
     // Time never runs backwards inside a key: decide at the newest entry.
     if (!s.empty() && t < s.back().ts) t = s.back().ts;
@@ -210,9 +214,9 @@ struct sliding_window_log {
     // instead of entry by entry. This part stays small enough to be inlined
     // into the store's check; the general case is a call.
     if (s.empty() || s.back().ts <= t - cfg.period_us()) {
-      return step_on_empty_window(cfg, s, t, cost, forced);
+      return step_on_empty_window(cfg, s, t, cost, Forced);
     }
-    return step_in_window(cfg, s, t, cost, forced);
+    return step_in_window(cfg, s, t, cost, Forced);
   }
 
   /// `step` at the (clamped) time t when some entry is in (t - W, t].

@@ -113,16 +113,19 @@ struct token_bucket {
   }
 
   static decision step(const config& cfg, state& s, timestamp now, units cost) noexcept {
-    return step_as(cfg, s, now, cost, false);
+    return step_as<false>(cfg, s, now, cost);
   }
   /// As step, recording the request even when rejected (access::force): the
   /// bucket goes into debt, its deficit passing the capacity (saturating at
   /// 2^52 ticks, `detail::max_ticks`).
   static decision force(const config& cfg, state& s, timestamp now, units cost) noexcept {
-    return step_as(cfg, s, now, cost, true);
+    return step_as<true>(cfg, s, now, cost);
   }
-  static decision step_as(const config& cfg, state& s, timestamp now, units cost,
-                          bool forced) noexcept {
+  /// `step` (Forced = false) or `force` (true), one instantiation each so
+  /// that a plain check carries no trace of the forced path.
+  template <bool Forced>
+  [[gnu::always_inline]] static decision step_as(const config& cfg, state& s, timestamp now,
+                                                 units cost) noexcept {
     std::int64_t t = now.count();
     // Time never runs backwards inside a key: decide at the last update.
     if (s.deficit > 0 && t < s.last) t = s.last;
@@ -132,9 +135,14 @@ struct token_bucket {
     decision d;
     d.limit = cfg.burst();
     d.allowed = cost <= cfg.burst() && deficit + cost * cfg.ticks_per_token() <= cap;
-    if (d.allowed || forced) {
-      // Admitted, deficit + cost x P <= capacity <= 2^52; forced, it may pass
-      // the capacity and saturates at 2^52 (cost x P alone may not fit int64).
+    if (d.allowed) {
+      // deficit + cost x P <= capacity <= 2^52.
+      deficit += cost * cfg.ticks_per_token();
+      s = state{deficit, t};
+      d.counted = true;
+    } else if (Forced) {
+      // Past the capacity, saturating at 2^52 (cost x P alone may not fit
+      // int64). Kept off the admitted path: the division costs every check.
       const std::int64_t p = cfg.ticks_per_token();
       deficit = cost > (detail::max_ticks - deficit) / p ? detail::max_ticks : deficit + cost * p;
       s = state{deficit, t};
