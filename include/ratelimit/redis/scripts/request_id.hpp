@@ -135,7 +135,7 @@ void append_eval_once(std::string& out, bool with_text, const std::vector<std::s
   for (const std::string& k : keys) args.push_back(k);
   args.push_back(time);
   args.push_back(cost);
-  args.push_back(a == access::peek ? "1" : (a == access::force ? "2" : "0"));
+  args.push_back(access_arg(a));
   args.push_back(ttl_floor_ms);
   for (const std::string& p : policy_args) args.push_back(p);
   args.push_back(limit);

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ratelimit/concepts.hpp"
 #include "ratelimit/decision.hpp"
 #include "ratelimit/policy/fixed_window.hpp"
 #include "ratelimit/rate.hpp"
@@ -30,6 +31,11 @@ namespace ratelimit::redis {
 /// {allowed, counted, remaining, retry_after_us (-1 = never), reset_after_us}.
 template <class P>
 struct script_for;
+
+/// ARGV[3] of every script: "0" consume, "1" peek, "2" force.
+[[nodiscard]] constexpr std::string_view access_arg(access a) noexcept {
+  return a == access::peek ? "1" : (a == access::force ? "2" : "0");
+}
 
 /// Largest caller-supplied time the scripts accept: 2^52 us (year 2112 since
 /// the Unix epoch), so that every intermediate stays an exact integer in a Lua
