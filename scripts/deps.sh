@@ -9,6 +9,7 @@ packages=(
   libgtest-dev libbenchmark-dev
   redis-server redis-tools libhiredis-dev
   sqlite3 libsqlite3-dev pkg-config
+  libcpp-httplib-dev wrk sip-tester
 )
 
 missing=()
