@@ -288,4 +288,38 @@ TEST(RedisFaultFallback, FallbackAdmitsLimitOverDivisor) {
   EXPECT_EQ(store.stats().fallback, 20u);
 }
 
+// Verifies that fallback limiters are bounded: every distinct config that
+// degrades (tiers changed during an outage) gets its own, and past 64 the
+// least recently used one is dropped, so its keys start fresh.
+TEST(RedisFaultFallback, FallbackLimitersAreBoundedLeastRecentlyUsedDropped) {
+  rltest::redis_server server;
+  const auto o = fault_options(server, redis::failure_policy::fallback);
+  redis::redis_store store(o);
+  server.stop();
+  const auto cfg_of = [](int limit) {
+    return fixed_window::config(std::to_string(limit) + "/1h", window_options{.name = "t"});
+  };
+  const auto t = std::chrono::microseconds{1'000'000};
+  // Config 2 (fallback limit 1) admits once, then rejects while it is held.
+  EXPECT_TRUE(store.apply(cfg_of(2), "k", t, 1, access::consume).allowed);
+  EXPECT_FALSE(store.apply(cfg_of(2), "k", t, 1, access::consume).allowed);
+  for (int limit = 4; limit < 4 + 62; limit += 2) {
+    EXPECT_EQ(store.apply(cfg_of(limit), "k", t, 1, access::consume).source,
+              decision_source::fallback);
+  }
+  // 32 configs held; touch config 2 again, so it is the most recent.
+  EXPECT_FALSE(store.apply(cfg_of(2), "k", t, 1, access::consume).allowed);
+  for (int limit = 100; limit < 100 + 2 * 40; limit += 2) {
+    (void)store.apply(cfg_of(limit), "k", t, 1, access::consume);
+  }
+  EXPECT_EQ(store.stats().fallback_limiters, 64u);
+  // Config 2 was used recently enough to survive; config 4 (the least
+  // recently used) was dropped and starts fresh.
+  EXPECT_FALSE(store.apply(cfg_of(2), "k", t, 1, access::consume).allowed);
+  EXPECT_TRUE(store.apply(cfg_of(4), "k", t, 1, access::consume).allowed);
+  EXPECT_TRUE(store.apply(cfg_of(4), "k", t, 1, access::consume).allowed);
+  EXPECT_FALSE(store.apply(cfg_of(4), "k", t, 1, access::consume).allowed);
+  EXPECT_EQ(store.stats().fallback_limiters, 64u);
+}
+
 }  // namespace

@@ -352,7 +352,7 @@ class cluster_store {
     detail::check_named(cfg);
     ratelimit::detail::check_key(key);
     detail::check_same_process(shared_->owner_pid);
-    if (auto* fb = shared_->degrader.template find<P>(cfg)) fb->store.reset(fb->cfg, key);
+    if (const auto fb = shared_->degrader.template find<P>(cfg)) fb->store.reset(fb->cfg, key);
     const std::vector<std::string> ks = detail::redis_keys(shared_->opts.node.prefix, cfg, key);
     std::vector<std::string_view> args{"DEL"};
     for (const std::string& k : ks) args.push_back(k);
@@ -453,6 +453,7 @@ class cluster_store {
     s.script_reloads = get(c.script_reloads);
     s.probes = get(c.probes);
     s.probe_failures = get(c.probe_failures);
+    s.fallback_limiters = shared_->degrader.fallbacks_held();
     s.moved = get(shared_->moved);
     s.ask = get(shared_->ask);
     s.tryagain = get(shared_->tryagain);

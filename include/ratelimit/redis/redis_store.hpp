@@ -81,6 +81,10 @@ struct store_stats {
   std::uint64_t script_reloads = 0;   ///< NOSCRIPT answers that made a script be resent
   std::uint64_t probes = 0;  ///< background probes (PING) of a server behind an open breaker
   std::uint64_t probe_failures = 0;  ///< of which failed (the breaker stayed open)
+  /// In-process fallback limiters held now, one per (policy, name, config)
+  /// that degraded under failure_policy::fallback; at most 64 unless more
+  /// are in use at one instant.
+  std::uint64_t fallback_limiters = 0;
 };
 
 namespace detail {
@@ -599,13 +603,27 @@ class degrader {
  public:
   degrader(failure_policy p, units divisor) : policy_(p), divisor_(divisor) {}
 
-  /// The fallback limiter of `cfg`, or nullptr when none was made yet.
+  /// At most this many fallback limiters are kept: one per (policy, name,
+  /// config) that degraded. Tiers changed at run time during an outage make
+  /// new configs; past the cap the least recently used limiter that no check
+  /// is using is dropped (its keys start fresh if that config degrades again).
+  static constexpr std::size_t max_fallbacks = 64;
+
+  /// The fallback limiter of `cfg`, or null when none is held.
   template <class P>
-  [[nodiscard]] fallback_limiter<P>* find(const typename P::config& cfg) {
+  [[nodiscard]] std::shared_ptr<fallback_limiter<P>> find(const typename P::config& cfg) {
     const fallback_id id = id_of<P>(cfg);
     std::lock_guard<std::mutex> lock(mutex_);
     const auto it = fallbacks_.find(id);
-    return it == fallbacks_.end() ? nullptr : static_cast<fallback_limiter<P>*>(it->second.get());
+    if (it == fallbacks_.end()) return nullptr;
+    return std::static_pointer_cast<fallback_limiter<P>>(it->second.limiter);
+  }
+
+  /// How many fallback limiters are held (at most max_fallbacks, unless more
+  /// than that many are in use at once).
+  [[nodiscard]] std::size_t fallbacks_held() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return fallbacks_.size();
   }
 
   /// The decision of the failure policy for a check that got no answer.
@@ -630,7 +648,8 @@ class degrader {
         return d;
       case failure_policy::fallback: {
         c.fallback.fetch_add(1, std::memory_order_relaxed);
-        auto& fb = fallback_for<P>(cfg);
+        const std::shared_ptr<fallback_limiter<P>> held = fallback_for<P>(cfg);
+        auto& fb = *held;
         const timestamp t = now ? *now
                                 : std::chrono::duration_cast<timestamp>(
                                       std::chrono::system_clock::now().time_since_epoch());
@@ -666,21 +685,45 @@ class degrader {
     return fallback_id{std::type_index(typeid(P)), std::move(id)};
   }
 
+  /// The fallback limiter of `cfg`, made on first use. The caller's
+  /// shared_ptr keeps it alive while the check runs, even if it is dropped
+  /// from the map meanwhile.
   template <class P>
-  [[nodiscard]] fallback_limiter<P>& fallback_for(const typename P::config& cfg) {
+  [[nodiscard]] std::shared_ptr<fallback_limiter<P>> fallback_for(const typename P::config& cfg) {
     fallback_id id = id_of<P>(cfg);
     std::lock_guard<std::mutex> lock(mutex_);
-    auto& slot = fallbacks_[std::move(id)];
-    if (slot == nullptr) {
-      slot = std::make_unique<fallback_limiter<P>>(script_for<P>::scaled(cfg, divisor_));
+    const std::uint64_t now = ++uses_;
+    auto it = fallbacks_.find(id);
+    if (it == fallbacks_.end()) {
+      auto made = std::make_shared<fallback_limiter<P>>(script_for<P>::scaled(cfg, divisor_));
+      if (fallbacks_.size() >= max_fallbacks) drop_least_recent();
+      it = fallbacks_.emplace(std::move(id), slot{std::move(made), now}).first;
     }
-    return static_cast<fallback_limiter<P>&>(*slot);
+    it->second.last_use = now;
+    return std::static_pointer_cast<fallback_limiter<P>>(it->second.limiter);
   }
+
+  /// Drops the least recently used limiter no check holds; keeps all when
+  /// every one is in use. Called with mutex_ held.
+  void drop_least_recent() {
+    auto victim = fallbacks_.end();
+    for (auto it = fallbacks_.begin(); it != fallbacks_.end(); ++it) {
+      if (it->second.limiter.use_count() != 1) continue;
+      if (victim == fallbacks_.end() || it->second.last_use < victim->second.last_use) victim = it;
+    }
+    if (victim != fallbacks_.end()) fallbacks_.erase(victim);
+  }
+
+  struct slot {
+    std::shared_ptr<fallback_base> limiter;
+    std::uint64_t last_use = 0;
+  };
 
   failure_policy policy_;
   units divisor_;
-  std::mutex mutex_;
-  std::map<fallback_id, std::unique_ptr<fallback_base>> fallbacks_;
+  mutable std::mutex mutex_;
+  std::uint64_t uses_ = 0;
+  std::map<fallback_id, slot> fallbacks_;
 };
 
 }  // namespace detail
@@ -819,7 +862,7 @@ class redis_store {
     detail::check_named(cfg);
     ratelimit::detail::check_key(key);
     detail::check_same_process(shared_->owner_pid);
-    if (auto* fb = shared_->degrader.template find<P>(cfg)) fb->store.reset(fb->cfg, key);
+    if (const auto fb = shared_->degrader.template find<P>(cfg)) fb->store.reset(fb->cfg, key);
     const std::vector<std::string> ks = detail::redis_keys(shared_->opts.prefix, cfg, key);
     std::vector<std::string_view> args{"DEL"};
     for (const std::string& k : ks) args.push_back(k);
@@ -863,10 +906,11 @@ class redis_store {
     const auto get = [](const std::atomic<std::uint64_t>& a) {
       return a.load(std::memory_order_relaxed);
     };
-    return store_stats{get(c.store),           get(c.fail_open),      get(c.fail_closed),
-                       get(c.fallback),        get(c.errors),         get(c.timeouts),
-                       get(c.short_circuited), get(c.breaker_opened), get(c.script_reloads),
-                       get(c.probes),          get(c.probe_failures)};
+    return store_stats{
+        get(c.store),           get(c.fail_open),      get(c.fail_closed),
+        get(c.fallback),        get(c.errors),         get(c.timeouts),
+        get(c.short_circuited), get(c.breaker_opened), get(c.script_reloads),
+        get(c.probes),          get(c.probe_failures), shared_->degrader.fallbacks_held()};
   }
 
   /// True while the circuit breaker answers checks without trying Redis (a
