@@ -192,6 +192,8 @@ class api_server {
     const auto api = [this](const httplib::Request& req, httplib::Response& res) {
       handle(req, res);
     };
+    // Up to 100 requests per kept-alive connection (httplib's default is 5).
+    http_.set_keep_alive_max_count(100);
     http_.Get("/v1/.*", api);
     http_.Post("/v1/.*", api);
     http_.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {

@@ -44,7 +44,7 @@ with a fixed window per tier; GET /healthz is not limited.
   --tier NAME=RATE      a tier, e.g. free=5/1min (repeatable; the first replaces the built-in
                         tiers free=5/1min and pro=100/1min)
   --token TOKEN=TIER    an API token and its tier (repeatable; the first replaces the built-in
-                        demo-free=free and demo-pro=pro)
+                        demo-free=free and demo-pro=pro, which --tier drops too)
   --default-tier NAME   tier of tokens not given with --token (default: such tokens get 401)
   --threads N           worker threads (default 8)
   --limiter-off         no limiter and no RateLimit headers (the benchmark's baseline)
@@ -131,6 +131,8 @@ cli parse_cli(int argc, char** argv) {
       throw std::invalid_argument("unknown option " + std::string(a));
     }
   }
+  // The built-in demo tokens name the built-in tiers only.
+  if (own_tiers && !own_tokens) c.cfg.tokens.clear();
   return c;
 }
 
@@ -204,14 +206,20 @@ int main(int argc, char** argv) {
   httplib::Server& http = server->http();
   const std::size_t threads = c.threads;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // Small responses go out at once (no Nagle wait for the client's delayed ACK).
+  http.set_tcp_nodelay(true);
   const int port = c.port == 0 ? http.bind_to_any_port(c.bind)
                                : (http.bind_to_port(c.bind, c.port) ? c.port : -1);
   if (port < 0) {
     std::cerr << "ratelimit-http-example: cannot listen on " << c.bind << ":" << c.port << "\n";
     return 1;
   }
+  std::string store = c.cfg.limiter_off ? "none, limiter off" : c.store;
+#ifdef RATELIMIT_HTTP_HAVE_REDIS
+  store = ratelimit::redis::detail::redacted_url(store);  // no password in logs
+#endif
   std::cout << "ratelimit-http-example: listening on http://" << c.bind << ":" << port << " (store "
-            << (c.cfg.limiter_off ? "none, limiter off" : c.store) << ")" << std::endl;
+            << store << ")" << std::endl;
 
   // stop() does nothing before listening has begun: repeat it until served.
   std::atomic<bool> done{false};
