@@ -105,11 +105,12 @@ wrk.headers["Authorization"] = "Bearer tok-over"
 LUA
 
 start_server() {  # args: server options; sets server_pid and port
+  rm -f "$work/server.out"  # no stale port from the previous run
   "$bin" --port 0 --threads "$connections" "$@" >"$work/server.out" 2>&1 &
   server_pid=$!
   port=""
   for _ in $(seq 200); do
-    port="$(sed -n 's/.*listening on http:\/\/[^ ]*:\([0-9]*\) .*/\1/p' "$work/server.out")"
+    port="$(sed -n 's/.*listening on http:\/\/[^ ]*:\([0-9]*\) .*/\1/p' "$work/server.out" 2>/dev/null)"
     [[ -n "$port" ]] && break
     sleep 0.05
   done

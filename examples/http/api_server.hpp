@@ -252,7 +252,9 @@ class api_server {
                    R"({"error":"rate limit store unavailable"})"
                    "\n");
     }
-    for (ratelimit::http::header& h : ratelimit::http::headers(d, policies_[tier])) {
+    // The IETF fields and Retry-After (not the older X-RateLimit-* trio).
+    for (ratelimit::http::header& h :
+         ratelimit::http::headers(d, policies_[tier], {.x_ratelimit = false})) {
       res.set_header(h.name, h.value);
     }
     const std::string repeat = d.repeat ? "true" : "false";

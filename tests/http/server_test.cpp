@@ -7,6 +7,7 @@
 // Each test runs on the memory store and, when built with Redis, on a
 // throwaway redis-server.
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -18,8 +19,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "api_server.hpp"
 #include "ratelimit/store/memory_store.hpp"
@@ -57,7 +56,7 @@ class server_test : public ::testing::TestWithParam<std::string> {
     if (GetParam() == "memory") {
       using store = ratelimit::memory_store<ratelimit::fixed_window>;
       limits = std::make_unique<http_example::tier_limits_on<store>>(cfg.tiers,
-                                                                      [] { return store{}; });
+                                                                     [] { return store{}; });
     } else {
 #ifdef RATELIMIT_HTTP_HAVE_REDIS
       ratelimit::redis::options o = redis().options();
@@ -67,9 +66,8 @@ class server_test : public ::testing::TestWithParam<std::string> {
           cfg.tiers, [&] { return store; });
 #endif
     }
-    server_ = std::make_unique<api_server>(cfg, std::move(limits), [t = now_] {
-      return std::chrono::microseconds{t->load()};
-    });
+    server_ = std::make_unique<api_server>(
+        cfg, std::move(limits), [t = now_] { return std::chrono::microseconds{t->load()}; });
     port_ = server_->http().bind_to_any_port("127.0.0.1");
     ASSERT_GT(port_, 0);
     serving_ = std::thread([this] { server_->http().listen_after_bind(); });
@@ -139,8 +137,6 @@ struct expected {
   int status;
   std::string ratelimit;         ///< RateLimit
   std::string policy;            ///< RateLimit-Policy
-  std::string remaining;         ///< X-RateLimit-Remaining
-  std::string reset;             ///< X-RateLimit-Reset
   std::string retry_after = {};  ///< Retry-After; empty = absent
 };
 
@@ -149,8 +145,7 @@ void expect_response(const httplib::Result& r, const expected& e, const std::str
   EXPECT_EQ(r->status, e.status) << what;
   EXPECT_EQ(r->get_header_value("RateLimit"), e.ratelimit) << what;
   EXPECT_EQ(r->get_header_value("RateLimit-Policy"), e.policy) << what;
-  EXPECT_EQ(r->get_header_value("X-RateLimit-Remaining"), e.remaining) << what;
-  EXPECT_EQ(r->get_header_value("X-RateLimit-Reset"), e.reset) << what;
+  EXPECT_FALSE(r->has_header("X-RateLimit-Remaining")) << what;
   EXPECT_EQ(r->has_header("Retry-After"), !e.retry_after.empty()) << what;
   EXPECT_EQ(r->get_header_value("Retry-After"), e.retry_after) << what;
   EXPECT_EQ(r->get_header_value_count("RateLimit"), 1U) << what;
@@ -162,21 +157,20 @@ TEST_P(server_test, FreeTierAdmitsFiveThenAnswers429UntilTheWindowEnds) {
   // 10 s into the window: 50 s to its end.
   for (int i = 1; i <= 5; ++i) {
     const std::string r = std::to_string(5 - i);
-    expect_response(get("tok-free"), {200, "\"free\";r=" + r + ";t=50", free_policy, r, "50"},
+    expect_response(get("tok-free"), {200, "\"free\";r=" + r + ";t=50", free_policy},
                     "request " + std::to_string(i));
   }
   const auto limited = get("tok-free");
-  expect_response(limited, {429, "\"free\";r=0;t=50", free_policy, "0", "50", "50"}, "request 6");
+  expect_response(limited, {429, "\"free\";r=0;t=50", free_policy, "50"}, "request 6");
   EXPECT_EQ(limited->body, "{\"error\":\"rate limited\",\"repeat\":false}\n");
-  EXPECT_EQ(limited->get_header_value("X-RateLimit-Limit"), "5");
   // The microsecond before the window ends: still limited, Retry-After 1 s (rounded up).
   set_time(window_start + 60s - 1us);
-  expect_response(get("tok-free"), {429, "\"free\";r=0;t=1", free_policy, "0", "1", "1"},
+  expect_response(get("tok-free"), {429, "\"free\";r=0;t=1", free_policy, "1"},
                   "1 us before the window ends");
   // At the end of the window: a new one, with all 60 s to go.
   set_time(window_start + 60s);
   const auto next = get("tok-free");
-  expect_response(next, {200, "\"free\";r=4;t=60", free_policy, "4", "60"}, "next window");
+  expect_response(next, {200, "\"free\";r=4;t=60", free_policy}, "next window");
   EXPECT_EQ(next->body, "{\"ok\":true,\"tier\":\"free\",\"repeat\":false}\n");
   EXPECT_EQ(server_->admitted(), 6U);
   EXPECT_EQ(server_->limited(), 2U);
@@ -187,42 +181,41 @@ TEST_P(server_test, TiersHaveTheirOwnLimitsAndTokensTheirOwnCounts) {
   const std::string pro = "\"pro\";q=10;w=60";
   for (int i = 1; i <= 10; ++i) {
     const std::string r = std::to_string(10 - i);
-    expect_response(get("tok-pro"), {200, "\"pro\";r=" + r + ";t=50", pro, r, "50"},
+    expect_response(get("tok-pro"), {200, "\"pro\";r=" + r + ";t=50", pro},
                     "pro request " + std::to_string(i));
   }
-  expect_response(get("tok-pro"), {429, "\"pro\";r=0;t=50", pro, "0", "50", "50"}, "pro 11");
+  expect_response(get("tok-pro"), {429, "\"pro\";r=0;t=50", pro, "50"}, "pro 11");
   // Two tokens of one tier count apart.
   for (int i = 1; i <= 5; ++i) ASSERT_EQ(get("tok-free")->status, 200);
   EXPECT_EQ(get("tok-free")->status, 429);
-  expect_response(get("tok-free-2"), {200, "\"free\";r=4;t=50", free_policy, "4", "50"},
-                  "another free token");
+  expect_response(get("tok-free-2"), {200, "\"free\";r=4;t=50", free_policy}, "another free token");
 }
 
 TEST_P(server_test, RetryWithOneIdempotencyKeyGetsTheFirstDecisionAndConsumesNothing) {
-  const expected first = {200, "\"free\";r=4;t=50", free_policy, "4", "50"};
+  const expected first = {200, "\"free\";r=4;t=50", free_policy};
   expect_response(get("tok-free", "order-1"), first, "first");
   // The retry, 5 s later: the first decision's fields again, and nothing consumed.
   set_time(window_start + 15s);
   const auto retry = get("tok-free", "order-1");
   expect_response(retry, first, "retry");
   EXPECT_EQ(retry->body, "{\"ok\":true,\"tier\":\"free\",\"repeat\":true}\n");
-  expect_response(get("tok-free"), {200, "\"free\";r=3;t=45", free_policy, "3", "45"},
+  expect_response(get("tok-free"), {200, "\"free\";r=3;t=45", free_policy},
                   "plain request after the retry");
   // One key from another token is another request.
-  expect_response(get("tok-free-2", "order-1"), {200, "\"free\";r=4;t=45", free_policy, "4", "45"},
+  expect_response(get("tok-free-2", "order-1"), {200, "\"free\";r=4;t=45", free_policy},
                   "same key, other token");
   // A rejected request's retry is rejected again, with its first Retry-After.
   for (int i = 0; i < 3; ++i) ASSERT_EQ(get("tok-free")->status, 200);
-  const expected no = {429, "\"free\";r=0;t=45", free_policy, "0", "45", "45"};
+  const expected no = {429, "\"free\";r=0;t=45", free_policy, "45"};
   expect_response(get("tok-free", "order-2"), no, "over the limit");
   set_time(window_start + 70s - 1us);  // a new window; order-1's retention (60 s) not yet over
   expect_response(get("tok-free", "order-2"), no, "retry of the 429 in the next window");
   expect_response(get("tok-free", "order-1"), first, "order-1 one us before its retention ends");
   // Retention over: order-1 is a new request of the new window.
   set_time(window_start + 70s);
-  expect_response(get("tok-free", "order-1"), {200, "\"free\";r=4;t=50", free_policy, "4", "50"},
+  expect_response(get("tok-free", "order-1"), {200, "\"free\";r=4;t=50", free_policy},
                   "order-1 after its retention");
-  expect_response(get("tok-free"), {200, "\"free\";r=3;t=50", free_policy, "3", "50"},
+  expect_response(get("tok-free"), {200, "\"free\";r=3;t=50", free_policy},
                   "plain request in the new window");
 }
 
@@ -283,8 +276,7 @@ TEST_P(server_test, BadTokensAndIdempotencyKeysGet400NamingTheProblem) {
             400);
   EXPECT_EQ(body, "{\"error\":\"Idempotency-Key holds a bad byte 0x80 at offset 0\"}\n");
   // None of them reached the limiter: the token's count is untouched.
-  expect_response(get("tok-free"), {200, "\"free\";r=4;t=50", free_policy, "4", "50"},
-                  "first good request");
+  expect_response(get("tok-free"), {200, "\"free\";r=4;t=50", free_policy}, "first good request");
   EXPECT_EQ(server_->admitted(), 1U);
   EXPECT_EQ(server_->limited(), 0U);
   // The server is still up.
