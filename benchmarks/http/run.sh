@@ -107,12 +107,12 @@ write_lua "$work/admit.lua" "\"tok-\" .. math.random($tokens)"
 write_lua "$work/reject.lua" "\"tok-over\""
 
 start_server() {  # args: server options; sets server_pid and port
-  rm -f "$work/server.out"  # no stale port from the previous run
+  rm -f "$work/server.out"  # no stale port from the previous run (read before it is made)
   "$bin" --port 0 --threads "$connections" "$@" >"$work/server.out" 2>&1 &
   server_pid=$!
   port=""
   for _ in $(seq 200); do
-    port="$(sed -n 's/.*listening on http:\/\/[^ ]*:\([0-9]*\) .*/\1/p' "$work/server.out" 2>/dev/null)"
+    port="$(sed -n 's/.*listening on http:\/\/[^ ]*:\([0-9]*\) .*/\1/p' "$work/server.out" 2>/dev/null || true)"
     [[ -n "$port" ]] && break
     sleep 0.05
   done
