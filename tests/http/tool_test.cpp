@@ -16,6 +16,7 @@
 #include <vector>
 
 #ifdef RATELIMIT_HTTP_HAVE_REDIS
+#include "cluster/cluster_harness.hpp"
 #include "redis_server.hpp"
 #endif
 
@@ -260,6 +261,26 @@ TEST(http_tool, TwoServersOnOneRedisShareOneLimit) {
   b.signal(SIGTERM);
   EXPECT_EQ(a.wait(), 0);
   EXPECT_EQ(b.wait(), 0);
+}
+
+TEST(http_tool, ClusterStoreFromItsUrl) {
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  if (now % std::chrono::hours(24) > std::chrono::hours(24) - 30s) std::this_thread::sleep_for(31s);
+  rltest::redis_cluster cluster;
+  const std::string url = "redis-cluster://127.0.0.1:" + std::to_string(cluster.ports().front());
+  process server({"--port", "0", "--store", url, "--tier", "gold=2/1d", "--token", "t-1=gold",
+                  "--token", "t-2=gold"});
+  const std::string line = server.line();
+  httplib::Client client("127.0.0.1", port_of(line));
+  client.set_read_timeout(10, 0);
+  const httplib::Headers once = {{"Authorization", "Bearer t-1"}, {"Idempotency-Key", "k"}};
+  EXPECT_EQ(remaining(client.Get("/v1/x", once)), "1") << line;
+  EXPECT_EQ(client.Get("/v1/x", once)->body, "{\"ok\":true,\"tier\":\"gold\",\"repeat\":true}\n");
+  EXPECT_EQ(remaining(client.Get("/v1/x", {{"Authorization", "Bearer t-1"}})), "0");
+  EXPECT_EQ(client.Get("/v1/x", {{"Authorization", "Bearer t-1"}})->status, 429);
+  EXPECT_EQ(remaining(client.Get("/v1/x", {{"Authorization", "Bearer t-2"}})), "1");
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait(), 0);
 }
 #endif
 
