@@ -1,0 +1,287 @@
+// SPDX-License-Identifier: Apache-2.0
+// The built ratelimit-http-example as a user runs it: --port 0, curl and httplib::Client, SIGTERM, bad options.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifdef RATELIMIT_HTTP_HAVE_REDIS
+#include "cluster/cluster_harness.hpp"
+#include "redis_server.hpp"
+#endif
+
+namespace {
+
+using namespace std::chrono_literals;
+
+/// The example started with `args`, its stdout and stderr on one pipe.
+class process {
+ public:
+  explicit process(std::vector<std::string> args) {
+    args.insert(args.begin(), RATELIMIT_HTTP_EXE);
+    int fds[2];
+    if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
+    const pid_t parent = ::getpid();
+    pid_ = ::fork();
+    if (pid_ < 0) throw std::runtime_error("fork failed");
+    if (pid_ == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);
+      ::dup2(fds[1], 1);
+      ::dup2(fds[1], 2);
+      ::close(fds[0]);
+      ::close(fds[1]);
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    out_ = fds[0];
+  }
+  process(const process&) = delete;
+  process& operator=(const process&) = delete;
+  ~process() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    ::close(out_);
+  }
+
+  /// Output up to and including the next newline (waits up to 30 s), or all of it at EOF.
+  std::string line() {
+    while (true) {
+      if (const auto nl = buf_.find('\n'); nl != std::string::npos) {
+        std::string l = buf_.substr(0, nl + 1);
+        buf_.erase(0, nl + 1);
+        return l;
+      }
+      if (!fill()) return std::exchange(buf_, {});
+    }
+  }
+  /// All output up to EOF.
+  std::string rest() {
+    while (fill()) {
+    }
+    return std::exchange(buf_, {});
+  }
+
+  void signal(int sig) const { ::kill(pid_, sig); }
+
+  /// The exit code (waits up to 30 s), or -1 if it did not exit normally.
+  int wait() {
+    int status = 0;
+    for (int i = 0; i < 3000; ++i) {
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return -1;
+  }
+
+ private:
+  bool fill() {
+    pollfd p{out_, POLLIN, 0};
+    if (::poll(&p, 1, 30'000) <= 0) return false;
+    char b[4096];
+    const ssize_t n = ::read(out_, b, sizeof b);
+    if (n <= 0) return false;
+    buf_.append(b, static_cast<std::size_t>(n));
+    return true;
+  }
+
+  pid_t pid_ = -1;
+  int out_ = -1;
+  std::string buf_;
+};
+
+/// The port in "... listening on http://127.0.0.1:PORT (...)".
+int port_of(const std::string& line) {
+  const auto at = line.find("127.0.0.1:");
+  if (at == std::string::npos) return -1;
+  return std::atoi(line.c_str() + at + 10);
+}
+
+/// R of the RateLimit field `"name";r=R;t=T`, or empty without one.
+std::string remaining(const httplib::Result& r) {
+  const std::string v = r ? r->get_header_value("RateLimit") : std::string();
+  const auto at = v.find(";r=");
+  if (at == std::string::npos) return {};
+  return v.substr(at + 3, v.find(';', at + 3) - at - 3);
+}
+
+bool have_curl() {
+  return std::system("curl --version >/dev/null 2>&1") == 0;
+}
+
+TEST(http_tool, ServesLimitsAndStopsCleanlyOnSigterm) {
+  // The tier's window is a Unix day: keep clear of midnight UTC, where it turns.
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  const auto into_day = now % std::chrono::hours(24);
+  if (into_day > std::chrono::hours(24) - 30s) std::this_thread::sleep_for(31s);
+
+  process server({"--port", "0", "--tier", "gold=3/1d", "--token", "t-1=gold"});
+  const std::string first = server.line();
+  const int port = port_of(first);
+  ASSERT_GT(port, 0) << first;
+  EXPECT_EQ(first, "ratelimit-http-example: listening on http://127.0.0.1:" + std::to_string(port) +
+                       " (store memory)\n");
+
+  const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/v1/hello";
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(10, 0);
+  const httplib::Headers auth = {{"Authorization", "Bearer t-1"}};
+  if (have_curl()) {
+    // One request from curl, as in the README.
+    FILE* p = ::popen(("curl --noproxy '*' -s -i -H 'Authorization: Bearer t-1' " + url).c_str(),
+                      "r");
+    ASSERT_NE(p, nullptr);
+    std::string got;
+    char b[1024];
+    for (std::size_t n; (n = std::fread(b, 1, sizeof b, p)) > 0;) got.append(b, n);
+    ASSERT_EQ(::pclose(p), 0) << got;
+    EXPECT_TRUE(got.starts_with("HTTP/1.1 200 OK\r\n")) << got;
+    EXPECT_NE(got.find("\r\nRateLimit-Policy: \"gold\";q=3;w=86400\r\n"), std::string::npos) << got;
+    EXPECT_NE(got.find("\r\nRateLimit: \"gold\";r=2;t="), std::string::npos) << got;
+  } else {
+    ASSERT_EQ(client.Get("/v1/hello", auth)->status, 200);
+  }
+  for (const char* r : {"1", "0"}) {
+    const auto res = client.Get("/v1/hello", auth);
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200);
+    EXPECT_EQ(remaining(res), r);
+  }
+  const auto limited = client.Get("/v1/hello", auth);
+  ASSERT_TRUE(limited);
+  EXPECT_EQ(limited->status, 429);
+  // Retry-After: the rest of the Unix day, and the same as RateLimit's t.
+  const std::string retry = limited->get_header_value("Retry-After");
+  ASSERT_FALSE(retry.empty());
+  EXPECT_GE(std::stol(retry), 1);
+  EXPECT_LE(std::stol(retry), 86400);
+  EXPECT_EQ(limited->get_header_value("RateLimit"), "\"gold\";r=0;t=" + retry);
+  EXPECT_EQ(client.Get("/v1/hello")->status, 400);
+
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait(), 0);
+  EXPECT_EQ(server.rest(), "ratelimit-http-example: stopped; admitted 3, limited 1, refused 1\n");
+}
+
+TEST(http_tool, LimiterOffAdmitsAllWithoutHeaders) {
+  process server({"--port", "0", "--limiter-off", "--tier", "gold=1/1d", "--token", "t-1=gold"});
+  const int port = port_of(server.line());
+  ASSERT_GT(port, 0);
+  httplib::Client client("127.0.0.1", port);
+  for (int i = 0; i < 3; ++i) {
+    const auto res = client.Get("/v1/x", {{"Authorization", "Bearer t-1"}});
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200);
+    EXPECT_FALSE(res->has_header("RateLimit"));
+  }
+  server.signal(SIGINT);
+  EXPECT_EQ(server.wait(), 0);
+}
+
+TEST(http_tool, BadOptionsExitWithCode2NamingTheProblem) {
+  struct bad {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<bad> cases = {
+      {{"--store", "bogus://x"}, "--store \"bogus://x\": use memory"},
+      {{"--tier", "free=5/fortnight"}, "unknown unit \"fortnight\""},
+      {{"--tier", "free"}, "--tier expects NAME=VALUE, got \"free\""},
+      {{"--tier", "bad name=5/1s"}, "name"},
+      {{"--token", "a=nosuch"}, "token \"a\" names tier \"nosuch\", which is not defined"},
+      {{"--token", "a\x01=free"}, "API token holds a bad byte 0x01 at offset 1"},
+      {{"--default-tier", "gold"}, "default tier names tier \"gold\""},
+      {{"--port", "70000"}, "--port expects a number in 0..65535, got \"70000\""},
+      {{"--store", "redis://:6379x"}, "redis"},
+      {{"--frobnicate"}, "unknown option or missing value: --frobnicate"},
+  };
+  for (const bad& c : cases) {
+    process p(c.args);
+    const std::string out = p.rest();
+    EXPECT_EQ(p.wait(), 2) << c.args[0] << ": " << out;
+    EXPECT_TRUE(out.starts_with("ratelimit-http-example: ")) << out;
+    EXPECT_NE(out.find(c.message), std::string::npos) << out;
+  }
+}
+
+#ifdef RATELIMIT_HTTP_HAVE_REDIS
+TEST(http_tool, TwoServersOnOneRedisShareOneLimit) {
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  if (now % std::chrono::hours(24) > std::chrono::hours(24) - 30s) std::this_thread::sleep_for(31s);
+  rltest::redis_server redis;
+  const std::string url = "redis://127.0.0.1:" + std::to_string(redis.port());
+  const std::vector<std::string> args = {"--port", "0",         "--store", url,
+                                         "--tier", "gold=3/1d", "--token", "t-1=gold"};
+  process a(args);
+  process b(args);
+  const std::string line_a = a.line();
+  EXPECT_NE(line_a.find("(store " + url + ")"), std::string::npos) << line_a;
+  httplib::Client ca("127.0.0.1", port_of(line_a));
+  httplib::Client cb("127.0.0.1", port_of(b.line()));
+  ca.set_read_timeout(10, 0);
+  cb.set_read_timeout(10, 0);
+  const httplib::Headers auth = {{"Authorization", "Bearer t-1"}};
+  const httplib::Headers once = {{"Authorization", "Bearer t-1"}, {"Idempotency-Key", "k-1"}};
+  EXPECT_EQ(remaining(ca.Get("/v1/x", once)), "2");
+  // The retry reaches the other server: still the first decision, nothing consumed.
+  const auto retry = cb.Get("/v1/x", once);
+  EXPECT_EQ(retry->status, 200);
+  EXPECT_EQ(remaining(retry), "2");
+  EXPECT_EQ(retry->body, "{\"ok\":true,\"tier\":\"gold\",\"repeat\":true}\n");
+  EXPECT_EQ(remaining(cb.Get("/v1/x", auth)), "1");
+  EXPECT_EQ(remaining(ca.Get("/v1/x", auth)), "0");
+  EXPECT_EQ(cb.Get("/v1/x", auth)->status, 429);
+  EXPECT_EQ(ca.Get("/v1/x", auth)->status, 429);
+  // Redis gone: 503, and the server keeps serving.
+  redis.stop();
+  const auto down = ca.Get("/v1/x", auth);
+  ASSERT_TRUE(down);
+  EXPECT_EQ(down->status, 503);
+  EXPECT_EQ(ca.Get("/healthz")->status, 200);
+  a.signal(SIGTERM);
+  b.signal(SIGTERM);
+  EXPECT_EQ(a.wait(), 0);
+  EXPECT_EQ(b.wait(), 0);
+}
+
+TEST(http_tool, ClusterStoreFromItsUrl) {
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  if (now % std::chrono::hours(24) > std::chrono::hours(24) - 30s) std::this_thread::sleep_for(31s);
+  rltest::redis_cluster cluster;
+  const std::string url = "redis-cluster://127.0.0.1:" + std::to_string(cluster.ports().front());
+  process server({"--port", "0", "--store", url, "--tier", "gold=2/1d", "--token", "t-1=gold",
+                  "--token", "t-2=gold"});
+  const std::string line = server.line();
+  httplib::Client client("127.0.0.1", port_of(line));
+  client.set_read_timeout(10, 0);
+  const httplib::Headers once = {{"Authorization", "Bearer t-1"}, {"Idempotency-Key", "k"}};
+  EXPECT_EQ(remaining(client.Get("/v1/x", once)), "1") << line;
+  EXPECT_EQ(client.Get("/v1/x", once)->body, "{\"ok\":true,\"tier\":\"gold\",\"repeat\":true}\n");
+  EXPECT_EQ(remaining(client.Get("/v1/x", {{"Authorization", "Bearer t-1"}})), "0");
+  EXPECT_EQ(client.Get("/v1/x", {{"Authorization", "Bearer t-1"}})->status, 429);
+  EXPECT_EQ(remaining(client.Get("/v1/x", {{"Authorization", "Bearer t-2"}})), "1");
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait(), 0);
+}
+#endif
+
+}  // namespace
