@@ -373,6 +373,10 @@ struct leases {
       return more_ == nullptr ? 1 : 1 + std::size_t{more_->size};
     }
     [[nodiscard]] bool empty() const noexcept { return first_.expiry == 0; }
+    /// True when the set holds no lease, or one that is live at `t`.
+    [[nodiscard]] bool at_most_one_live(std::int64_t t) const noexcept {
+      return first_.expiry == 0 || (first_.expiry > t && (more_ == nullptr || more_->size == 0));
+    }
     [[nodiscard]] lease& operator[](std::size_t i) noexcept {
       return i == 0 ? first_ : more_->items()[i - 1];
     }
@@ -484,6 +488,18 @@ struct leases {
   /// the state as it was.
   static decision step(const config& cfg, state& s, timestamp now, units /*cost*/) {
     const std::int64_t t = now.count();
+    if constexpr (!rated) {
+      // A key with at most one lease, live (a subscriber in no call or in
+      // one): acquire into an empty set and release of its one lease, the
+      // same decisions as the general path below, without its loops.
+      if (s.held.at_most_one_live(t)) {
+        if (cfg.op() == lease_op::acquire && s.held.empty()) return acquire_first(cfg, s, t);
+        if (cfg.op() == lease_op::release && !s.held.empty() && s.held[0].holds(cfg.lease_id())) {
+          s.held.remove(0);
+          return released_last(cfg);
+        }
+      }
+    }
     std::size_t mine = find(s, cfg.lease_id(), t);
     if (mine == expired_found) [[unlikely]]
       mine = drop_expired(s, cfg.lease_id(), t);
@@ -515,6 +531,29 @@ struct leases {
 
   [[nodiscard]] static std::int64_t duration_of(const config& cfg) noexcept {
     return cfg.get_settings().concurrency().max_duration().count();
+  }
+
+  /// acquire on a set holding no lease: grants the first (see step()).
+  static decision acquire_first(const config& cfg, state& s, std::int64_t t) {
+    const std::int64_t duration = duration_of(cfg);
+    s.held.add(cfg.lease_id(), t + duration);
+    decision d;
+    d.allowed = true;
+    d.counted = true;
+    d.limit = cfg.limit();
+    d.remaining = d.limit - 1;
+    d.reset_after = std::chrono::microseconds{duration};
+    return d;
+  }
+
+  /// The decision of a release that freed a key's only lease (see step()).
+  static decision released_last(const config& cfg) noexcept {
+    decision d;
+    d.allowed = true;
+    d.counted = true;
+    d.limit = cfg.limit();
+    d.remaining = d.limit;
+    return d;
   }
 
   /// Drops the leases expired at `t`; returns the index of the live lease `id` or `absent`.

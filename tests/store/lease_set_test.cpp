@@ -85,36 +85,57 @@ std::vector<std::string> ids_of_every_shape() {
   return ids;
 }
 
-/// Verifies every decision and the set of leases held against the model,
-/// for a random mix of operations on one key with N = 40 (the set grows its
-/// heap block several times and shrinks back), ids of every shape, and
-/// times that let leases expire; the held state is read through a copy.
+/// Runs `steps` random operations on one key with a limit of `n`, ids drawn
+/// from `ids`, and checks every decision and the leases held (read through a
+/// copy of the key's state) against the model.
+void follow_the_model(units n, const std::vector<std::string>& ids, std::uint64_t seed, int steps,
+                      std::int64_t max_gap) {
+  concurrency_limiter<> c{concurrency_config{n, D}};
+  model m{n, {}};
+  std::mt19937_64 rng(seed);
+  std::int64_t t = 1'000'000;
+  for (int step = 0; step < steps; ++step) {
+    const std::string& id = ids[rng() % ids.size()];
+    const auto r = rng() % 10;
+    const lease_op op = r < 5 ? lease_op::acquire : r < 9 ? lease_op::release : lease_op::renew;
+    const timestamp now{t};
+    const decision got = op == lease_op::acquire   ? c.acquire("k", id, now)
+                         : op == lease_op::release ? c.release("k", id, now)
+                                                   : c.renew("k", id, now);
+    const decision want = m.apply(op, id, t);
+    ASSERT_EQ(got, want) << "n " << n << " seed " << seed << " step " << step << " id of "
+                         << id.size() << " bytes";
+    const auto state = c.store().state_of("k");
+    std::map<std::string, std::int64_t> held;
+    for (std::size_t i = 0; i < state.held.size(); ++i) {
+      if (state.held[i].expiry > t) {
+        held.emplace(std::string(state.held[i].id()), state.held[i].expiry);
+      }
+    }
+    ASSERT_EQ(held, m.live) << "n " << n << " seed " << seed << " step " << step;
+    t += static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(max_gap));
+  }
+}
+
+/// Verifies the rules with N = 40 (the set grows its heap block several
+/// times and shrinks back) and ids of every shape.
 TEST(LeaseSet, EveryIdShapeAndManyLeasesFollowTheModel) {
   const std::vector<std::string> ids = ids_of_every_shape();
-  for (const std::uint64_t seed : {1U, 2U, 3U}) {
-    concurrency_limiter<> c{concurrency_config{40, D}};
-    model m{40, {}};
-    std::mt19937_64 rng(seed);
-    std::int64_t t = 1'000'000;
-    for (int step = 0; step < 4000; ++step) {
-      const std::string& id = ids[rng() % ids.size()];
-      const auto r = rng() % 10;
-      const lease_op op = r < 6 ? lease_op::acquire : r < 9 ? lease_op::release : lease_op::renew;
-      const timestamp now{t};
-      const decision got = op == lease_op::acquire   ? c.acquire("k", id, now)
-                           : op == lease_op::release ? c.release("k", id, now)
-                                                     : c.renew("k", id, now);
-      const decision want = m.apply(op, id, t);
-      ASSERT_EQ(got, want) << "seed " << seed << " step " << step << " id of " << id.size()
-                           << " bytes";
-      // The held leases (a copy of the key's state), exactly the model's live ones.
-      const auto state = c.store().state_of("k");
-      std::map<std::string, std::int64_t> held;
-      for (std::size_t i = 0; i < state.held.size(); ++i) {
-        if (state.held[i].expiry > t) held.emplace(std::string(state.held[i].id()), state.held[i].expiry);
-      }
-      ASSERT_EQ(held, m.live) << "seed " << seed << " step " << step;
-      t += static_cast<std::int64_t>(rng() % 40);
+  for (const std::uint64_t seed : {1U, 2U, 3U}) follow_the_model(40, ids, seed, 4000, 40);
+}
+
+/// Verifies the rules on keys that hold no lease or one (the fast path of a
+/// first acquire and of the release of the only lease) with N = 1 and 2,
+/// a few ids of one length or of lengths 8 and 9 apart in one byte, and
+/// leases that expire between operations.
+TEST(LeaseSet, KeysWithAtMostOneLeaseFollowTheModel) {
+  const std::vector<std::vector<std::string>> id_sets = {
+      {"call-0001", "call-0002", "call-0003"},
+      {"call-001", "call-0001", "a", std::string(40, 'z')},
+  };
+  for (const units n : {1, 2}) {
+    for (const auto& ids : id_sets) {
+      for (const std::uint64_t seed : {4U, 5U}) follow_the_model(n, ids, seed, 3000, 600);
     }
   }
 }
