@@ -253,8 +253,13 @@ struct leases {
       if (id.size() <= inline_bytes) {
         free_heap();
         copy_small(buf_, id.data(), id.size());
+      } else if (size() > inline_bytes && heap_capacity(size()) >= id.size()) {
+        // The block of the id held before (its lease freed, or this one
+        // renamed) is large enough: a key that takes and frees calls one
+        // after another allocates once.
+        std::memcpy(heap_block(), id.data(), id.size());
       } else {
-        char* p = new char[id.size()];
+        char* p = new char[heap_capacity(id.size())];
         std::memcpy(p, id.data(), id.size());
         free_heap();
         std::memcpy(buf_, &p, sizeof p);
@@ -288,9 +293,21 @@ struct leases {
     static constexpr std::size_t inline_bytes = 15;
 
     [[nodiscard]] std::size_t size() const noexcept { return std::size_t{last_} + 1; }
+    /// Bytes allocated for a heap id of n bytes: n rounded up to what a
+    /// 16-byte-granular malloc gives anyway (its chunk, less its 8-byte
+    /// header), so that the block can take a longer id later at no cost.
+    /// The block of an id of n bytes is never smaller than this.
+    [[nodiscard]] static std::size_t heap_capacity(std::size_t n) noexcept {
+      return ((n + 8 + 15) & ~std::size_t{15}) - 8;
+    }
     [[nodiscard]] const char* data() const noexcept {
       if (size() <= inline_bytes) return buf_;
       const char* p = nullptr;
+      std::memcpy(&p, buf_, sizeof p);
+      return p;
+    }
+    [[nodiscard]] char* heap_block() const noexcept {
+      char* p = nullptr;
       std::memcpy(&p, buf_, sizeof p);
       return p;
     }

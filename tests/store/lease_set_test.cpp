@@ -140,6 +140,30 @@ TEST(LeaseSet, KeysWithAtMostOneLeaseFollowTheModel) {
   }
 }
 
+/// Verifies that a lease takes any id after any other (inline to heap, heap
+/// to inline, a heap block reused for an id up to its capacity or replaced
+/// by a larger one) and holds exactly that id: under AddressSanitizer a
+/// block reused past its size is an error.
+TEST(LeaseSet, ALeaseTakesAnyIdAfterAnyOther) {
+  std::vector<std::string> ids;
+  for (std::size_t len = 1; len <= max_lease_id_bytes; ++len) {
+    ids.push_back(std::string(len, static_cast<char>('a' + len % 26)));
+  }
+  for (const std::string& a : ids) {
+    for (const std::string& b : ids) {
+      leases<>::lease l;
+      l.assign(a);
+      ASSERT_EQ(l.id(), a);
+      l.assign(b);
+      ASSERT_EQ(l.id(), b) << a.size() << " then " << b.size();
+      ASSERT_TRUE(l.holds(b));
+      ASSERT_EQ(l.holds(a), a == b);
+      const leases<>::lease copy = l;
+      ASSERT_EQ(copy.id(), b);
+    }
+  }
+}
+
 /// Verifies copies and moves of a key's state: equal and independent; an
 /// emptied set equals a new one and is reused.
 TEST(LeaseSet, CopiesAndMovesKeepEveryLease) {
