@@ -418,7 +418,8 @@ struct leases {
         --more_->size;
       }
     }
-    /// Same leases, in any order held (order is never observable).
+    /// The same leases held in the same order (the store compares a state with
+    /// a new one to tell whether there is anything to record).
     friend bool operator==(const lease_set& a, const lease_set& b) noexcept {
       const std::size_t n = a.size();
       if (n != b.size()) return false;
