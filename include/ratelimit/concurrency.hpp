@@ -26,6 +26,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -207,68 +208,283 @@ struct leases {
     std::shared_ptr<const settings> held_;
   };
 
-  /// One live (or not yet dropped) lease.
-  struct lease {
-    std::string id;
-    std::int64_t expiry = 0;  ///< microseconds; live while expiry > t
-    friend bool operator==(const lease&, const lease&) = default;
+  /// One live (or not yet dropped) lease: its id and its expiry, 24 bytes.
+  /// An id of up to 15 bytes is held inline, so that granting and freeing it
+  /// neither allocates nor calls into the string library; a longer one is
+  /// one heap block (as a std::string would hold it).
+  class lease {
+   public:
+    std::int64_t expiry = 0;  ///< microseconds; live while expiry > t; 0 = no lease
+
+    lease() noexcept { std::memset(buf_, 0, sizeof buf_); }
+    lease(const lease& o) : expiry(o.expiry) {
+      std::memset(buf_, 0, sizeof buf_);
+      assign(o.id());
+    }
+    lease(lease&& o) noexcept : expiry(o.expiry), last_(o.last_) {
+      std::memcpy(buf_, o.buf_, sizeof buf_);
+      o.last_ = 0;  // o keeps no heap block
+    }
+    lease& operator=(const lease& o) {
+      if (this != &o) {
+        assign(o.id());
+        expiry = o.expiry;
+      }
+      return *this;
+    }
+    lease& operator=(lease&& o) noexcept {
+      if (this != &o) {
+        free_heap();
+        last_ = o.last_;
+        std::memcpy(buf_, o.buf_, sizeof buf_);
+        expiry = o.expiry;
+        o.last_ = 0;
+      }
+      return *this;
+    }
+    ~lease() { free_heap(); }
+
+    /// The lease id (a default lease's is one NUL byte, never compared).
+    [[nodiscard]] std::string_view id() const noexcept { return {data(), size()}; }
+
+    /// Sets the id to a copy of `id` (1..256 bytes).
+    /// @throws std::bad_alloc with the lease unchanged
+    void assign(std::string_view id) {
+      if (id.size() <= inline_bytes) {
+        free_heap();
+        copy_small(buf_, id.data(), id.size());
+      } else if (size() > inline_bytes && heap_capacity(size()) >= id.size()) {
+        // The block of the id held before (its lease freed, or this one
+        // renamed) is large enough: a key that takes and frees calls one
+        // after another allocates once.
+        std::memcpy(heap_block(), id.data(), id.size());
+      } else {
+        char* p = new char[heap_capacity(id.size())];
+        std::memcpy(p, id.data(), id.size());
+        free_heap();
+        std::memcpy(buf_, &p, sizeof p);
+      }
+      last_ = static_cast<std::uint8_t>(id.size() - 1);
+    }
+
+    /// Whether this lease's id is `id`. Inline ids are compared with two
+    /// overlapping word loads, without a call.
+    [[nodiscard]] bool holds(std::string_view id) const noexcept {
+      if (id.size() != size()) return false;
+      const std::size_t n = id.size();
+      const char* a = data();
+      const char* b = id.data();
+      if (n >= 8 && n <= 16) {
+        return load<std::uint64_t>(a) == load<std::uint64_t>(b) &&
+               load<std::uint64_t>(a + n - 8) == load<std::uint64_t>(b + n - 8);
+      }
+      if (n >= 4 && n < 8) {
+        return load<std::uint32_t>(a) == load<std::uint32_t>(b) &&
+               load<std::uint32_t>(a + n - 4) == load<std::uint32_t>(b + n - 4);
+      }
+      return std::memcmp(a, b, n) == 0;
+    }
+
+    friend bool operator==(const lease& a, const lease& b) noexcept {
+      return a.expiry == b.expiry && a.id() == b.id();
+    }
+
+   private:
+    static constexpr std::size_t inline_bytes = 15;
+
+    [[nodiscard]] std::size_t size() const noexcept { return std::size_t{last_} + 1; }
+    /// Bytes allocated for a heap id of n bytes: n rounded up to what a
+    /// 16-byte-granular malloc gives anyway (its chunk, less its 8-byte
+    /// header), so that the block can take a longer id later at no cost.
+    /// The block of an id of n bytes is never smaller than this.
+    [[nodiscard]] static std::size_t heap_capacity(std::size_t n) noexcept {
+      return ((n + 8 + 15) & ~std::size_t{15}) - 8;
+    }
+    [[nodiscard]] const char* data() const noexcept {
+      if (size() <= inline_bytes) return buf_;
+      const char* p = nullptr;
+      std::memcpy(&p, buf_, sizeof p);
+      return p;
+    }
+    [[nodiscard]] char* heap_block() const noexcept {
+      char* p = nullptr;
+      std::memcpy(&p, buf_, sizeof p);
+      return p;
+    }
+    void free_heap() noexcept {
+      if (size() > inline_bytes) {
+        char* p = nullptr;
+        std::memcpy(&p, buf_, sizeof p);
+        delete[] p;
+        last_ = 0;
+      }
+    }
+    template <class Word>
+    [[nodiscard]] static Word load(const char* p) noexcept {
+      Word v;
+      std::memcpy(&v, p, sizeof v);
+      return v;
+    }
+    /// memcpy of 1..inline_bytes bytes as two overlapping fixed-size moves.
+    static void copy_small(char* to, const char* from, std::size_t n) noexcept {
+      if (n >= 8) {
+        std::memcpy(to, from, 8);
+        std::memcpy(to + n - 8, from + n - 8, 8);
+      } else if (n >= 4) {
+        std::memcpy(to, from, 4);
+        std::memcpy(to + n - 4, from + n - 4, 4);
+      } else {
+        to[0] = from[0];
+        to[n / 2] = from[n / 2];
+        to[n - 1] = from[n - 1];
+      }
+    }
+
+    std::uint8_t last_ = 0;   ///< the id's size - 1 (ids are 1..256 bytes)
+    char buf_[inline_bytes];  ///< the id, or a pointer to it when longer than inline_bytes
   };
 
-  /// A key's leases, unordered: the first held inline (in the store's node,
-  /// so that a key with one call costs no second allocation and no second
-  /// cache miss), the others in a vector.
+  /// A key's leases, unordered, in 32 bytes: the first held inline (in the
+  /// store's node, so that a key with one call costs no second allocation and
+  /// no second cache miss, and the node stays small), the others in one heap
+  /// block kept for the key's life once made.
   class lease_set {
    public:
-    [[nodiscard]] std::size_t size() const noexcept { return size_; }
-    [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+    lease_set() noexcept = default;
+    /// @throws std::bad_alloc
+    lease_set(const lease_set& o) : first_(o.first_) {
+      if (o.more_ != nullptr && o.more_->size != 0) {
+        more_ = block::make(o.more_->size);
+        for (; more_->size < o.more_->size; ++more_->size) {
+          try {
+            ::new (more_->items() + more_->size) lease(o.more_->items()[more_->size]);
+          } catch (...) {
+            block::destroy(more_);
+            throw;
+          }
+        }
+      }
+    }
+    lease_set(lease_set&& o) noexcept
+        : first_(std::move(o.first_)), more_(std::exchange(o.more_, nullptr)) {
+      o.first_.expiry = 0;
+    }
+    lease_set& operator=(const lease_set& o) {
+      if (this != &o) {
+        lease_set copy(o);
+        swap(copy);
+      }
+      return *this;
+    }
+    lease_set& operator=(lease_set&& o) noexcept {
+      if (this != &o) {
+        lease_set taken(std::move(o));
+        swap(taken);
+      }
+      return *this;
+    }
+    ~lease_set() { block::destroy(more_); }
+
+    [[nodiscard]] std::size_t size() const noexcept {
+      if (first_.expiry == 0) return 0;  // a lease's expiry is >= 1 (time >= 0, duration >= 1)
+      return more_ == nullptr ? 1 : 1 + std::size_t{more_->size};
+    }
+    [[nodiscard]] bool empty() const noexcept { return first_.expiry == 0; }
+    /// True when the set holds no lease, or one that is live at `t`.
+    [[nodiscard]] bool at_most_one_live(std::int64_t t) const noexcept {
+      return first_.expiry == 0 || (first_.expiry > t && (more_ == nullptr || more_->size == 0));
+    }
     [[nodiscard]] lease& operator[](std::size_t i) noexcept {
-      return i == 0 ? first_ : rest_[i - 1];
+      return i == 0 ? first_ : more_->items()[i - 1];
     }
     [[nodiscard]] const lease& operator[](std::size_t i) const noexcept {
-      return i == 0 ? first_ : rest_[i - 1];
+      return i == 0 ? first_ : more_->items()[i - 1];
     }
-    /// Adds a lease, copying its id once.
+    /// Adds a lease (expiry >= 1), copying its id once.
     /// @throws std::bad_alloc with the set unchanged
     void add(std::string_view id, std::int64_t expiry) {
-      if (size_ == 0) {
-        first_.id.assign(id.data(), id.size());  // unused until size_ grows
-        first_.expiry = expiry;
-      } else {
-        rest_.emplace_back();
-        try {
-          rest_.back().id.assign(id.data(), id.size());
-        } catch (...) {
-          rest_.pop_back();
-          throw;
-        }
-        rest_.back().expiry = expiry;
-      }
-      ++size_;
+      if (first_.expiry != 0) return add_more(id, expiry);
+      first_.assign(id);
+      first_.expiry = expiry;
     }
     /// Removes lease i (the last one takes its place).
     void remove(std::size_t i) noexcept {
-      if (i + 1 != size_) (*this)[i] = std::move((*this)[size_ - 1]);
-      if (size_ == 1) {
-        first_.id.clear();
-        first_.expiry = 0;
+      const std::size_t n = size();
+      if (i + 1 != n) (*this)[i] = std::move((*this)[n - 1]);
+      if (n == 1) {
+        first_.expiry = 0;  // its id stays until the next add overwrites it
       } else {
-        rest_.pop_back();
+        more_->items()[more_->size - 1].~lease();
+        --more_->size;
       }
-      --size_;
     }
-    /// Same leases, in any order held (order is never observable).
+    /// The same leases held in the same order (the store compares a state with
+    /// a new one to tell whether there is anything to record).
     friend bool operator==(const lease_set& a, const lease_set& b) noexcept {
-      if (a.size_ != b.size_) return false;
-      for (std::size_t i = 0; i < a.size_; ++i) {
+      const std::size_t n = a.size();
+      if (n != b.size()) return false;
+      for (std::size_t i = 0; i < n; ++i) {
         if (!(a[i] == b[i])) return false;
       }
       return true;
     }
 
    private:
+    /// The leases after the first: this header, then `capacity` slots.
+    struct block {
+      std::uint32_t size;
+      std::uint32_t capacity;
+      [[nodiscard]] lease* items() noexcept {
+        return std::launder(
+            reinterpret_cast<lease*>(reinterpret_cast<char*>(this) + sizeof(block)));
+      }
+      static block* make(std::size_t capacity) {
+        void* mem = ::operator new(sizeof(block) + capacity * sizeof(lease));
+        return ::new (mem) block{0, static_cast<std::uint32_t>(capacity)};
+      }
+      static void destroy(block* b) noexcept {
+        if (b == nullptr) return;
+        for (std::uint32_t i = 0; i < b->size; ++i) b->items()[i].~lease();
+        b->~block();
+        ::operator delete(static_cast<void*>(b));
+      }
+    };
+    static_assert(sizeof(block) % alignof(lease) == 0);
+
+    /// add() when the first lease is taken: into the block.
+    [[gnu::noinline]] void add_more(std::string_view id, std::int64_t expiry) {
+      if (more_ == nullptr || more_->size == more_->capacity) grow();
+      lease* slot = ::new (more_->items() + more_->size) lease();
+      try {
+        slot->assign(id);
+      } catch (...) {
+        slot->~lease();
+        throw;
+      }
+      slot->expiry = expiry;
+      ++more_->size;
+    }
+
+    /// Doubles the block (3 slots at first); on std::bad_alloc nothing changed.
+    void grow() {
+      const std::size_t capacity = more_ == nullptr ? 3 : std::size_t{more_->capacity} * 2;
+      block* next = block::make(capacity);
+      if (more_ != nullptr) {
+        for (; next->size < more_->size; ++next->size) {
+          ::new (next->items() + next->size) lease(std::move(more_->items()[next->size]));
+        }
+        block::destroy(more_);
+      }
+      more_ = next;
+    }
+
+    void swap(lease_set& o) noexcept {
+      std::swap(first_, o.first_);
+      std::swap(more_, o.more_);
+    }
+
     lease first_;
-    std::vector<lease> rest_;
-    std::size_t size_ = 0;
+    block* more_ = nullptr;
   };
 
   /// The key's leases (at most N live ones; expired ones are dropped by the
@@ -290,29 +506,28 @@ struct leases {
   /// the state as it was.
   static decision step(const config& cfg, state& s, timestamp now, units /*cost*/) {
     const std::int64_t t = now.count();
-    std::size_t mine = find(s, cfg.lease_id(), t);
-    if (mine == expired_found) {
-      for (std::size_t i = s.held.size(); i-- > 0;) {
-        if (s.held[i].expiry <= t) s.held.remove(i);
+    if constexpr (!rated) {
+      // A key with at most one lease, live (a subscriber in no call or in
+      // one): acquire into an empty set and release of its one lease, the
+      // same decisions as the general path below, without its loops.
+      if (s.held.at_most_one_live(t)) {
+        if (cfg.op() == lease_op::acquire && s.held.empty()) return acquire_first(cfg, s, t);
+        if (cfg.op() == lease_op::release && !s.held.empty() && s.held[0].holds(cfg.lease_id())) {
+          s.held.remove(0);
+          return released_last(cfg);
+        }
       }
-      mine = find(s, cfg.lease_id(), t);
     }
-    switch (cfg.op()) {
-      case lease_op::acquire: return acquire(cfg, s, mine, now);
-      case lease_op::release:
-        if (mine != absent) {
-          s.held.remove(mine);
-        }
-        return answer(cfg, s, t, mine != absent);
-      case lease_op::renew:
-        if (mine != absent) {
-          lease& l = s.held[mine];
-          l.expiry = std::max(l.expiry, t + duration_of(cfg));
-        }
-        return answer(cfg, s, t, mine != absent);
-      case lease_op::none: break;
+    std::size_t mine = find(s, cfg.lease_id(), t);
+    if (mine == expired_found) [[unlikely]]
+      mine = drop_expired(s, cfg.lease_id(), t);
+    // Acquire and release, the operations of every call, inline; the rest out of line.
+    if (cfg.op() == lease_op::acquire) return acquire(cfg, s, mine, now);
+    if (cfg.op() == lease_op::release) {
+      if (mine != absent) s.held.remove(mine);
+      return answer(cfg, s, t, mine != absent);
     }
-    return answer(cfg, s, t, false);
+    return step_other(cfg, s, mine, t);
   }
 
   /// True when no lease is live at `now` and the rate's state is idle.
@@ -336,18 +551,59 @@ struct leases {
     return cfg.get_settings().concurrency().max_duration().count();
   }
 
+  /// acquire on a set holding no lease: grants the first (see step()).
+  static decision acquire_first(const config& cfg, state& s, std::int64_t t) {
+    const std::int64_t duration = duration_of(cfg);
+    s.held.add(cfg.lease_id(), t + duration);
+    decision d;
+    d.allowed = true;
+    d.counted = true;
+    d.limit = cfg.limit();
+    d.remaining = d.limit - 1;
+    d.reset_after = std::chrono::microseconds{duration};
+    return d;
+  }
+
+  /// The decision of a release that freed a key's only lease (see step()).
+  static decision released_last(const config& cfg) noexcept {
+    decision d;
+    d.allowed = true;
+    d.counted = true;
+    d.limit = cfg.limit();
+    d.remaining = d.limit;
+    return d;
+  }
+
+  /// Drops the leases expired at `t`; returns the index of the live lease `id` or `absent`.
+  [[gnu::noinline]] static std::size_t drop_expired(state& s, std::string_view id,
+                                                    std::int64_t t) noexcept {
+    for (std::size_t i = s.held.size(); i-- > 0;) {
+      if (s.held[i].expiry <= t) s.held.remove(i);
+    }
+    return find(s, id, t);
+  }
+
+  /// Renew, and the no-op of sweeps and resets.
+  [[gnu::noinline]] static decision step_other(const config& cfg, state& s, std::size_t mine,
+                                               std::int64_t t) noexcept {
+    if (cfg.op() != lease_op::renew) return answer(cfg, s, t, false);
+    if (mine != absent) {
+      lease& l = s.held[mine];
+      l.expiry = std::max(l.expiry, t + duration_of(cfg));
+    }
+    return answer(cfg, s, t, mine != absent);
+  }
+
   /// Index of the live lease `id`, `absent`, or `expired_found` when some
   /// lease has expired at `t` (the caller drops them and looks again).
   [[nodiscard]] static std::size_t find(const state& s, std::string_view id,
                                         std::int64_t t) noexcept {
     std::size_t found = absent;
-    for (std::size_t i = 0; i < s.held.size(); ++i) {
+    const std::size_t n = s.held.size();
+    for (std::size_t i = 0; i < n; ++i) {
       const lease& l = s.held[i];
       if (l.expiry <= t) return expired_found;
-      if (found == absent && l.id.size() == id.size() &&
-          std::memcmp(l.id.data(), id.data(), id.size()) == 0) {
-        found = i;
-      }
+      if (found == absent && l.holds(id)) found = i;
     }
     return found;
   }
@@ -357,11 +613,12 @@ struct leases {
                                           bool ok) noexcept {
     detail::compound_part p;
     p.limit = cfg.limit();
-    const auto live = static_cast<units>(s.held.size());
+    const std::size_t n = s.held.size();
+    const auto live = static_cast<units>(n);
     p.remaining = live >= p.limit ? 0 : p.limit - live;
     std::int64_t earliest = std::numeric_limits<std::int64_t>::max();
     std::int64_t latest = t;
-    for (std::size_t i = 0; i < s.held.size(); ++i) {
+    for (std::size_t i = 0; i < n; ++i) {
       earliest = std::min(earliest, s.held[i].expiry);
       latest = std::max(latest, s.held[i].expiry);
     }
