@@ -44,11 +44,11 @@ struct counters {
   std::uint64_t errors = 0;                  ///< ... answered 500 (the store failed)
   std::uint64_t invite_retransmissions = 0;  ///< INVITEs of a transaction already answered
   std::uint64_t acks = 0;
-  std::uint64_t byes = 0;                    ///< new BYE transactions
-  std::uint64_t released = 0;                ///< ... that freed a live lease (200 OK)
-  std::uint64_t unknown_byes = 0;            ///< ... for no live lease (481)
+  std::uint64_t byes = 0;          ///< new BYE transactions
+  std::uint64_t released = 0;      ///< ... that freed a live lease (200 OK)
+  std::uint64_t unknown_byes = 0;  ///< ... for no live lease (481)
   std::uint64_t bye_retransmissions = 0;
-  std::uint64_t other = 0;                   ///< other methods (OPTIONS 200, rest 501/481)
+  std::uint64_t other = 0;  ///< other methods (OPTIONS 200, rest 501/481)
 };
 
 /// The counters as one JSON object on one line.
@@ -85,8 +85,8 @@ class admission {
  public:
   struct answer {
     bool admitted = false;
-    bool repeat = false;                      ///< the lease was already live (same dialog)
-    std::chrono::microseconds retry_after{0}; ///< when refused
+    bool repeat = false;                       ///< the lease was already live (same dialog)
+    std::chrono::microseconds retry_after{0};  ///< when refused
   };
   virtual ~admission() = default;
   /// Takes a lease for dialog `lease_id` of calling number `number`.
@@ -100,8 +100,8 @@ class admission {
 
 /// The limits of one front door.
 struct policy {
-  std::string rate = "10/15min";                       ///< calls per window per number
-  ratelimit::units max_calls = 2;                      ///< calls in progress per number
+  std::string rate = "10/15min";                              ///< calls per window per number
+  ratelimit::units max_calls = 2;                             ///< calls in progress per number
   std::chrono::microseconds max_call{std::chrono::hours{1}};  ///< a lease's life (lost BYE)
 };
 

@@ -49,8 +49,12 @@ SIGUSR1, and a final JSON line (counters and CPU time) on SIGTERM or SIGINT.
 volatile std::sig_atomic_t stop_requested = 0;
 volatile std::sig_atomic_t stats_requested = 0;
 
-extern "C" void on_stop(int) { stop_requested = 1; }
-extern "C" void on_stats(int) { stats_requested = 1; }
+extern "C" void on_stop(int) {
+  stop_requested = 1;
+}
+extern "C" void on_stats(int) {
+  stats_requested = 1;
+}
 
 struct options {
   std::string host = "127.0.0.1";
@@ -122,13 +126,13 @@ std::unique_ptr<sipfd::admission> open_admission(const options& o) {
 #ifdef SIPFD_HAVE_REDIS
   // The Redis server's clock, so that several front doors share one time line.
   if (o.store.starts_with("redis://")) {
-    return std::make_unique<lease_admission<ratelimit::redis::redis_store,
-                                            ratelimit::redis::server_clock>>(
+    return std::make_unique<
+        lease_admission<ratelimit::redis::redis_store, ratelimit::redis::server_clock>>(
         o.policy, ratelimit::redis::redis_store(ratelimit::redis::parse_url(o.store)));
   }
   if (o.store.starts_with("redis-cluster://")) {
-    return std::make_unique<lease_admission<ratelimit::redis::cluster_store,
-                                            ratelimit::redis::server_clock>>(
+    return std::make_unique<
+        lease_admission<ratelimit::redis::cluster_store, ratelimit::redis::server_clock>>(
         o.policy, ratelimit::redis::cluster_store(ratelimit::redis::parse_cluster_url(o.store)));
   }
 #endif
@@ -182,7 +186,7 @@ int main(int argc, char** argv) {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   const int port = ntohs(addr.sin_port);
 
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = on_stop;  // no SA_RESTART: poll returns EINTR
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);

@@ -37,15 +37,15 @@ enum class parse_result : unsigned char {
 
 /// A parsed request. Views into the datagram: valid while it lives.
 struct sip_message {
-  std::string_view method;  ///< "INVITE", "ACK", "BYE", ...
-  std::string_view uri;     ///< the Request-URI, verbatim
+  std::string_view method;                       ///< "INVITE", "ACK", "BYE", ...
+  std::string_view uri;                          ///< the Request-URI, verbatim
   std::array<std::string_view, max_vias> via{};  ///< Via values in order
   std::size_t via_count = 0;
-  std::string_view from;      ///< From value, verbatim
-  std::string_view from_user; ///< user part of the From URI (the calling number)
-  std::string_view from_tag;  ///< From tag parameter, empty when absent
-  std::string_view to;        ///< To value, verbatim
-  bool to_has_tag = false;    ///< the To value carries a tag (in-dialog request)
+  std::string_view from;       ///< From value, verbatim
+  std::string_view from_user;  ///< user part of the From URI (the calling number)
+  std::string_view from_tag;   ///< From tag parameter, empty when absent
+  std::string_view to;         ///< To value, verbatim
+  bool to_has_tag = false;     ///< the To value carries a tag (in-dialog request)
   std::string_view call_id;
   std::uint32_t cseq = 0;          ///< CSeq number, 0 .. 2^31 - 1
   std::string_view cseq_method;    ///< equal to `method`
@@ -77,8 +77,16 @@ namespace detail {
 [[nodiscard]] constexpr bool is_token_char(char c) noexcept {
   if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
   switch (c) {
-    case '-': case '.': case '!': case '%': case '*': case '_':
-    case '+': case '`': case '\'': case '~': return true;
+    case '-':
+    case '.':
+    case '!':
+    case '%':
+    case '*':
+    case '_':
+    case '+':
+    case '`':
+    case '\'':
+    case '~': return true;
     default: return false;
   }
 }

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The SIP front door without sockets: the parser on well-formed and hostile
 // datagrams, and the front door's answers, counters and retransmissions.
+#include "front_door.hpp"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -11,7 +13,6 @@
 #include <string_view>
 #include <vector>
 
-#include "front_door.hpp"
 #include "ratelimit/clock/manual_clock.hpp"
 #include "sip_message.hpp"
 
@@ -97,20 +98,22 @@ TEST(SipParser, RefusesEachMissingOrBadPart) {
       replaced("Call-ID: c1", "Call-ID: c1\r\nCall-ID: c2"),
       replaced("Call-ID: c1", "Call-ID: " + std::string(200, 'x')),
       replaced("Call-ID: c1", "Call-ID: a b"),
-      replaced("sip:alice@", "sip:"),                       // no user part
-      replaced("sip:alice@", "http:alice@"),                // not a SIP URI
+      replaced("sip:alice@", "sip:"),                                       // no user part
+      replaced("sip:alice@", "http:alice@"),                                // not a SIP URI
       replaced("<sip:alice@127.0.0.1:5061>", "<sip:alice@127.0.0.1:5061"),  // unclosed
-      replaced("\"Caller\"", "\"Caller"),                   // unclosed quote
+      replaced("\"Caller\"", "\"Caller"),                                   // unclosed quote
       replaced("tag=t1", "tag=" + std::string(100, 't')),
       replaced("SIP/2.0\r\n", "SIP/3.0\r\n"),
       replaced("INVITE sip", "INV<TE sip"),
-      replaced("Via:", " Via:"),                            // folded
-      replaced("Via:", "Via"),                              // no colon
-      replaced("alice", std::string("al\0ce", 5)),          // NUL in the headers
-      replaced("alice", "al\x01" "ce"),
-      good.substr(0, good.size() - 2),                      // no blank line
-      good.substr(0, good.size() / 2),                      // truncated
-      std::string(sipfd::max_datagram + 1, 'A'),            // huge
+      replaced("Via:", " Via:"),                    // folded
+      replaced("Via:", "Via"),                      // no colon
+      replaced("alice", std::string("al\0ce", 5)),  // NUL in the headers
+      replaced("alice",
+               "al\x01"
+               "ce"),
+      good.substr(0, good.size() - 2),            // no blank line
+      good.substr(0, good.size() / 2),            // truncated
+      std::string(sipfd::max_datagram + 1, 'A'),  // huge
   };
   for (std::size_t i = 0; i < bad.size(); ++i) {
     EXPECT_EQ(sipfd::parse(bad[i], m), sipfd::parse_result::malformed) << "case " << i;
@@ -174,8 +177,7 @@ struct door_fixture {
   explicit door_fixture(const sipfd::policy& p) {
     using store = ratelimit::memory_store<ratelimit::leases<sipfd::rate_policy>>;
     door = std::make_unique<sipfd::front_door>(
-        std::make_unique<sipfd::lease_admission<store, ratelimit::manual_clock>>(p, store{},
-                                                                                   clock),
+        std::make_unique<sipfd::lease_admission<store, ratelimit::manual_clock>>(p, store{}, clock),
         "sip:fd@127.0.0.1:5060");
   }
   std::string send(const std::string& d) {
@@ -189,7 +191,9 @@ struct door_fixture {
   }
 };
 
-std::string status(const std::string& response) { return response.substr(0, 12); }
+std::string status(const std::string& response) {
+  return response.substr(0, 12);
+}
 
 TEST(SipFrontDoor, RateLimitsPerNumberAndRetransmissionsAreTheSameCall) {
   door_fixture f(sipfd::policy{"2/15min", 10, std::chrono::hours{1}});
@@ -244,8 +248,8 @@ TEST(SipFrontDoor, CallsInProgressAndByeAndLostBye) {
 TEST(SipFrontDoor, CachedAnswerGoneTheLeaseStillKnowsTheCall) {
   door_fixture f(sipfd::policy{"5/15min", 5, std::chrono::hours{1}});
   EXPECT_EQ(status(f.send(invite("alice", "a1"))), "SIP/2.0 200 ");
-  f.advance(std::chrono::duration_cast<std::chrono::microseconds>(
-      sipfd::front_door::transaction_life));
+  f.advance(
+      std::chrono::duration_cast<std::chrono::microseconds>(sipfd::front_door::transaction_life));
   f.door->housekeeping(f.now);
   EXPECT_EQ(f.door->transactions_held(), 0u);
   EXPECT_EQ(status(f.send(invite("alice", "a1"))), "SIP/2.0 200 ");  // repeat of a live lease
