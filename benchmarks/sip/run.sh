@@ -2,8 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # sip-front-door under sipp at increasing call rates: limiter off, in process,
 # and on a throwaway Redis. Per run: calls/s the server answered, calls sipp
-# saw fail, and the server's CPU time per call (getrusage at exit); the
-# limiter's share of the CPU is 1 - cpu(off) / cpu(limiter), medians of REPS.
+# saw fail, and the server's CPU time per call (/proc/PID/schedstat, in ns,
+# read just before it is stopped; getrusage's ticks are too coarse for runs
+# of a few seconds); the limiter's share of the CPU is 1 - cpu(off) /
+# cpu(limiter), medians of REPS. Redis's own CPU per call likewise.
 #
 # Usage: benchmarks/sip/run.sh [BUILD_DIR]
 #   BUILD_DIR holds examples/sip/sip-front-door, ideally a Release build with
@@ -52,9 +54,8 @@ if command -v redis-server >/dev/null; then
   store_modes="off memory redis"
 fi
 
-# CPU time of process PID in microseconds (utime + stime from /proc).
-ticks_per_s="$(getconf CLK_TCK)"
-proc_cpu_us() { awk -v hz="$ticks_per_s" '{ printf "%.0f", ($14 + $15) * 1e6 / hz }' "/proc/$1/stat"; }
+# CPU time of process PID (its main thread) in microseconds.
+proc_cpu_us() { awk '{ printf "%.0f", $1 / 1000 }' "/proc/$1/schedstat"; }
 
 # one_run MODE RATE: prints "calls_per_s failed cpu_us_per_call redis_cpu_us_per_call".
 one_run() {
@@ -84,6 +85,8 @@ one_run() {
     -trace_stat -stf stat.csv -fd 1 >/dev/null 2>&1) || true
   t1="$(date +%s.%N)"
   [ "$mode" = redis ] && r1="$(proc_cpu_us "$redis_pid")"
+  local cpu
+  cpu="$(proc_cpu_us "$server_pid")"
   kill -TERM "$server_pid"
   wait "$server_pid" || true
   server_pid=""
@@ -93,11 +96,9 @@ one_run() {
     echo "$mode $rate: $stats" >&2
     cat "$work/server.out" >&2
   fi
-  local answered cpu failed
+  local answered failed
   answered=$(($(sed -n 's/.*"admitted":\([0-9]*\).*/\1/p' <<<"$stats") + \
     $(sed -n 's/.*"rejected":\([0-9]*\).*/\1/p' <<<"$stats")))
-  cpu=$(($(sed -n 's/.*"cpu_user_us":\([0-9]*\).*/\1/p' <<<"$stats") + \
-    $(sed -n 's/.*"cpu_sys_us":\([0-9]*\).*/\1/p' <<<"$stats")))
   failed="$(awk -F';' 'NR == 1 { for (i = 1; i <= NF; ++i) if ($i == "FailedCall(C)") c = i }
                        END { print $c }' "$work/stat.csv")"
   awk -v n="$answered" -v t0="$t0" -v t1="$t1" -v cpu="$cpu" -v f="$failed" -v r=$((r1 - r0)) \

@@ -181,9 +181,11 @@ class front_door {
   /// longest a UAC keeps retransmitting over UDP (RFC 3261, Timer B/F).
   static constexpr clock_type::duration transaction_life = std::chrono::seconds{32};
 
-  /// @param contact the Contact URI put into 200 OK to INVITE
+  /// @param contact          the Contact URI put into 200 OK to INVITE
+  /// @param max_transactions answers kept at once (about 0.5 KiB each; a
+  ///                         flood of new calls pushes out the oldest)
   front_door(std::unique_ptr<admission> a, std::string contact,
-             std::size_t max_transactions = 1 << 20)
+             std::size_t max_transactions = 100'000)
       : admission_(std::move(a)),
         contact_(std::move(contact)),
         cache_(transaction_life, max_transactions) {}

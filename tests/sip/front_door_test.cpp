@@ -174,11 +174,11 @@ struct door_fixture {
   std::unique_ptr<sipfd::front_door> door;
   sipfd::clock_type::time_point now{};
 
-  explicit door_fixture(const sipfd::policy& p) {
+  explicit door_fixture(const sipfd::policy& p, std::size_t max_transactions = 100'000) {
     using store = ratelimit::memory_store<ratelimit::leases<sipfd::rate_policy>>;
     door = std::make_unique<sipfd::front_door>(
         std::make_unique<sipfd::lease_admission<store, ratelimit::manual_clock>>(p, store{}, clock),
-        "sip:fd@127.0.0.1:5060");
+        "sip:fd@127.0.0.1:5060", max_transactions);
   }
   std::string send(const std::string& d) {
     std::string out;
@@ -255,6 +255,23 @@ TEST(SipFrontDoor, CachedAnswerGoneTheLeaseStillKnowsTheCall) {
   EXPECT_EQ(status(f.send(invite("alice", "a1"))), "SIP/2.0 200 ");  // repeat of a live lease
   EXPECT_EQ(f.door->stats().admitted, 1u);
   EXPECT_EQ(f.door->stats().invite_retransmissions, 1u);
+}
+
+TEST(SipFrontDoor, AFullCacheDropsTheOldestAnswerFirst) {
+  door_fixture f(sipfd::policy{"1/15min", 5, std::chrono::hours{1}}, 2);
+  EXPECT_EQ(status(f.send(invite("alice", "a1"))), "SIP/2.0 200 ");
+  const std::string refused = f.send(invite("alice", "a2"));
+  EXPECT_EQ(status(refused), "SIP/2.0 503 ");
+  EXPECT_EQ(status(f.send(invite("bob", "b1"))), "SIP/2.0 200 ");  // pushes out a1's answer
+  EXPECT_EQ(f.door->transactions_held(), 2u);
+  EXPECT_EQ(f.send(invite("alice", "a2")), refused);  // still cached
+  // a1's answer is gone; its live lease still makes it the same call.
+  EXPECT_EQ(status(f.send(invite("alice", "a1"))), "SIP/2.0 200 ");
+  const sipfd::counters& c = f.door->stats();
+  EXPECT_EQ(c.invites, 3u);
+  EXPECT_EQ(c.admitted, 2u);
+  EXPECT_EQ(c.rejected, 1u);
+  EXPECT_EQ(c.invite_retransmissions, 2u);
 }
 
 TEST(SipFrontDoor, MalformedAndOtherDatagramsAreCounted) {
