@@ -5,7 +5,10 @@
 # saw fail, and the server's CPU time per call (/proc/PID/schedstat, in ns,
 # read just before it is stopped; getrusage's ticks are too coarse for runs
 # of a few seconds); the limiter's share of the CPU is 1 - cpu(off) /
-# cpu(limiter), medians of REPS. Redis's own CPU per call likewise.
+# cpu(limiter), medians of REPS. Redis's own CPU per call likewise. In
+# process the limiter's share is also measured directly within each run: the
+# server's wall time inside acquire and release ("limiter_us" of its final
+# counters) over its CPU time.
 #
 # Usage: benchmarks/sip/run.sh [BUILD_DIR]
 #   BUILD_DIR holds examples/sip/sip-front-door, ideally a Release build with
@@ -57,7 +60,8 @@ fi
 # CPU time of process PID (its main thread) in microseconds.
 proc_cpu_us() { awk '{ printf "%.0f", $1 / 1000 }' "/proc/$1/schedstat"; }
 
-# one_run MODE RATE: prints "calls_per_s failed cpu_us_per_call redis_cpu_us_per_call".
+# one_run MODE RATE: prints "calls_per_s failed cpu_us_per_call redis_cpu_us_per_call
+#   limiter_us_per_call".
 one_run() {
   local mode="$1" rate="$2" args=(--rate 100/15min --max-calls 2 --max-call-seconds 60)
   case "$mode" in
@@ -101,15 +105,19 @@ one_run() {
     $(sed -n 's/.*"rejected":\([0-9]*\).*/\1/p' <<<"$stats")))
   failed="$(awk -F';' 'NR == 1 { for (i = 1; i <= NF; ++i) if ($i == "FailedCall(C)") c = i }
                        END { print $c }' "$work/stat.csv")"
+  local lim
+  lim="$(sed -n 's/.*"limiter_us":\([0-9]*\).*/\1/p' <<<"$stats")"
   awk -v n="$answered" -v t0="$t0" -v t1="$t1" -v cpu="$cpu" -v f="$failed" -v r=$((r1 - r0)) \
-    'BEGIN { printf "%.0f %d %.1f %.1f\n", n / (t1 - t0), f, (n > 0 ? cpu / n : 0), (n > 0 ? r / n : 0) }'
+    -v lim="$lim" 'BEGIN { printf "%.0f %d %.1f %.1f %.2f\n", n / (t1 - t0), f, (n > 0 ? cpu / n : 0),
+                               (n > 0 ? r / n : 0), (n > 0 ? lim / n : 0) }'
 }
 
 median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
 echo "== host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); sipp $(sipp -v 2>&1 | grep -o 'v[0-9.]*' | head -1); commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 echo "== $secs s per run, median of $reps runs; 100 calls/15 min and 2 in progress per number, $numbers numbers"
-printf '%-6s %-7s %11s %7s %12s %14s %17s\n' "rate" "store" "answered/s" "failed" "cpu us/call" "limiter share" "redis cpu us/call"
+printf '%-6s %-7s %11s %7s %12s %14s %17s %16s %15s\n' "rate" "store" "answered/s" "failed" \
+  "cpu us/call" "1-off/on" "redis cpu us/call" "limiter us/call" "limiter/cpu"
 for rate in $rates; do
   off_cpu=""
   for mode in $store_modes; do
@@ -120,12 +128,18 @@ for rate in $rates; do
     cpu="$(cut -d' ' -f3 "$work/runs" | median)"
     rcpu="$(cut -d' ' -f4 "$work/runs" | median)"
     [ "$mode" = redis ] || rcpu="-"
+    lim="$(cut -d' ' -f5 "$work/runs" | median)"
+    direct="$(awk '{ if ($3 > 0) print 100 * $5 / $3 }' "$work/runs" | median)"
+    direct="$(printf '%.0f%%' "$direct")"
+    [ "$mode" = off ] && { lim="-"; direct="-"; }
+    [ "$mode" = redis ] && direct="$direct (wall)"
     share="-"
     if [ "$mode" = off ]; then
       off_cpu="$cpu"
     else
       share="$(awk -v a="$off_cpu" -v b="$cpu" 'BEGIN { printf "%.0f%%", (b > 0 ? 100 * (1 - a / b) : 0) }')"
     fi
-    printf '%-6s %-7s %11s %7s %12s %14s %17s\n' "$rate" "$mode" "$cps" "$failed" "$cpu" "$share" "$rcpu"
+    printf '%-6s %-7s %11s %7s %12s %14s %17s %16s %15s\n' "$rate" "$mode" "$cps" "$failed" "$cpu" \
+      "$share" "$rcpu" "$lim" "$direct"
   done
 done
