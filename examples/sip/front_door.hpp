@@ -1,0 +1,382 @@
+// SPDX-License-Identifier: Apache-2.0
+// The SIP front door's logic, free of sockets: one datagram in, at most one
+// response out, and the counters. main.cpp puts it on a UDP socket.
+//
+// Per calling number (the From user) an INVITE takes a lease named by its
+// dialog (Call-ID ';' From tag) from a concurrency_limiter whose rate is
+// applied in the same step, all or nothing: "at most N calls in progress and
+// R calls per window". Admitted: 200 OK. Refused: 503 with Retry-After. A BYE
+// releases the lease; a lease whose BYE never comes expires after the longest
+// call. Final responses are kept per transaction (method, Call-ID, From tag,
+// CSeq) for `transaction_life`, so a retransmitted request gets the same bytes
+// again and is never counted as a new call; should an INVITE outlive its
+// cached answer, the lease's own idempotent acquire still knows it (`repeat`).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+
+#include "ratelimit/concurrency.hpp"
+#include "ratelimit/policy/sliding_window_log.hpp"
+#include "sip_message.hpp"
+
+namespace sipfd {
+
+using clock_type = std::chrono::steady_clock;
+
+/// What happened to the datagrams so far. Written by the one thread that
+/// runs the front door.
+struct counters {
+  std::uint64_t received = 0;                ///< datagrams read
+  std::uint64_t malformed = 0;               ///< dropped by the parser
+  std::uint64_t ignored = 0;                 ///< SIP responses (a UAS gets none it needs)
+  std::uint64_t invites = 0;                 ///< new INVITE transactions
+  std::uint64_t admitted = 0;                ///< ... answered 200 OK
+  std::uint64_t rejected = 0;                ///< ... answered 503 (over a limit)
+  std::uint64_t errors = 0;                  ///< ... answered 500 (the store failed)
+  std::uint64_t invite_retransmissions = 0;  ///< INVITEs of a transaction already answered
+  std::uint64_t acks = 0;
+  std::uint64_t byes = 0;          ///< new BYE transactions
+  std::uint64_t released = 0;      ///< ... that freed a live lease (200 OK)
+  std::uint64_t unknown_byes = 0;  ///< ... for no live lease (481)
+  std::uint64_t bye_retransmissions = 0;
+  std::uint64_t other = 0;       ///< other methods (OPTIONS 200, rest 501/481)
+  std::uint64_t limiter_ns = 0;  ///< wall time inside the limiter's acquire and release
+};
+
+/// The counters as one JSON object on one line.
+[[nodiscard]] inline std::string to_json(const counters& c) {
+  std::string s = "{";
+  const auto add = [&s](const char* name, std::uint64_t v) {
+    if (s.size() > 1) s += ',';
+    s += '"';
+    s += name;
+    s += "\":";
+    s += std::to_string(v);
+  };
+  add("received", c.received);
+  add("malformed", c.malformed);
+  add("ignored", c.ignored);
+  add("invites", c.invites);
+  add("admitted", c.admitted);
+  add("rejected", c.rejected);
+  add("errors", c.errors);
+  add("invite_retransmissions", c.invite_retransmissions);
+  add("acks", c.acks);
+  add("byes", c.byes);
+  add("released", c.released);
+  add("unknown_byes", c.unknown_byes);
+  add("bye_retransmissions", c.bye_retransmissions);
+  add("other", c.other);
+  add("limiter_us", c.limiter_ns / 1000);
+  s += '}';
+  return s;
+}
+
+/// The front door's question to the library, behind one interface so that
+/// the store (memory, Redis, cluster) or no limiter at all is a run-time choice.
+class admission {
+ public:
+  struct answer {
+    bool admitted = false;
+    bool repeat = false;                       ///< the lease was already live (same dialog)
+    std::chrono::microseconds retry_after{0};  ///< when refused
+  };
+  virtual ~admission() = default;
+  /// Takes a lease for dialog `lease_id` of calling number `number`.
+  /// @throws whatever the store throws (the caller answers 500)
+  virtual answer acquire(std::string_view number, std::string_view lease_id) = 0;
+  /// Frees it; false when it was not live (never acquired, or expired).
+  virtual bool release(std::string_view number, std::string_view lease_id) = 0;
+  /// Periodic upkeep (the in-process store drops idle numbers).
+  virtual void housekeeping() {}
+};
+
+/// The limits of one front door.
+struct policy {
+  std::string rate = "10/15min";                              ///< calls per window per number
+  ratelimit::units max_calls = 2;                             ///< calls in progress per number
+  std::chrono::microseconds max_call{std::chrono::hours{1}};  ///< a lease's life (lost BYE)
+};
+
+/// The rate policy: an exact sliding log, "no more than R calls in any window".
+using rate_policy = ratelimit::sliding_window_log;
+
+/// `admission` on a concurrency_limiter with its rate, in any store.
+template <class Store, class Clock = ratelimit::steady_clock>
+class lease_admission final : public admission {
+ public:
+  lease_admission(const policy& p, Store store, Clock clock = Clock{})
+      : limiter_(ratelimit::concurrency_config(p.max_calls, p.max_call, {.name = "sip_front_door"}),
+                 rate_policy::config(p.rate), std::move(store), std::move(clock)) {}
+
+  answer acquire(std::string_view number, std::string_view lease_id) override {
+    const ratelimit::decision d = limiter_.acquire(number, lease_id);
+    return {d.allowed, d.repeat, d.retry_after};
+  }
+  bool release(std::string_view number, std::string_view lease_id) override {
+    return limiter_.release(number, lease_id).allowed;
+  }
+  void housekeeping() override {
+    if constexpr (requires { limiter_.sweep(limiter_.now()); }) {
+      (void)limiter_.sweep(limiter_.now());
+    }
+  }
+
+ private:
+  ratelimit::concurrency_limiter<rate_policy, Store, Clock> limiter_;
+};
+
+/// No limiter: every INVITE is admitted (the benchmark's baseline).
+class no_admission final : public admission {
+ public:
+  answer acquire(std::string_view, std::string_view) override { return {true, false, {}}; }
+  bool release(std::string_view, std::string_view) override { return true; }
+};
+
+/// Final responses by transaction, forgotten `life` after they were made and
+/// at most `max_entries` at once (the oldest go first).
+class transaction_cache {
+ public:
+  transaction_cache(clock_type::duration life, std::size_t max_entries)
+      : life_(life), max_(max_entries) {}
+
+  [[nodiscard]] const std::string* find(const std::string& key) const {
+    const auto it = map_.find(key);
+    return it == map_.end() ? nullptr : &it->second;
+  }
+  void put(std::string key, std::string response, clock_type::time_point now) {
+    expire(now);
+    while (map_.size() >= max_ && !order_.empty()) {
+      map_.erase(order_.front().second);
+      order_.pop_front();
+    }
+    if (map_.emplace(key, std::move(response)).second) order_.emplace_back(now + life_, key);
+  }
+  void expire(clock_type::time_point now) {
+    while (!order_.empty() && order_.front().first <= now) {
+      map_.erase(order_.front().second);
+      order_.pop_front();
+    }
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return map_.size(); }
+
+ private:
+  clock_type::duration life_;
+  std::size_t max_;
+  std::unordered_map<std::string, std::string> map_;
+  std::deque<std::pair<clock_type::time_point, std::string>> order_;
+};
+
+/// One front door: feed it datagrams, send what it returns.
+class front_door {
+ public:
+  /// How long a final response is kept for retransmissions: 64 * T1, the
+  /// longest a UAC keeps retransmitting over UDP (RFC 3261, Timer B/F).
+  static constexpr clock_type::duration transaction_life = std::chrono::seconds{32};
+
+  /// @param contact          the Contact URI put into 200 OK to INVITE
+  /// @param max_transactions answers kept at once (about 0.5 KiB each; a
+  ///                         flood of new calls pushes out the oldest)
+  front_door(std::unique_ptr<admission> a, std::string contact,
+             std::size_t max_transactions = 100'000)
+      : admission_(std::move(a)),
+        contact_(std::move(contact)),
+        cache_(transaction_life, max_transactions) {}
+
+  /// Handles one datagram at `now`; returns true with `out` set to the
+  /// response to send back to the sender, false when there is none.
+  bool handle(std::string_view datagram, clock_type::time_point now, std::string& out) {
+    ++c_.received;
+    sip_message m;
+    switch (parse(datagram, m)) {
+      case parse_result::malformed: ++c_.malformed; return false;
+      case parse_result::response: ++c_.ignored; return false;
+      case parse_result::request: break;
+    }
+    if (m.method == "ACK") {
+      ++c_.acks;  // ends the INVITE transaction; nothing to send
+      return false;
+    }
+    if (m.method == "INVITE" && !m.to_has_tag) return invite(m, now, out);
+    if (m.method == "BYE") return bye(m, now, out);
+    ++c_.other;
+    if (m.method == "OPTIONS") {
+      out = response(m, 200, "OK", false);
+    } else if (m.method == "CANCEL" || m.method == "INVITE") {
+      // INVITEs are answered at once (nothing left to cancel); re-INVITEs
+      // are out of this example's scope.
+      out = response(m, 481, "Call/Transaction Does Not Exist", false);
+    } else {
+      out = response(m, 501, "Not Implemented", false);
+    }
+    return true;
+  }
+
+  /// Drops old transactions and idle numbers; call about once a second.
+  void housekeeping(clock_type::time_point now) {
+    cache_.expire(now);
+    admission_->housekeeping();
+  }
+
+  [[nodiscard]] const counters& stats() const noexcept { return c_; }
+  [[nodiscard]] std::size_t transactions_held() const noexcept { return cache_.size(); }
+
+ private:
+  bool invite(const sip_message& m, clock_type::time_point now, std::string& out) {
+    const std::string key = transaction_key(m);
+    if (const std::string* cached = cache_.find(key)) {
+      ++c_.invite_retransmissions;
+      out = *cached;
+      return true;
+    }
+    const std::string lease = lease_id(m);
+    admission::answer a;
+    try {
+      const timer t(c_.limiter_ns);
+      a = admission_->acquire(m.from_user, lease);
+    } catch (const std::exception&) {
+      ++c_.errors;  // not cached: a retransmission asks the store again
+      out = response(m, 500, "Server Internal Error", false);
+      return true;
+    }
+    if (a.repeat) {
+      ++c_.invite_retransmissions;  // its cached answer had been dropped
+    } else {
+      ++c_.invites;
+      ++(a.admitted ? c_.admitted : c_.rejected);
+    }
+    if (a.admitted) {
+      out = response(m, 200, "OK", true);
+    } else {
+      const std::int64_t us = a.retry_after.count();
+      const std::int64_t secs = us <= 0 ? 1 : (us + 999'999) / 1'000'000;  // rounded up
+      out = response(m, 503, "Service Unavailable", true,
+                     "Retry-After: " + std::to_string(secs) + "\r\n");
+    }
+    cache_.put(key, out, now);
+    return true;
+  }
+
+  bool bye(const sip_message& m, clock_type::time_point now, std::string& out) {
+    const std::string key = transaction_key(m);
+    if (const std::string* cached = cache_.find(key)) {
+      ++c_.bye_retransmissions;
+      out = *cached;
+      return true;
+    }
+    bool freed = false;
+    try {
+      const timer t(c_.limiter_ns);
+      freed = admission_->release(m.from_user, lease_id(m));
+    } catch (const std::exception&) {
+      ++c_.errors;
+      out = response(m, 500, "Server Internal Error", false);
+      return true;
+    }
+    ++c_.byes;
+    if (freed) {
+      ++c_.released;
+      out = response(m, 200, "OK", false);
+    } else {
+      ++c_.unknown_byes;
+      out = response(m, 481, "Call/Transaction Does Not Exist", false);
+    }
+    cache_.put(key, out, now);
+    return true;
+  }
+
+  /// Adds the wall time of its scope to a counter (the limiter's share of
+  /// the work, for the benchmark: two clock reads per call).
+  class timer {
+   public:
+    explicit timer(std::uint64_t& total) noexcept : total_(total), start_(clock_type::now()) {}
+    timer(const timer&) = delete;
+    timer& operator=(const timer&) = delete;
+    ~timer() {
+      total_ += static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - start_).count());
+    }
+
+   private:
+    std::uint64_t& total_;
+    clock_type::time_point start_;
+  };
+
+  /// The dialog as the caller named it: Call-ID and From tag.
+  [[nodiscard]] static std::string lease_id(const sip_message& m) {
+    std::string id(m.call_id);
+    id += ';';
+    id += m.from_tag;
+    return id;
+  }
+
+  [[nodiscard]] static std::string transaction_key(const sip_message& m) {
+    std::string k(m.method);
+    k += '\n';
+    k += m.call_id;
+    k += '\n';
+    k += m.from_tag;
+    k += '\n';
+    k += std::to_string(m.cseq);
+    return k;
+  }
+
+  /// A response echoing the request's Via, From, To, Call-ID and CSeq; for
+  /// the final answer to an INVITE, the To gets our tag (the same one for
+  /// every retransmission: it is derived from the dialog).
+  [[nodiscard]] std::string response(const sip_message& m, int code, std::string_view reason,
+                                     bool dialog, const std::string& extra = {}) const {
+    std::string r = "SIP/2.0 " + std::to_string(code) + " ";
+    r += reason;
+    r += "\r\n";
+    for (std::size_t i = 0; i < m.via_count; ++i) {
+      r += "Via: ";
+      r += m.via[i];
+      r += "\r\n";
+    }
+    r += "From: ";
+    r += m.from;
+    r += "\r\nTo: ";
+    r += m.to;
+    if (dialog && !m.to_has_tag) {
+      r += ";tag=fd";
+      r += to_hex(std::hash<std::string_view>{}(m.call_id) ^
+                  (std::hash<std::string_view>{}(m.from_tag) * 31));
+    }
+    r += "\r\nCall-ID: ";
+    r += m.call_id;
+    r += "\r\nCSeq: " + std::to_string(m.cseq) + " ";
+    r += m.method;
+    r += "\r\n";
+    if (dialog && code == 200) r += "Contact: <" + contact_ + ">\r\n";
+    r += extra;
+    r += "Content-Length: 0\r\n\r\n";
+    return r;
+  }
+
+  [[nodiscard]] static std::string to_hex(std::size_t v) {
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string s;
+    do {
+      s += digits[v & 15];
+      v >>= 4;
+    } while (v != 0);
+    return s;
+  }
+
+  std::unique_ptr<admission> admission_;
+  std::string contact_;
+  transaction_cache cache_;
+  counters c_;
+};
+
+}  // namespace sipfd

@@ -1,0 +1,295 @@
+// SPDX-License-Identifier: Apache-2.0
+// The SIP front door without sockets: the parser on well-formed and hostile
+// datagrams, and the front door's answers, counters and retransmissions.
+#include "front_door.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ratelimit/clock/manual_clock.hpp"
+#include "sip_message.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string invite(std::string_view user, std::string_view call_id, int cseq = 1,
+                   std::string_view tag = "t1", std::string_view method = "INVITE") {
+  std::string m(method);
+  m += " sip:service@127.0.0.1:5060 SIP/2.0\r\n";
+  m += "Via: SIP/2.0/UDP 127.0.0.1:5061;branch=z9hG4bK-1\r\n";
+  m += "From: \"Caller\" <sip:" + std::string(user) + "@127.0.0.1:5061>;tag=" + std::string(tag) +
+       "\r\n";
+  m += "To: <sip:service@127.0.0.1:5060>\r\n";
+  m += "Call-ID: " + std::string(call_id) + "\r\n";
+  m += "CSeq: " + std::to_string(cseq) + " " + std::string(method) + "\r\n";
+  m += "Contact: <sip:caller@127.0.0.1:5061>\r\n";
+  m += "Content-Length: 0\r\n\r\n";
+  return m;
+}
+
+TEST(SipParser, ReadsTheFieldsItNeeds) {
+  const std::string d =
+      "INVITE sip:svc@h SIP/2.0\r\n"
+      "v: SIP/2.0/UDP a;branch=z9hG4bK1\r\n"
+      "Via: SIP/2.0/UDP b;branch=z9hG4bK2\r\n"
+      "f: <sip:+4930123@h;user=phone>;tag=abc\r\n"
+      "t: sip:svc@h\r\n"
+      "i: xyz@h\r\n"
+      "CSeq:   42   INVITE\r\n"
+      "l: 4\r\n\r\nbody";
+  sipfd::sip_message m;
+  ASSERT_EQ(sipfd::parse(d, m), sipfd::parse_result::request) << m.reason;
+  EXPECT_EQ(m.method, "INVITE");
+  EXPECT_EQ(m.via_count, 2u);
+  EXPECT_EQ(m.via[1], "SIP/2.0/UDP b;branch=z9hG4bK2");
+  EXPECT_EQ(m.from_user, "+4930123");
+  EXPECT_EQ(m.from_tag, "abc");
+  EXPECT_FALSE(m.to_has_tag);
+  EXPECT_EQ(m.call_id, "xyz@h");
+  EXPECT_EQ(m.cseq, 42u);
+  EXPECT_EQ(m.content_length, 4u);
+}
+
+TEST(SipParser, ResponsesAreNotRequests) {
+  sipfd::sip_message m;
+  EXPECT_EQ(sipfd::parse("SIP/2.0 200 OK\r\nVia: x\r\n\r\n", m), sipfd::parse_result::response);
+}
+
+TEST(SipParser, RefusesEachMissingOrBadPart) {
+  const std::string good = invite("alice", "c1");
+  sipfd::sip_message m;
+  ASSERT_EQ(sipfd::parse(good, m), sipfd::parse_result::request) << m.reason;
+  const auto without = [&](std::string_view line) {
+    std::string d = good;
+    const std::size_t at = d.find(line);
+    EXPECT_NE(at, std::string::npos) << line;
+    d.erase(at, d.find("\r\n", at) + 2 - at);
+    return d;
+  };
+  const auto replaced = [&](std::string_view from, std::string_view to) {
+    std::string d = good;
+    d.replace(d.find(from), from.size(), to);
+    return d;
+  };
+  const std::vector<std::string> bad = {
+      "",
+      without("Via:"),
+      without("From:"),
+      without("To:"),
+      without("Call-ID:"),
+      without("CSeq:"),
+      replaced("CSeq: 1 INVITE", "CSeq: x INVITE"),
+      replaced("CSeq: 1 INVITE", "CSeq: 1"),
+      replaced("CSeq: 1 INVITE", "CSeq: 1 BYE"),
+      replaced("CSeq: 1 INVITE", "CSeq: -1 INVITE"),
+      replaced("CSeq: 1 INVITE", "CSeq: 2147483648 INVITE"),
+      replaced("CSeq: 1 INVITE", "CSeq: 99999999999999999999 INVITE"),
+      replaced("Content-Length: 0", "Content-Length: 10"),  // truncated body
+      replaced("Content-Length: 0", "Content-Length: -1"),
+      replaced("Content-Length: 0", "Content-Length: 0\r\nContent-Length: 0"),
+      replaced("Call-ID: c1", "Call-ID: c1\r\nCall-ID: c2"),
+      replaced("Call-ID: c1", "Call-ID: " + std::string(200, 'x')),
+      replaced("Call-ID: c1", "Call-ID: a b"),
+      replaced("sip:alice@", "sip:"),                                       // no user part
+      replaced("sip:alice@", "http:alice@"),                                // not a SIP URI
+      replaced("<sip:alice@127.0.0.1:5061>", "<sip:alice@127.0.0.1:5061"),  // unclosed
+      replaced("\"Caller\"", "\"Caller"),                                   // unclosed quote
+      replaced("tag=t1", "tag=" + std::string(100, 't')),
+      replaced("SIP/2.0\r\n", "SIP/3.0\r\n"),
+      replaced("INVITE sip", "INV<TE sip"),
+      replaced("Via:", " Via:"),                    // folded
+      replaced("Via:", "Via"),                      // no colon
+      replaced("alice", std::string("al\0ce", 5)),  // NUL in the headers
+      replaced("alice",
+               "al\x01"
+               "ce"),
+      good.substr(0, good.size() - 2),            // no blank line
+      good.substr(0, good.size() / 2),            // truncated
+      std::string(sipfd::max_datagram + 1, 'A'),  // huge
+  };
+  for (std::size_t i = 0; i < bad.size(); ++i) {
+    EXPECT_EQ(sipfd::parse(bad[i], m), sipfd::parse_result::malformed) << "case " << i;
+    EXPECT_STRNE(m.reason, "") << "case " << i;
+  }
+}
+
+TEST(SipParser, TooManyViaOrHeadersIsMalformed) {
+  std::string d = invite("alice", "c1");
+  std::string vias;
+  for (std::size_t i = 0; i <= sipfd::max_vias; ++i) vias += "Via: SIP/2.0/UDP x\r\n";
+  std::string many = d;
+  many.insert(many.find("From:"), vias);
+  sipfd::sip_message m;
+  EXPECT_EQ(sipfd::parse(many, m), sipfd::parse_result::malformed);
+  std::string headers;
+  for (std::size_t i = 0; i <= sipfd::max_headers; ++i) headers += "X-H: 1\r\n";
+  many = d;
+  many.insert(many.find("From:"), headers);
+  EXPECT_EQ(sipfd::parse(many, m), sipfd::parse_result::malformed);
+}
+
+// Every prefix and every one-byte corruption of a good INVITE, and random
+// bytes: the parser answers (request, response or malformed), never reads out
+// of bounds (ASan), and what it calls a request has every field it promises.
+TEST(SipParser, HostileBytesNeverCrash) {
+  const std::string good = invite("+4930123456", "call-1@host", 7, "tagx");
+  sipfd::sip_message m;
+  const auto check = [&](std::string_view d) {
+    if (sipfd::parse(d, m) == sipfd::parse_result::request) {
+      ASSERT_GT(m.via_count, 0u);
+      ASSERT_FALSE(m.from_user.empty());
+      ASSERT_FALSE(m.call_id.empty());
+      ASSERT_EQ(m.cseq_method, m.method);
+      ASSERT_LE(m.content_length, d.size());
+    }
+  };
+  for (std::size_t n = 0; n <= good.size(); ++n) check(std::string_view(good).substr(0, n));
+  std::mt19937 rng(20261130);
+  for (std::size_t i = 0; i < good.size(); ++i) {
+    for (int v : {0, 1, 9, 10, 13, 32, 58, 59, 60, 62, 64, 127, 128, 255}) {
+      std::string d = good;
+      d[i] = static_cast<char>(v);
+      check(d);
+    }
+  }
+  for (int round = 0; round < 2000; ++round) {
+    std::string d(rng() % 600, '\0');
+    for (char& c : d) c = static_cast<char>(rng() % 256);
+    if (round % 2 == 0) d = good.substr(0, rng() % good.size()) + d;
+    check(d);
+  }
+}
+
+/// A front door on a manual clock: its time is the test's.
+struct door_fixture {
+  ratelimit::manual_clock clock;
+  std::unique_ptr<sipfd::front_door> door;
+  sipfd::clock_type::time_point now{};
+
+  explicit door_fixture(const sipfd::policy& p, std::size_t max_transactions = 100'000) {
+    using store = ratelimit::memory_store<ratelimit::leases<sipfd::rate_policy>>;
+    door = std::make_unique<sipfd::front_door>(
+        std::make_unique<sipfd::lease_admission<store, ratelimit::manual_clock>>(p, store{}, clock),
+        "sip:fd@127.0.0.1:5060", max_transactions);
+  }
+  std::string send(const std::string& d) {
+    std::string out;
+    if (!door->handle(d, now, out)) return "";
+    return out;
+  }
+  void advance(std::chrono::microseconds d) {
+    clock.advance(d);
+    now += d;
+  }
+};
+
+std::string status(const std::string& response) {
+  return response.substr(0, 12);
+}
+
+TEST(SipFrontDoor, RateLimitsPerNumberAndRetransmissionsAreTheSameCall) {
+  door_fixture f(sipfd::policy{"2/15min", 10, std::chrono::hours{1}});
+  const std::string r1 = f.send(invite("alice", "a1"));
+  EXPECT_EQ(status(r1), "SIP/2.0 200 ");
+  EXPECT_NE(r1.find("To: <sip:service@127.0.0.1:5060>;tag=fd"), std::string::npos) << r1;
+  EXPECT_EQ(f.send(invite("alice", "a1")), r1);  // retransmission: the same bytes
+  EXPECT_EQ(status(f.send(invite("alice", "a2"))), "SIP/2.0 200 ");
+  f.advance(1s);
+  const std::string r3 = f.send(invite("alice", "a3"));
+  ASSERT_EQ(status(r3), "SIP/2.0 503 ");
+  // The first call leaves the 15-minute window 899 s from now.
+  EXPECT_NE(r3.find("Retry-After: 899\r\n"), std::string::npos) << r3;
+  f.advance(10s);
+  EXPECT_EQ(f.send(invite("alice", "a3")), r3);  // the same answer, not a new decision
+  EXPECT_EQ(status(f.send(invite("bob", "b1"))), "SIP/2.0 200 ");  // numbers are separate
+  const sipfd::counters& c = f.door->stats();
+  EXPECT_EQ(c.invites, 4u);
+  EXPECT_EQ(c.admitted, 3u);
+  EXPECT_EQ(c.rejected, 1u);
+  EXPECT_EQ(c.invite_retransmissions, 2u);
+}
+
+TEST(SipFrontDoor, CallsInProgressAndByeAndLostBye) {
+  door_fixture f(sipfd::policy{"100/15min", 2, std::chrono::seconds{60}});
+  EXPECT_EQ(status(f.send(invite("alice", "a1"))), "SIP/2.0 200 ");
+  f.advance(10s);
+  EXPECT_EQ(status(f.send(invite("alice", "a2"))), "SIP/2.0 200 ");
+  const std::string busy = f.send(invite("alice", "a3"));
+  ASSERT_EQ(status(busy), "SIP/2.0 503 ");
+  EXPECT_NE(busy.find("Retry-After: 50\r\n"), std::string::npos) << busy;  // a1 expires at 60 s
+  // BYE a2 frees a slot; its retransmission gets the same 200 and frees nothing more.
+  const std::string bye = f.send(invite("alice", "a2", 2, "t1", "BYE"));
+  EXPECT_EQ(status(bye), "SIP/2.0 200 ");
+  EXPECT_EQ(f.send(invite("alice", "a2", 2, "t1", "BYE")), bye);
+  EXPECT_EQ(status(f.send(invite("alice", "a4"))), "SIP/2.0 200 ");
+  // a1's BYE never comes: at 60 s its lease is gone, one microsecond before it is not.
+  f.advance(50s - 1us);
+  EXPECT_EQ(status(f.send(invite("alice", "a5"))), "SIP/2.0 503 ");
+  f.advance(1us);
+  EXPECT_EQ(status(f.send(invite("alice", "a6"))), "SIP/2.0 200 ");
+  EXPECT_EQ(status(f.send(invite("alice", "a1", 2, "t1", "BYE"))), "SIP/2.0 481 ");  // expired
+  const sipfd::counters& c = f.door->stats();
+  EXPECT_EQ(c.admitted, 4u);
+  EXPECT_EQ(c.rejected, 2u);
+  EXPECT_EQ(c.byes, 2u);
+  EXPECT_EQ(c.released, 1u);
+  EXPECT_EQ(c.unknown_byes, 1u);
+  EXPECT_EQ(c.bye_retransmissions, 1u);
+}
+
+TEST(SipFrontDoor, CachedAnswerGoneTheLeaseStillKnowsTheCall) {
+  door_fixture f(sipfd::policy{"5/15min", 5, std::chrono::hours{1}});
+  EXPECT_EQ(status(f.send(invite("alice", "a1"))), "SIP/2.0 200 ");
+  f.advance(
+      std::chrono::duration_cast<std::chrono::microseconds>(sipfd::front_door::transaction_life));
+  f.door->housekeeping(f.now);
+  EXPECT_EQ(f.door->transactions_held(), 0u);
+  EXPECT_EQ(status(f.send(invite("alice", "a1"))), "SIP/2.0 200 ");  // repeat of a live lease
+  EXPECT_EQ(f.door->stats().admitted, 1u);
+  EXPECT_EQ(f.door->stats().invite_retransmissions, 1u);
+}
+
+TEST(SipFrontDoor, AFullCacheDropsTheOldestAnswerFirst) {
+  door_fixture f(sipfd::policy{"1/15min", 5, std::chrono::hours{1}}, 2);
+  EXPECT_EQ(status(f.send(invite("alice", "a1"))), "SIP/2.0 200 ");
+  const std::string refused = f.send(invite("alice", "a2"));
+  EXPECT_EQ(status(refused), "SIP/2.0 503 ");
+  EXPECT_EQ(status(f.send(invite("bob", "b1"))), "SIP/2.0 200 ");  // pushes out a1's answer
+  EXPECT_EQ(f.door->transactions_held(), 2u);
+  EXPECT_EQ(f.send(invite("alice", "a2")), refused);  // still cached
+  // a1's answer is gone; its live lease still makes it the same call.
+  EXPECT_EQ(status(f.send(invite("alice", "a1"))), "SIP/2.0 200 ");
+  const sipfd::counters& c = f.door->stats();
+  EXPECT_EQ(c.invites, 3u);
+  EXPECT_EQ(c.admitted, 2u);
+  EXPECT_EQ(c.rejected, 1u);
+  EXPECT_EQ(c.invite_retransmissions, 2u);
+}
+
+TEST(SipFrontDoor, MalformedAndOtherDatagramsAreCounted) {
+  door_fixture f(sipfd::policy{});
+  EXPECT_EQ(f.send("garbage"), "");
+  EXPECT_EQ(f.send(std::string(9000, 'x')), "");
+  EXPECT_EQ(f.send("SIP/2.0 200 OK\r\n\r\n"), "");
+  EXPECT_EQ(f.send(invite("alice", "a1", 1, "t1", "ACK")), "");
+  EXPECT_EQ(status(f.send(invite("alice", "a1", 1, "t1", "OPTIONS"))), "SIP/2.0 200 ");
+  EXPECT_EQ(status(f.send(invite("alice", "a1", 1, "t1", "REGISTER"))), "SIP/2.0 501 ");
+  const sipfd::counters& c = f.door->stats();
+  EXPECT_EQ(c.received, 6u);
+  EXPECT_EQ(c.malformed, 2u);
+  EXPECT_EQ(c.ignored, 1u);
+  EXPECT_EQ(c.acks, 1u);
+  EXPECT_EQ(c.other, 2u);
+  EXPECT_EQ(c.invites, 0u);
+  EXPECT_EQ(sipfd::to_json(c).substr(0, 28), "{\"received\":6,\"malformed\":2,");
+}
+
+}  // namespace
