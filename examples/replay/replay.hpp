@@ -1026,24 +1026,37 @@ inline void run_lanes(const std::vector<lane*>& group, batch& b, std::size_t slo
   std::size_t since_sample = 0;
   bool more = true;
   // Two lane groups: group 0 runs on this thread beside the reading stage,
-  // group 1 on a worker thread beside the window rings; the heaviest lanes go
-  // first to the lighter side.
+  // group 1 on a worker thread. The heaviest lanes go first to the lighter
+  // side; the window rings go to the side that makes the heavier one lighter
+  // (the worker on a tie: the sliding log alone is better beside them).
   std::array<std::vector<detail::lane*>, 2> groups;
+  bool rings_on_worker = true;
   {
     std::vector<detail::lane*> order;
     for (const auto& l : lanes) order.push_back(l.get());
     std::stable_sort(order.begin(), order.end(), [](const detail::lane* x, const detail::lane* y) {
       return detail::lane_weight(x->id) > detail::lane_weight(y->id);
     });
-    double load[2] = {detail::read_weight, detail::ring_weight};
-    for (detail::lane* l : order) {
-      const std::size_t g = load[1] < load[0] ? 1 : 0;
-      groups[g].push_back(l);
-      load[g] += detail::lane_weight(l->id);
+    double best = 0;
+    for (const bool on_worker : {true, false}) {
+      std::array<std::vector<detail::lane*>, 2> split;
+      double load[2] = {detail::read_weight, 0};
+      load[on_worker ? 1 : 0] += detail::ring_weight;
+      for (detail::lane* l : order) {
+        const std::size_t g = load[1] < load[0] ? 1 : 0;
+        split[g].push_back(l);
+        load[g] += detail::lane_weight(l->id);
+      }
+      const double heavier = std::max(load[0], load[1]);
+      if (on_worker || heavier < best) {
+        groups = std::move(split);
+        rings_on_worker = on_worker;
+        best = heavier;
+      }
     }
   }
   // This thread's CPU time is shared time, except while it runs lane group 0;
-  // so is the worker's time in the window rings.
+  // so is the worker's time in the window rings when they run there.
   double ring_seconds = 0;
   double clock = detail::thread_cpu_seconds();
   res.shared_seconds = detail::cpu_seconds() - start;
@@ -1158,8 +1171,10 @@ inline void run_lanes(const std::vector<lane*>& group, batch& b, std::size_t slo
   // A pipeline of two threads over batches k = 0, 1, ...: the worker counts
   // the window rings of batch k - 1 (whose lanes are done), then runs lane
   // group 1 over batch k; meanwhile this thread runs group 0 over batch k,
-  // then reads batch k + 1 into the buffer batch k - 2 has left. The budget
-  // is checked once both threads are done, before any state grows for k + 1.
+  // then reads batch k + 1 into the buffer batch k - 2 has left (when the
+  // rings run on this thread, they count batch k - 1 before that read). The
+  // budget is checked once both threads are done, before any state grows for
+  // k + 1.
   // Every stage sees each batch in the order of a single thread: results do
   // not depend on the threads.
   detail::batch* cur = &batches[0];
@@ -1168,7 +1183,7 @@ inline void run_lanes(const std::vector<lane*>& group, batch& b, std::size_t slo
   check_budget();
   // The worker's job (declared before the worker, which outlives no job).
   const auto worker_job = [&](detail::batch* ring_of, detail::batch* lanes_of) {
-    if (ring_of != nullptr) {
+    if (rings_on_worker && ring_of != nullptr) {
       const double t = detail::thread_cpu_seconds();
       ring_batch(*ring_of);
       ring_seconds += detail::thread_cpu_seconds() - t;
@@ -1191,6 +1206,7 @@ inline void run_lanes(const std::vector<lane*>& group, batch& b, std::size_t slo
     clock = detail::thread_cpu_seconds();
     detail::run_lanes(groups[0], *cur, 0);
     clock = detail::thread_cpu_seconds();
+    if (!rings_on_worker && prev != nullptr) ring_batch(*prev);
     const bool last = !more;
     detail::batch* next = nullptr;
     for (detail::batch& b : batches) {
