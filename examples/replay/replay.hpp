@@ -767,7 +767,8 @@ class policy_lane final : public lane {
     std::size_t bytes = 0;
     const std::size_t n = states_.size();
     for (std::size_t i = 0; i < n; ++i) {
-      if (i + prefetch_distance < n) prefetch_heap<P>(states_[i + prefetch_distance]);
+      // A sequential pass spends less per state than a step: fetch further ahead.
+      if (i + 4 * prefetch_distance < n) prefetch_heap<P>(states_[i + 4 * prefetch_distance]);
       if (!P::idle(cfg_, states_[i], timestamp{now})) bytes += state_bytes<P>(states_[i]);
     }
     return bytes;
