@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -163,6 +164,21 @@ inline void append_int(std::string& out, std::int64_t v) {
   const auto r = std::to_chars(buf, buf + sizeof buf, v);
   out.append(buf, r.ptr);
 }
+
+/// A hint that `p` will be read soon (no effect on results; `p` is never
+/// dereferenced). On x86 an asm statement: g++ 12's modref analysis judges a
+/// helper whose only effect is `__builtin_prefetch` free of side effects and
+/// deletes calls to it, which silently dropped the hints for key bytes and
+/// ring entries below.
+inline void prefetch(const void* p) noexcept {
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+  asm volatile("prefetcht0 (%0)" : : "r"(p));
+#elif defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(p);
+#else
+  (void)p;
+#endif
+}
 }  // namespace detail
 
 /// Appends one decisions row for `e`.
@@ -292,25 +308,20 @@ class key_table {
   /// its home slot, stage 1 (later) its end offset, stage 2 its bytes; each
   /// stage reads only what the previous one fetched. No effect on results.
   void prefetch(std::uint64_t h, int stage) const noexcept {
-#if defined(__GNUC__) || defined(__clang__)
     const std::uint64_t* slot = slots_.data() +
                                 (static_cast<std::size_t>(h >> 7) & (slots_.size() - 1));
     if (stage == 0) {
-      __builtin_prefetch(slot);
+      detail::prefetch(slot);
       return;
     }
     const std::uint64_t s = *slot;
     if (s == 0 || (s & ~std::uint64_t{0xffffffff}) != (h & ~std::uint64_t{0xffffffff})) return;
     const std::size_t id = static_cast<std::size_t>(s & 0xffffffff) - 1;
     if (stage == 1) {
-      __builtin_prefetch(ends_.data() + id);
+      detail::prefetch(ends_.data() + id);
     } else {
-      __builtin_prefetch(bytes_.data() + ends_[id]);
+      detail::prefetch(bytes_.data() + ends_[id]);
     }
-#else
-    (void)h;
-    (void)stage;
-#endif
   }
   [[nodiscard]] std::string_view get(std::uint32_t id) const noexcept {
     return std::string_view(bytes_).substr(ends_[id], ends_[id + 1] - ends_[id]);
@@ -373,7 +384,7 @@ class window_rings {
         --r.size;
       }
     }
-    if (r.size == r.capacity()) entry_bytes_ += r.grow() * sizeof(entry);
+    if (r.size == r.capacity()) entry_bytes_ += grow(r) * sizeof(entry);
     r.buf[(r.head + r.size) & (r.capacity() - 1)] = entry{t, admitted};
     ++r.size;
     r.newest = t;
@@ -387,23 +398,15 @@ class window_rings {
 
   /// A hint that the ring `handle` will be used soon.
   void prefetch(std::uint32_t handle) const noexcept {
-#if defined(__GNUC__) || defined(__clang__)
-    if (handle != 0) __builtin_prefetch(rings_.data() + (handle - 1));
-#else
-    (void)handle;
-#endif
+    if (handle != 0) detail::prefetch(rings_.data() + (handle - 1));
   }
 
   /// A hint that the entries of ring `handle` will be used soon (after `prefetch`).
   void prefetch_entries(std::uint32_t handle) const noexcept {
-#if defined(__GNUC__) || defined(__clang__)
     if (handle != 0) {
       const ring& r = rings_[handle - 1];
-      if (r.cap != 0) __builtin_prefetch(r.buf.get() + r.head);
+      if (r.cap != 0) detail::prefetch(r.buf + r.head);
     }
-#else
-    (void)handle;
-#endif
   }
 
   /// Frees every ring whose newest call has left the window at `now`, and
@@ -447,7 +450,7 @@ class window_rings {
   struct ring {
     // 56 bytes: the buffer is a bare array with a 32-bit capacity, so the
     // newest time fits beside it at the size the tool's figures assume.
-    std::unique_ptr<entry[]> buf;
+    entry* buf = nullptr;     ///< `cap` entries owned by the pool, or none
     std::int64_t newest = 0;  ///< time of the newest entry (valid when size != 0)
     std::uint32_t head = 0;
     std::uint32_t size = 0;
@@ -455,19 +458,57 @@ class window_rings {
     std::uint32_t cap = 0;
     std::array<std::uint32_t, ring_policies> count{};
     [[nodiscard]] std::uint32_t capacity() const noexcept { return cap; }
-    /// Doubles the buffer (4 entries at first); returns the entries added.
-    std::size_t grow() {
-      if (cap > 0x7fffffffu) throw std::length_error("a window ring cannot hold 2^32 calls");
-      const std::uint32_t next_cap = cap == 0 ? 4 : cap * 2;
-      auto next = std::make_unique<entry[]>(next_cap);
-      for (std::uint32_t i = 0; i < size; ++i) next[i] = buf[(head + i) & (cap - 1)];
-      buf = std::move(next);
-      head = 0;
-      const std::uint32_t added = next_cap - cap;
-      cap = next_cap;
-      return added;
-    }
   };
+
+  /// Ring buffers of 2^k entries, carved from blocks of 64 KiB and recycled
+  /// per size: a ring that grows hands its old buffer back for the next ring
+  /// of that size. On a dense log every key's ring grows twice; this makes
+  /// that a few hundred allocations instead of two per key, freed together.
+  class buffer_pool {
+   public:
+    /// A buffer of `n` entries (a power of two).
+    entry* take(std::uint32_t n) {
+      std::vector<entry*>& spare = spare_[static_cast<std::size_t>(std::countr_zero(n))];
+      if (!spare.empty()) {
+        entry* p = spare.back();
+        spare.pop_back();
+        return p;
+      }
+      if (n > block_entries) return blocks_.emplace_back(std::make_unique<entry[]>(n)).get();
+      if (left_ < n) {
+        next_ = blocks_.emplace_back(std::make_unique<entry[]>(block_entries)).get();
+        left_ = block_entries;
+      }
+      entry* p = next_;
+      next_ += n;
+      left_ -= n;
+      return p;
+    }
+    /// Takes back a buffer of `n` entries from `take`.
+    void give(entry* p, std::uint32_t n) {
+      spare_[static_cast<std::size_t>(std::countr_zero(n))].push_back(p);
+    }
+
+   private:
+    static constexpr std::uint32_t block_entries = 4096;
+    std::array<std::vector<entry*>, 32> spare_;
+    std::vector<std::unique_ptr<entry[]>> blocks_;
+    entry* next_ = nullptr;
+    std::uint32_t left_ = 0;
+  };
+
+  /// Doubles the buffer of `r` (4 entries at first); returns the entries added.
+  std::size_t grow(ring& r) {
+    if (r.cap > 0x7fffffffu) throw std::length_error("a window ring cannot hold 2^32 calls");
+    const std::uint32_t next_cap = r.cap == 0 ? 4 : r.cap * 2;
+    entry* next = pool_.take(next_cap);
+    for (std::uint32_t i = 0; i < r.size; ++i) next[i] = r.buf[(r.head + i) & (r.cap - 1)];
+    entry* old = std::exchange(r.buf, next);
+    const std::uint32_t old_cap = std::exchange(r.cap, next_cap);
+    r.head = 0;
+    if (old != nullptr) pool_.give(old, old_cap);
+    return next_cap - old_cap;
+  }
   std::uint32_t acquire(std::uint32_t owner) {
     std::uint32_t h = 0;
     if (!free_.empty()) {
@@ -480,6 +521,7 @@ class window_rings {
     rings_[h - 1].owner = owner;
     return h;
   }
+  buffer_pool pool_;  // before rings_, whose buffers it owns
   std::vector<ring> rings_;
   std::vector<std::uint32_t> free_;
   std::int64_t oldest_newest_ = no_call;  ///< at most the newest call of any ring in use
@@ -595,16 +637,7 @@ struct batch {
 };
 
 /// How many events ahead the per-key loops fetch the state they will need.
-inline constexpr std::size_t prefetch_distance = 12;
-
-/// A hint that `p` will be read soon (no effect on results).
-inline void prefetch(const void* p) noexcept {
-#if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(p);
-#else
-  (void)p;
-#endif
-}
+inline constexpr std::size_t prefetch_distance = 16;
 
 template <class P>
 [[nodiscard]] std::size_t state_bytes(const typename P::state& s) noexcept {
@@ -612,6 +645,21 @@ template <class P>
     return sizeof(s) + s.capacity() * sizeof(sliding_window_log::entry);
   } else {
     return sizeof(s);
+  }
+}
+
+/// A hint that the entries `s` keeps outside itself (the sliding log's heap
+/// ring, oldest and newest entry) will be read soon; call it once `s` itself
+/// has been fetched. No effect on results.
+template <class P>
+void prefetch_heap(const typename P::state& s) noexcept {
+  if constexpr (std::is_same_v<P, sliding_window_log>) {
+    if (!s.empty()) {
+      prefetch(&s.front());
+      prefetch(&s.back());
+    }
+  } else {
+    (void)s;
   }
 }
 
@@ -682,8 +730,10 @@ class policy_lane final : public lane {
       std::uint8_t* mask = admitted_bits;
       const int bit = summary_slot;
       for (std::size_t i = 0; i < n; ++i) {
-        // Keys are in trace order, so states are touched at random: fetch ahead.
+        // Keys are in trace order, so states are touched at random: fetch
+        // ahead, and, once a state is in, what it points to.
         if (i + prefetch_distance < n) prefetch(states + id[i + prefetch_distance]);
+        if (i + prefetch_distance / 2 < n) prefetch_heap<P>(states[id[i + prefetch_distance / 2]]);
         const bool allowed =
             tracked_step<P>(cfg_, states[id[i]], timestamp{ts[i]}, cost[i], heap_bytes_).allowed;
         ok += allowed ? 1u : 0u;
@@ -693,6 +743,7 @@ class policy_lane final : public lane {
       std::uint64_t* bits = blocked.data();
       for (std::size_t i = 0; i < n; ++i) {
         if (i + prefetch_distance < n) prefetch(states + id[i + prefetch_distance]);
+        if (i + prefetch_distance / 2 < n) prefetch_heap<P>(states[id[i + prefetch_distance / 2]]);
         const std::uint32_t k = id[i];
         if (tracked_step<P>(cfg_, states[k], timestamp{ts[i]}, cost[i], heap_bytes_).allowed) {
           ++ok;
@@ -714,8 +765,11 @@ class policy_lane final : public lane {
   }
   [[nodiscard]] std::size_t live_bytes(std::int64_t now) const override {
     std::size_t bytes = 0;
-    for (const auto& s : states_) {
-      if (!P::idle(cfg_, s, timestamp{now})) bytes += state_bytes<P>(s);
+    const std::size_t n = states_.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      // A sequential pass spends less per state than a step: fetch further ahead.
+      if (i + 4 * prefetch_distance < n) prefetch_heap<P>(states_[i + 4 * prefetch_distance]);
+      if (!P::idle(cfg_, states_[i], timestamp{now})) bytes += state_bytes<P>(states_[i]);
     }
     return bytes;
   }
@@ -768,18 +822,29 @@ class policy_lane final : public lane {
 /// the two threads (measured on a dense log; only the balance depends on it).
 [[nodiscard]] constexpr double lane_weight(policy_id p) noexcept {
   switch (p) {
-    case policy_id::sliding_log: return 5;
+    case policy_id::sliding_log: return 6;
     case policy_id::sliding_counter: return 1.5;
-    case policy_id::fixed_window: return 1.2;
+    case policy_id::fixed_window: return 1;
     case policy_id::token_bucket: return 1;
     case policy_id::gcra: break;
   }
   return 0.6;
 }
 
-/// The work of the shared stages (reading, parsing, interning, the window
-/// rings) in the same units as `lane_weight`.
-inline constexpr double shared_weight = 6;
+/// The work of the reading stage (reading, parsing, interning; the reading
+/// thread) and of the window rings (the worker thread), in the units of
+/// `lane_weight` (measured with perf on the dense log).
+inline constexpr double read_weight = 5;
+inline constexpr double ring_weight = 3;
+
+/// The capacity a vector grown one `emplace_back` at a time from empty has at
+/// `n` elements (it doubles: 1, 2, 4, ...); `key_info` is grown to it in
+/// steps so that its memory figures match the engine that grew it per key.
+[[nodiscard]] constexpr std::size_t doubled_capacity(std::size_t n) noexcept {
+  std::size_t cap = 0;
+  while (cap < n) cap = cap == 0 ? 1 : 2 * cap;
+  return cap;
+}
 
 /// One worker thread that runs a job at a time, handed over by `start` and
 /// awaited by `wait`, for the whole pass (a thread per batch would cost a
@@ -949,7 +1014,9 @@ inline void run_lanes(const std::vector<lane*>& group, batch& b, std::size_t slo
   window_rings rings;
   std::uint32_t max_admitted[ring_policies] = {};
   constexpr std::size_t batch_size = 4096;
-  std::array<detail::batch, 2> batches;
+  // Three buffers: while batch k is decided, the rings count batch k - 1 and
+  // batch k + 1 is read into the third.
+  std::array<detail::batch, 3> batches;
   for (detail::batch& b : batches) {
     b.ts.reserve(batch_size);
     b.id.reserve(batch_size);
@@ -959,23 +1026,39 @@ inline void run_lanes(const std::vector<lane*>& group, batch& b, std::size_t slo
   std::int64_t now = 0;
   std::size_t since_sample = 0;
   bool more = true;
-  // Two lane groups: group 0 runs on this thread beside the shared stages,
-  // group 1 on a worker thread; the heaviest lanes go first to the lighter side.
+  // Two lane groups: group 0 runs on this thread beside the reading stage,
+  // group 1 on a worker thread. The heaviest lanes go first to the lighter
+  // side; the window rings go to the side that makes the heavier one lighter
+  // (the worker on a tie: the sliding log alone is better beside them).
   std::array<std::vector<detail::lane*>, 2> groups;
+  bool rings_on_worker = true;
   {
     std::vector<detail::lane*> order;
     for (const auto& l : lanes) order.push_back(l.get());
     std::stable_sort(order.begin(), order.end(), [](const detail::lane* x, const detail::lane* y) {
       return detail::lane_weight(x->id) > detail::lane_weight(y->id);
     });
-    double load[2] = {detail::shared_weight, 0};
-    for (detail::lane* l : order) {
-      const std::size_t g = load[1] < load[0] ? 1 : 0;
-      groups[g].push_back(l);
-      load[g] += detail::lane_weight(l->id);
+    double best = 0;
+    for (const bool on_worker : {true, false}) {
+      std::array<std::vector<detail::lane*>, 2> split;
+      double load[2] = {detail::read_weight, 0};
+      load[on_worker ? 1 : 0] += detail::ring_weight;
+      for (detail::lane* l : order) {
+        const std::size_t g = load[1] < load[0] ? 1 : 0;
+        split[g].push_back(l);
+        load[g] += detail::lane_weight(l->id);
+      }
+      const double heavier = std::max(load[0], load[1]);
+      if (on_worker || heavier < best) {
+        groups = std::move(split);
+        rings_on_worker = on_worker;
+        best = heavier;
+      }
     }
   }
-  // This thread's CPU time is shared time, except while it runs lane group 0.
+  // This thread's CPU time is shared time, except while it runs lane group 0;
+  // so is the worker's time in the window rings when they run there.
+  double ring_seconds = 0;
   double clock = detail::thread_cpu_seconds();
   res.shared_seconds = detail::cpu_seconds() - start;
   const auto charge_shared = [&] {
@@ -986,7 +1069,8 @@ inline void run_lanes(const std::vector<lane*>& group, batch& b, std::size_t slo
 
   // Refuses the run before the state vectors grow past the budget.
   const auto check_budget = [&] {
-    std::size_t need = keys.memory_bytes() + info.capacity() * sizeof(key_info);
+    std::size_t need = keys.memory_bytes() +
+                       detail::doubled_capacity(keys.size()) * sizeof(key_info);
     for (const auto& l : lanes) need += l->bytes_after_resize(keys.size()) + l->heap_bytes();
     if (need <= budget) return;
     const std::string at = "at " + std::to_string(keys.size()) + " keys the run needs about " +
@@ -1029,18 +1113,18 @@ inline void run_lanes(const std::vector<lane*>& group, batch& b, std::size_t slo
     // fetching the slots and key bytes a few events ahead.
     b.id.resize(n);
     for (std::size_t i = 0, start = 0; i < n; ++i) {
-      if (i + 16 < n) keys.prefetch(b.hash[i + 16], 0);
-      if (i + 8 < n) keys.prefetch(b.hash[i + 8], 1);
-      if (i + 4 < n) keys.prefetch(b.hash[i + 4], 2);
+      if (i + 24 < n) keys.prefetch(b.hash[i + 24], 0);
+      if (i + 16 < n) keys.prefetch(b.hash[i + 16], 1);
+      if (i + 8 < n) keys.prefetch(b.hash[i + 8], 2);
       const std::string_view key(b.key_bytes.data() + start, b.key_end[i] - start);
       start = b.key_end[i];
       bool fresh = false;
       b.id[i] = keys.intern(key, b.hash[i], fresh);
-      if (fresh) info.emplace_back();
     }
     for (auto& a : b.admitted) std::fill_n(a.begin(), n, std::uint8_t{0});
     b.keys = keys.size();
-    b.key_bytes_mem = keys.memory_bytes() + info.capacity() * sizeof(key_info);
+    b.key_bytes_mem = keys.memory_bytes() +
+                      detail::doubled_capacity(keys.size()) * sizeof(key_info);
     b.now = now;
     since_sample += n;
     b.sample = since_sample >= opt.sample_every || !more;
@@ -1048,9 +1132,14 @@ inline void run_lanes(const std::vector<lane*>& group, batch& b, std::size_t slo
   };
 
   // The window rings: every attempt, and per summary policy the admitted
-  // calls; then the tool's memory sample, and the rings freed.
+  // calls; then the tool's memory sample, and the rings freed. The per-key
+  // info grows here (not while reading), to the capacity it is accounted at.
   const std::uint8_t rejected_mask = summary_mask;
   const auto ring_batch = [&](const detail::batch& b) {
+    if (info.size() < b.keys) {
+      info.reserve(detail::doubled_capacity(b.keys));
+      info.resize(b.keys);
+    }
     const std::size_t n = b.ts.size();
     const std::uint8_t* admitted0 = b.admitted[0].data();
     const std::uint8_t* admitted1 = b.admitted[1].data();
@@ -1080,37 +1169,50 @@ inline void run_lanes(const std::vector<lane*>& group, batch& b, std::size_t slo
     rings.release_stale(info, b.now, w);
   };
 
-  // A pipeline of two threads over batches k = 0, 1, ...: while the worker
-  // runs lane group 1 over batch k, this thread runs group 0 over it, then
-  // the window rings of batch k - 1 (whose lanes are done), then reads batch
-  // k + 1 into the buffer batch k - 1 has left. The budget is checked once
-  // both groups are done with batch k, before any state grows for k + 1.
+  // A pipeline of two threads over batches k = 0, 1, ...: the worker counts
+  // the window rings of batch k - 1 (whose lanes are done), then runs lane
+  // group 1 over batch k; meanwhile this thread runs group 0 over batch k,
+  // then reads batch k + 1 into the buffer batch k - 2 has left (when the
+  // rings run on this thread, they count batch k - 1 before that read). The
+  // budget is checked once both threads are done, before any state grows for
+  // k + 1.
   // Every stage sees each batch in the order of a single thread: results do
   // not depend on the threads.
   detail::batch* cur = &batches[0];
   detail::batch* prev = nullptr;
   read_batch(*cur);
   check_budget();
-  std::optional<detail::worker_thread> worker;
-  if (!groups[1].empty()) {
-    try {
-      worker.emplace();
-    } catch (const std::system_error&) {
-      // No thread to be had: this thread runs both groups, one after the other.
+  // The worker's job (declared before the worker, which outlives no job).
+  const auto worker_job = [&](detail::batch* ring_of, detail::batch* lanes_of) {
+    if (rings_on_worker && ring_of != nullptr) {
+      const double t = detail::thread_cpu_seconds();
+      ring_batch(*ring_of);
+      ring_seconds += detail::thread_cpu_seconds() - t;
     }
+    detail::run_lanes(groups[1], *lanes_of, 1);
+  };
+  std::optional<detail::worker_thread> worker;
+  try {
+    worker.emplace();
+  } catch (const std::system_error&) {
+    // No thread to be had: this thread runs every stage, one after the other.
   }
   for (;;) {
     charge_shared();
     if (worker) {
-      worker->start([&group = groups[1], cur] { detail::run_lanes(group, *cur, 1); });
+      worker->start([&worker_job, prev, cur] { worker_job(prev, cur); });
     } else {
-      detail::run_lanes(groups[1], *cur, 1);
+      worker_job(prev, cur);
     }
+    clock = detail::thread_cpu_seconds();
     detail::run_lanes(groups[0], *cur, 0);
     clock = detail::thread_cpu_seconds();
-    if (prev != nullptr) ring_batch(*prev);
+    if (!rings_on_worker && prev != nullptr) ring_batch(*prev);
     const bool last = !more;
-    detail::batch* next = prev != nullptr ? prev : &batches[1];
+    detail::batch* next = nullptr;
+    for (detail::batch& b : batches) {
+      if (&b != cur && &b != prev) next = &b;
+    }
     if (!last) read_batch(*next);
     if (worker) worker->wait();
     prev = cur;
@@ -1120,6 +1222,7 @@ inline void run_lanes(const std::vector<lane*>& group, batch& b, std::size_t slo
   }
   ring_batch(*prev);
   charge_shared();
+  res.shared_seconds += ring_seconds;
 
   res.keys = keys.size();
   res.skipped = reader.skipped();
