@@ -190,4 +190,113 @@ TEST(LeaseSet, CopiesAndMovesKeepEveryLease) {
   EXPECT_EQ(s.held[0].id(), ids.back());
 }
 
+/// Hostile ids: every length around the inline boundary (14..17) and the
+/// heap-block granularity (24/25, 40/41), the longest, NUL and 0xFF bytes,
+/// pairs equal but for their last or first byte.
+std::vector<std::string> hostile_ids() {
+  std::vector<std::string> ids;
+  for (const std::size_t len : {1U, 2U, 7U, 8U, 14U, 15U, 16U, 17U, 24U, 25U, 40U, 41U, 256U}) {
+    std::string base(len, '\0');
+    for (std::size_t i = 0; i < len; ++i) base[i] = static_cast<char>(i % 3 == 0 ? 0xFF : i);
+    ids.push_back(base);
+    std::string last = base;
+    last[len - 1] = static_cast<char>(last[len - 1] ^ 0x80);
+    ids.push_back(last);
+    std::string first = base;
+    first[0] = '\0';
+    ids.push_back(first);
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+/// The live leases of a state at t, as the model holds them.
+std::map<std::string, std::int64_t> live_of(const leases<>::state& s, std::int64_t t) {
+  std::map<std::string, std::int64_t> held;
+  for (std::size_t i = 0; i < s.held.size(); ++i) {
+    if (s.held[i].expiry > t) held.emplace(std::string(s.held[i].id()), s.held[i].expiry);
+  }
+  return held;
+}
+
+/// Verifies random acquire/release/renew with N = 1, 2, 3 and 7 against the
+/// model, at times that go forwards and backwards, land exactly on a live
+/// lease's expiry or the microsecond before; between operations the key's
+/// state is copied, moved, self-assigned and swapped through copies, and the
+/// limiter (the short paths of memory_store) and a bare state stepped by the
+/// policy must agree with the model and with each other.
+TEST(LeaseSet, RandomOperationsAtAnyTimeFollowTheModel) {
+  const std::vector<std::string> ids = hostile_ids();
+  for (const units n : {1, 2, 3, 7}) {
+    for (const std::uint64_t seed : {11U, 12U, 13U}) {
+      const leases<>::settings settings{concurrency_config{n, D}};
+      concurrency_limiter<> c{concurrency_config{n, D}};
+      leases<>::state s;
+      model m{n, {}};
+      std::mt19937_64 rng(seed * 1000 + static_cast<std::uint64_t>(n));
+      std::int64_t t = 10'000;
+      for (int step = 0; step < 3000; ++step) {
+        // The time: forwards, backwards, or at an edge of a live lease.
+        const auto how = rng() % 8;
+        if (how < 3) {
+          t += static_cast<std::int64_t>(rng() % 700);
+        } else if (how < 5) {
+          t = std::max<std::int64_t>(0, t - static_cast<std::int64_t>(rng() % 700));
+        } else if (!m.live.empty()) {
+          auto it = m.live.begin();
+          std::advance(it, static_cast<long>(rng() % m.live.size()));
+          t = it->second - (how == 5 ? 1 : 0);
+        }
+        const std::string& id = ids[rng() % ids.size()];
+        const auto r = rng() % 10;
+        const lease_op op = r < 5 ? lease_op::acquire : r < 8 ? lease_op::release : lease_op::renew;
+        const timestamp now{t};
+        const decision want = m.apply(op, id, t);
+        const decision got = op == lease_op::acquire   ? c.acquire("k", id, now)
+                             : op == lease_op::release ? c.release("k", id, now)
+                                                       : c.renew("k", id, now);
+        ASSERT_EQ(got, want) << "n " << n << " seed " << seed << " step " << step << " t " << t
+                             << " id of " << id.size() << " bytes";
+        const decision bare = leases<>::step(leases<>::config(settings, op, id), s, now, 1);
+        ASSERT_EQ(bare, want) << "n " << n << " seed " << seed << " step " << step;
+        ASSERT_EQ(live_of(s, t), m.live) << "n " << n << " seed " << seed << " step " << step;
+        ASSERT_EQ(live_of(c.store().state_of("k"), t), m.live);
+        // Copies, moves and self-assignment of the state between operations.
+        switch (rng() % 6) {
+          case 0: {
+            leases<>::state copy = s;
+            ASSERT_EQ(copy, s);
+            s = std::move(copy);
+            break;
+          }
+          case 1: {
+            leases<>::state copy;
+            copy.held.add(ids[rng() % ids.size()], 5);  // overwritten by the assignment
+            copy = s;
+            ASSERT_EQ(copy, s);
+            s = copy;  // copy-assign over a live set
+            ASSERT_EQ(copy, s);
+            break;
+          }
+          case 2: {
+            leases<>::state& alias = s;
+            s = alias;             // self copy-assignment
+            s = std::move(alias);  // self move-assignment
+            break;
+          }
+          case 3: {
+            leases<>::state moved(std::move(s));
+            ASSERT_TRUE(s.held.empty());  // NOLINT(bugprone-use-after-move)
+            s = std::move(moved);
+            break;
+          }
+          default: break;
+        }
+        ASSERT_EQ(live_of(s, t), m.live) << "n " << n << " seed " << seed << " step " << step;
+      }
+    }
+  }
+}
+
 }  // namespace
