@@ -247,17 +247,25 @@ struct leases {
     /// The lease id (a default lease's is one NUL byte, never compared).
     [[nodiscard]] std::string_view id() const noexcept { return {data(), size()}; }
 
-    /// Sets the id to a copy of `id` (1..256 bytes).
+    /// Sets the id to a copy of `id` (1..256 bytes), which may be a view of
+    /// this lease's own id or of part of it.
     /// @throws std::bad_alloc with the lease unchanged
     void assign(std::string_view id) {
       if (id.size() <= inline_bytes) {
-        free_heap();
-        copy_small(buf_, id.data(), id.size());
+        if (size() > inline_bytes) [[unlikely]] {
+          // `id` may lie in the block about to be freed: copy it out first.
+          char small[inline_bytes] = {};
+          copy_small(small, id.data(), id.size());
+          free_heap();
+          std::memcpy(buf_, small, sizeof small);
+        } else {
+          copy_small(buf_, id.data(), id.size());
+        }
       } else if (size() > inline_bytes && heap_capacity(size()) >= id.size()) {
         // The block of the id held before (its lease freed, or this one
         // renamed) is large enough: a key that takes and frees calls one
-        // after another allocates once.
-        std::memcpy(heap_block(), id.data(), id.size());
+        // after another allocates once. memmove: `id` may be a part of it.
+        std::memmove(heap_block(), id.data(), id.size());
       } else {
         char* p = new char[heap_capacity(id.size())];
         std::memcpy(p, id.data(), id.size());
@@ -325,18 +333,26 @@ struct leases {
       std::memcpy(&v, p, sizeof v);
       return v;
     }
-    /// memcpy of 1..inline_bytes bytes as two overlapping fixed-size moves.
+    /// memmove of 1..inline_bytes bytes as two overlapping fixed-size
+    /// moves, each loaded before anything is stored (`from` may overlap `to`).
     static void copy_small(char* to, const char* from, std::size_t n) noexcept {
       if (n >= 8) {
-        std::memcpy(to, from, 8);
-        std::memcpy(to + n - 8, from + n - 8, 8);
+        const auto head = load<std::uint64_t>(from);
+        const auto tail = load<std::uint64_t>(from + n - 8);
+        std::memcpy(to, &head, 8);
+        std::memcpy(to + n - 8, &tail, 8);
       } else if (n >= 4) {
-        std::memcpy(to, from, 4);
-        std::memcpy(to + n - 4, from + n - 4, 4);
+        const auto head = load<std::uint32_t>(from);
+        const auto tail = load<std::uint32_t>(from + n - 4);
+        std::memcpy(to, &head, 4);
+        std::memcpy(to + n - 4, &tail, 4);
       } else {
-        to[0] = from[0];
-        to[n / 2] = from[n / 2];
-        to[n - 1] = from[n - 1];
+        const char a = from[0];
+        const char b = from[n / 2];
+        const char c = from[n - 1];
+        to[0] = a;
+        to[n / 2] = b;
+        to[n - 1] = c;
       }
     }
 

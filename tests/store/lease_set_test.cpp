@@ -299,4 +299,25 @@ TEST(LeaseSet, RandomOperationsAtAnyTimeFollowTheModel) {
   }
 }
 
+/// Verifies that a lease renamed to an id taken from its own storage (a
+/// view of its id, or of part of it) holds exactly those bytes.
+TEST(LeaseSet, ALeaseTakesAnIdThatAliasesItsOwn) {
+  for (std::size_t len = 2; len <= max_lease_id_bytes; ++len) {
+    std::string id(len, 'x');
+    for (std::size_t i = 0; i < len; ++i) id[i] = static_cast<char>('a' + i % 26);
+    leases<>::lease l;
+    l.assign(id);
+    l.assign(l.id());
+    ASSERT_EQ(l.id(), id);
+    l.assign(l.id().substr(1));
+    ASSERT_EQ(l.id(), id.substr(1)) << len;
+    l.assign(id);
+    l.assign(l.id().substr(len / 2));  // a heap id's tail, inline or on the heap
+    ASSERT_EQ(l.id(), id.substr(len / 2)) << len;
+    l.assign(id);
+    l.assign(l.id().substr(0, 3));
+    ASSERT_EQ(l.id(), id.substr(0, 3)) << len;
+  }
+}
+
 }  // namespace
