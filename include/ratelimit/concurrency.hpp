@@ -535,8 +535,10 @@ struct leases {
       }
     }
     std::size_t mine = find(s, cfg.lease_id(), t);
-    if (mine == expired_found) [[unlikely]]
+    if (mine == expired_found) [[unlikely]] {
+      if (cfg.op() == lease_op::acquire) return acquire_over_expired(cfg, s, now);
       mine = drop_expired(s, cfg.lease_id(), t);
+    }
     // Acquire and release, the operations of every call, inline; the rest out of line.
     if (cfg.op() == lease_op::acquire) return acquire(cfg, s, mine, now);
     if (cfg.op() == lease_op::release) {
@@ -658,7 +660,32 @@ struct leases {
     return d;
   }
 
-  static decision acquire(const config& cfg, state& s, std::size_t mine, timestamp now) {
+  /// acquire on a set holding leases expired at `now`. A grant takes the
+  /// place of an expired lease (its id assigned, which may allocate, before
+  /// anything changes) and only then are the other expired leases dropped:
+  /// a std::bad_alloc leaves the set as it was, expired leases included.
+  [[gnu::noinline]] static decision acquire_over_expired(const config& cfg, state& s,
+                                                         timestamp now) {
+    const std::int64_t t = now.count();
+    std::size_t stale = absent;
+    for (std::size_t i = 0; i < s.held.size(); ++i) {
+      const lease& l = s.held[i];
+      if (l.expiry > t) {
+        if (l.holds(cfg.lease_id()))
+          return acquire(cfg, s, drop_expired(s, cfg.lease_id(), t), now);
+      } else if (stale == absent) {
+        stale = i;
+      }
+    }
+    return acquire(cfg, s, absent, now, stale);
+  }
+
+  /// acquire of the live lease `mine`, or of a new one when `mine` is
+  /// absent. `stale`: absent when every lease is live at `now`, else an
+  /// expired lease, whose place a grant takes before the expired leases are
+  /// dropped (see acquire_over_expired).
+  static decision acquire(const config& cfg, state& s, std::size_t mine, timestamp now,
+                          std::size_t stale = absent) {
     const std::int64_t t = now.count();
     if (mine != absent) {
       // Already live: the same lease again, no second slot, no renewal.
@@ -667,10 +694,26 @@ struct leases {
       d.repeat = true;
       return d;
     }
-    const bool free_slot = static_cast<units>(s.held.size()) < cfg.limit();
+    std::size_t live = s.held.size();
+    if (stale != absent) {
+      for (std::size_t i = 0; i < s.held.size(); ++i) live -= s.held[i].expiry <= t ? 1 : 0;
+    }
+    const bool free_slot = static_cast<units>(live) < cfg.limit();
     const std::int64_t expiry = t + duration_of(cfg);
+    // Grants the lease (may throw std::bad_alloc, changing nothing), then
+    // drops the expired leases.
+    const auto grant = [&](bool granted) {
+      if (granted && stale == absent) {
+        s.held.add(cfg.lease_id(), expiry);
+      } else if (granted) {
+        lease& l = s.held[stale];
+        l.assign(cfg.lease_id());
+        l.expiry = expiry;
+      }
+      if (stale != absent) (void)drop_expired(s, {}, t);
+    };
     if constexpr (!rated) {
-      if (free_slot) s.held.add(cfg.lease_id(), expiry);
+      grant(free_slot);
       const detail::compound_part p = lease_part(cfg, s, t, free_slot);
       decision d;
       d.allowed = free_slot;
@@ -689,7 +732,7 @@ struct leases {
       parts[1] = detail::settle<R>(rc, s.rate, trial, rd, all, now, 1);
       // Everything that may throw is done; the rate is committed last
       // (a move that does not allocate).
-      if (all) s.held.add(cfg.lease_id(), expiry);
+      grant(all);
       parts[0] = lease_part(cfg, s, t, free_slot);
       parts[0].counted = all;
       if (free_slot && !all) {

@@ -174,6 +174,47 @@ TEST(Leases, ComposesWithARateAllOrNothing) {
   EXPECT_EQ(d.remaining, 1);  // the smaller remaining binds
 }
 
+// Verifies acquires on a key holding an expired lease (exactly at its
+// expiry), with a rate: a repeat of a live id, a grant the rate refuses and
+// one it admits; each drops the expired leases and decides on the live ones.
+TEST(Leases, AcquireOverExpiredLeasesWithARate) {
+  concurrency_limiter<fixed_window> c{
+      concurrency_config{3, D, concurrency_options{.name = "calls"}},
+      fixed_window::config{"2/1s", window_options{.name = "calls"}}};
+  const timestamp w{5'000'000};  // start of a 1 s window
+  ASSERT_TRUE(c.acquire("k", "a", w).allowed);
+  ASSERT_TRUE(c.acquire("k", std::string(20, 'b'), w + microseconds{100}).allowed);
+  // At w + D "a" has expired; the 20-byte id is live until w + 100 + D.
+  decision d = c.acquire("k", std::string(20, 'b'), w + D);
+  EXPECT_TRUE(d.allowed);
+  EXPECT_TRUE(d.repeat);
+  EXPECT_FALSE(d.counted);
+  EXPECT_EQ(d.limit, 3);
+  EXPECT_EQ(d.remaining, 2);
+  EXPECT_EQ(d.reset_after, microseconds{100});
+  EXPECT_EQ(c.store().state_of("k").held.size(), 1U);
+  ASSERT_TRUE(c.acquire("k", "x", w + D - microseconds{1}).allowed == false);  // rate: 2 of 2
+  EXPECT_EQ(c.store().state_of("k").held.size(), 1U);
+  // A slot is free, the rate refuses: nothing granted.
+  d = c.acquire("k", std::string(30, 'c'), w + D + microseconds{100});
+  EXPECT_FALSE(d.allowed);
+  EXPECT_FALSE(d.counted);
+  EXPECT_EQ(d.limit, 2);  // the binding part: the rate
+  EXPECT_EQ(d.remaining, 0);
+  EXPECT_EQ(d.retry_after, microseconds{1'000'000} - D - microseconds{100});
+  EXPECT_EQ(c.store().state_of("k").held.size(), 0U);  // the 20-byte id expired exactly then
+  // The next window: granted over the expired leases (none live).
+  ASSERT_TRUE(c.acquire("k", "a", w + microseconds{1'000'000}).allowed);
+  d = c.acquire("k", std::string(30, 'c'), w + microseconds{1'000'000} + D);
+  EXPECT_TRUE(d.allowed);
+  EXPECT_TRUE(d.counted);
+  EXPECT_EQ(d.limit, 2);  // rate 0 left of 2, leases 2 left of 3
+  EXPECT_EQ(d.remaining, 0);
+  const auto held = c.store().state_of("k").held;
+  ASSERT_EQ(held.size(), 1U);
+  EXPECT_EQ(held[0].id(), std::string(30, 'c'));
+}
+
 // Verifies that a rate counting rejected attempts is refused: a refused
 // acquire must consume nothing.
 TEST(Leases, RefusesARateThatCountsRejectedAttempts) {
