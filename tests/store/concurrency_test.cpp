@@ -215,6 +215,46 @@ TEST(Leases, AcquireOverExpiredLeasesWithARate) {
   EXPECT_EQ(held[0].id(), std::string(30, 'c'));
 }
 
+// Verifies threads on one key with ids of 15 to 40 bytes (inline, and heap
+// blocks reused or replaced), leases left to expire (dropped by whichever
+// thread comes later) and a thread copying the key's state and sweeping:
+// clean under the sanitizers, never more than N live, all slots free at the end.
+TEST(Leases, ThreadsOnOneKeyWithHeapIdsAndExpiries) {
+  constexpr units n = 3;
+  constexpr microseconds d{50};
+  concurrency_limiter<> c{concurrency_config{n, d, {.name = "calls"}}};
+  constexpr int threads = 4;
+  constexpr int rounds = 1500;
+  std::atomic<bool> done{false};
+  std::thread reader([&] {
+    while (!done.load()) {
+      const auto s = c.store().state_of("k");
+      EXPECT_LE(s.held.size(), static_cast<std::size_t>(n));
+      (void)c.sweep(t0);
+    }
+  });
+  std::vector<std::thread> pool;
+  for (int i = 0; i < threads; ++i) {
+    pool.emplace_back([&, i] {
+      for (int j = 0; j < rounds; ++j) {
+        std::string id(15 + static_cast<std::size_t>((i * 7 + j) % 26), static_cast<char>('a' + i));
+        id += std::to_string(j);
+        const timestamp t = t0 + microseconds{j * 10};
+        const decision a = c.acquire("k", id, t);
+        if (a.allowed && j % 5 != 0) (void)c.release("k", id, t + microseconds{1});
+        if (a.allowed && j % 5 == 0) (void)c.renew("k", id, t + microseconds{2});
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  done = true;
+  reader.join();
+  const decision last = c.acquire("k", "final", t0 + microseconds{rounds * 10 + 1000});
+  EXPECT_TRUE(last.allowed);
+  EXPECT_EQ(last.remaining, n - 1);
+  EXPECT_EQ(c.store().state_of("k").held.size(), 1U);
+}
+
 // Verifies that a rate counting rejected attempts is refused: a refused
 // acquire must consume nothing.
 TEST(Leases, RefusesARateThatCountsRejectedAttempts) {
