@@ -249,8 +249,11 @@ struct leases {
 
     /// Sets the id to a copy of `id` (1..256 bytes), which may be a view of
     /// this lease's own id or of part of it.
-    /// @throws std::bad_alloc with the lease unchanged
+    /// @throws std::invalid_argument for an empty id or one over 256 bytes
+    ///   (a store driven without the limiter's checks), std::bad_alloc; the
+    ///   lease unchanged
     void assign(std::string_view id) {
+      detail::check_lease_id(id);  // the size is kept in one byte
       if (id.size() <= inline_bytes) {
         if (size() > inline_bytes) [[unlikely]] {
           // `id` may lie in the block about to be freed: copy it out first.
@@ -518,8 +521,9 @@ struct leases {
   };
 
   /// Runs `cfg.op()` on the key's state at `now` (cost is always 1). May
-  /// throw std::bad_alloc (a new lease's id, a sliding log's entry), leaving
-  /// the state as it was.
+  /// throw std::bad_alloc (a new lease's id, a sliding log's entry), or
+  /// std::invalid_argument for a grant of an id out of 1..256 bytes (the
+  /// limiter checks ids first), leaving the state as it was.
   static decision step(const config& cfg, state& s, timestamp now, units /*cost*/) {
     const std::int64_t t = now.count();
     if constexpr (!rated) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -318,6 +319,36 @@ TEST(LeaseSet, ALeaseTakesAnIdThatAliasesItsOwn) {
     l.assign(l.id().substr(0, 3));
     ASSERT_EQ(l.id(), id.substr(0, 3)) << len;
   }
+}
+
+/// Verifies a lease store driven without the limiter's checks (a
+/// memory_store of leases<> given a config directly): an acquire of an empty
+/// id or one over 256 bytes throws std::invalid_argument and records
+/// nothing (it had stored a wrong id, leaking or overrunning its block).
+TEST(LeaseSet, TheStoreRefusesIdsOutOfRangeWithoutTheLimiter) {
+  const leases<>::settings settings{concurrency_config{4, D}};
+  memory_store<leases<>> store;
+  const std::string ok(40, 'o');
+  (void)store.apply(leases<>::config(settings, lease_op::acquire, ok), "k", timestamp{10}, 1,
+                    access::consume);
+  for (const std::size_t len : {std::size_t{0}, max_lease_id_bytes + 1, std::size_t{300}}) {
+    const std::string id(len, 'x');
+    EXPECT_THROW((void)store.apply(leases<>::config(settings, lease_op::acquire, id), "k",
+                                   timestamp{20}, 1, access::consume),
+                 std::invalid_argument)
+        << len;
+    EXPECT_THROW((void)store.apply(leases<>::config(settings, lease_op::acquire, id), "new",
+                                   timestamp{20}, 1, access::consume),
+                 std::invalid_argument)
+        << len;
+    const auto s = store.state_of("k");
+    ASSERT_EQ(s.held.size(), 1U) << len;
+    EXPECT_EQ(s.held[0].id(), ok);
+    EXPECT_EQ(store.state_of("new").held.size(), 0U);
+  }
+  leases<>::lease l;
+  EXPECT_THROW(l.assign(std::string(257, 'x')), std::invalid_argument);
+  EXPECT_THROW(l.assign({}), std::invalid_argument);
 }
 
 }  // namespace
