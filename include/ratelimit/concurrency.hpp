@@ -253,7 +253,9 @@ struct leases {
     ///   (a store driven without the limiter's checks), std::bad_alloc; the
     ///   lease unchanged
     void assign(std::string_view id) {
-      detail::check_lease_id(id);  // the size is kept in one byte
+      // The size is kept in one byte; the check's throw stays out of line.
+      if (id.size() - 1 >= max_lease_id_bytes) [[unlikely]]
+        refuse(id);
       if (id.size() <= inline_bytes) {
         if (size() > inline_bytes) [[unlikely]] {
           // `id` may lie in the block about to be freed: copy it out first.
@@ -304,6 +306,10 @@ struct leases {
     static constexpr std::size_t inline_bytes = 15;
 
     [[nodiscard]] std::size_t size() const noexcept { return std::size_t{last_} + 1; }
+    [[noreturn, gnu::noinline, gnu::cold]] static void refuse(std::string_view id) {
+      detail::check_lease_id(id);
+      throw std::logic_error("ratelimit: lease id refused");  // not reached
+    }
     /// Bytes allocated for a heap id of n bytes: n rounded up to what a
     /// 16-byte-granular malloc gives anyway (its chunk, less its 8-byte
     /// header), so that the block can take a longer id later at no cost.
