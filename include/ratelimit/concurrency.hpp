@@ -247,17 +247,30 @@ struct leases {
     /// The lease id (a default lease's is one NUL byte, never compared).
     [[nodiscard]] std::string_view id() const noexcept { return {data(), size()}; }
 
-    /// Sets the id to a copy of `id` (1..256 bytes).
-    /// @throws std::bad_alloc with the lease unchanged
+    /// Sets the id to a copy of `id` (1..256 bytes), which may be a view of
+    /// this lease's own id or of part of it.
+    /// @throws std::invalid_argument for an empty id or one over 256 bytes
+    ///   (a store driven without the limiter's checks), std::bad_alloc; the
+    ///   lease unchanged
     void assign(std::string_view id) {
+      // The size is kept in one byte; the check's throw stays out of line.
+      if (id.size() - 1 >= max_lease_id_bytes) [[unlikely]]
+        refuse(id);
       if (id.size() <= inline_bytes) {
-        free_heap();
-        copy_small(buf_, id.data(), id.size());
+        if (size() > inline_bytes) [[unlikely]] {
+          // `id` may lie in the block about to be freed: copy it out first.
+          char small[inline_bytes] = {};
+          copy_small(small, id.data(), id.size());
+          free_heap();
+          std::memcpy(buf_, small, sizeof small);
+        } else {
+          copy_small(buf_, id.data(), id.size());
+        }
       } else if (size() > inline_bytes && heap_capacity(size()) >= id.size()) {
         // The block of the id held before (its lease freed, or this one
         // renamed) is large enough: a key that takes and frees calls one
-        // after another allocates once.
-        std::memcpy(heap_block(), id.data(), id.size());
+        // after another allocates once. memmove: `id` may be a part of it.
+        std::memmove(heap_block(), id.data(), id.size());
       } else {
         char* p = new char[heap_capacity(id.size())];
         std::memcpy(p, id.data(), id.size());
@@ -293,6 +306,10 @@ struct leases {
     static constexpr std::size_t inline_bytes = 15;
 
     [[nodiscard]] std::size_t size() const noexcept { return std::size_t{last_} + 1; }
+    [[noreturn, gnu::noinline, gnu::cold]] static void refuse(std::string_view id) {
+      detail::check_lease_id(id);
+      throw std::logic_error("ratelimit: lease id refused");  // not reached
+    }
     /// Bytes allocated for a heap id of n bytes: n rounded up to what a
     /// 16-byte-granular malloc gives anyway (its chunk, less its 8-byte
     /// header), so that the block can take a longer id later at no cost.
@@ -325,18 +342,26 @@ struct leases {
       std::memcpy(&v, p, sizeof v);
       return v;
     }
-    /// memcpy of 1..inline_bytes bytes as two overlapping fixed-size moves.
+    /// memmove of 1..inline_bytes bytes as two overlapping fixed-size
+    /// moves, each loaded before anything is stored (`from` may overlap `to`).
     static void copy_small(char* to, const char* from, std::size_t n) noexcept {
       if (n >= 8) {
-        std::memcpy(to, from, 8);
-        std::memcpy(to + n - 8, from + n - 8, 8);
+        const auto head = load<std::uint64_t>(from);
+        const auto tail = load<std::uint64_t>(from + n - 8);
+        std::memcpy(to, &head, 8);
+        std::memcpy(to + n - 8, &tail, 8);
       } else if (n >= 4) {
-        std::memcpy(to, from, 4);
-        std::memcpy(to + n - 4, from + n - 4, 4);
+        const auto head = load<std::uint32_t>(from);
+        const auto tail = load<std::uint32_t>(from + n - 4);
+        std::memcpy(to, &head, 4);
+        std::memcpy(to + n - 4, &tail, 4);
       } else {
-        to[0] = from[0];
-        to[n / 2] = from[n / 2];
-        to[n - 1] = from[n - 1];
+        const char a = from[0];
+        const char b = from[n / 2];
+        const char c = from[n - 1];
+        to[0] = a;
+        to[n / 2] = b;
+        to[n - 1] = c;
       }
     }
 
@@ -502,8 +527,9 @@ struct leases {
   };
 
   /// Runs `cfg.op()` on the key's state at `now` (cost is always 1). May
-  /// throw std::bad_alloc (a new lease's id, a sliding log's entry), leaving
-  /// the state as it was.
+  /// throw std::bad_alloc (a new lease's id, a sliding log's entry), or
+  /// std::invalid_argument for a grant of an id out of 1..256 bytes (the
+  /// limiter checks ids first), leaving the state as it was.
   static decision step(const config& cfg, state& s, timestamp now, units /*cost*/) {
     const std::int64_t t = now.count();
     if constexpr (!rated) {
@@ -519,8 +545,10 @@ struct leases {
       }
     }
     std::size_t mine = find(s, cfg.lease_id(), t);
-    if (mine == expired_found) [[unlikely]]
+    if (mine == expired_found) [[unlikely]] {
+      if (cfg.op() == lease_op::acquire) return acquire_over_expired(cfg, s, now);
       mine = drop_expired(s, cfg.lease_id(), t);
+    }
     // Acquire and release, the operations of every call, inline; the rest out of line.
     if (cfg.op() == lease_op::acquire) return acquire(cfg, s, mine, now);
     if (cfg.op() == lease_op::release) {
@@ -642,7 +670,32 @@ struct leases {
     return d;
   }
 
-  static decision acquire(const config& cfg, state& s, std::size_t mine, timestamp now) {
+  /// acquire on a set holding leases expired at `now`. A grant takes the
+  /// place of an expired lease (its id assigned, which may allocate, before
+  /// anything changes) and only then are the other expired leases dropped:
+  /// a std::bad_alloc leaves the set as it was, expired leases included.
+  [[gnu::noinline]] static decision acquire_over_expired(const config& cfg, state& s,
+                                                         timestamp now) {
+    const std::int64_t t = now.count();
+    std::size_t stale = absent;
+    for (std::size_t i = 0; i < s.held.size(); ++i) {
+      const lease& l = s.held[i];
+      if (l.expiry > t) {
+        if (l.holds(cfg.lease_id()))
+          return acquire(cfg, s, drop_expired(s, cfg.lease_id(), t), now);
+      } else if (stale == absent) {
+        stale = i;
+      }
+    }
+    return acquire(cfg, s, absent, now, stale);
+  }
+
+  /// acquire of the live lease `mine`, or of a new one when `mine` is
+  /// absent. `stale`: absent when every lease is live at `now`, else an
+  /// expired lease, whose place a grant takes before the expired leases are
+  /// dropped (see acquire_over_expired).
+  static decision acquire(const config& cfg, state& s, std::size_t mine, timestamp now,
+                          std::size_t stale = absent) {
     const std::int64_t t = now.count();
     if (mine != absent) {
       // Already live: the same lease again, no second slot, no renewal.
@@ -651,10 +704,26 @@ struct leases {
       d.repeat = true;
       return d;
     }
-    const bool free_slot = static_cast<units>(s.held.size()) < cfg.limit();
+    std::size_t live = s.held.size();
+    if (stale != absent) {
+      for (std::size_t i = 0; i < s.held.size(); ++i) live -= s.held[i].expiry <= t ? 1 : 0;
+    }
+    const bool free_slot = static_cast<units>(live) < cfg.limit();
     const std::int64_t expiry = t + duration_of(cfg);
+    // Grants the lease (may throw std::bad_alloc, changing nothing), then
+    // drops the expired leases.
+    const auto grant = [&](bool granted) {
+      if (granted && stale == absent) {
+        s.held.add(cfg.lease_id(), expiry);
+      } else if (granted) {
+        lease& l = s.held[stale];
+        l.assign(cfg.lease_id());
+        l.expiry = expiry;
+      }
+      if (stale != absent) (void)drop_expired(s, {}, t);
+    };
     if constexpr (!rated) {
-      if (free_slot) s.held.add(cfg.lease_id(), expiry);
+      grant(free_slot);
       const detail::compound_part p = lease_part(cfg, s, t, free_slot);
       decision d;
       d.allowed = free_slot;
@@ -673,7 +742,7 @@ struct leases {
       parts[1] = detail::settle<R>(rc, s.rate, trial, rd, all, now, 1);
       // Everything that may throw is done; the rate is committed last
       // (a move that does not allocate).
-      if (all) s.held.add(cfg.lease_id(), expiry);
+      grant(all);
       parts[0] = lease_part(cfg, s, t, free_slot);
       parts[0].counted = all;
       if (free_slot && !all) {

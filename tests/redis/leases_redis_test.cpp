@@ -163,6 +163,69 @@ TEST(LeasesRedis, TimeRunningBackwardsMatchesTheInProcessLimiter) {
   EXPECT_EQ(both(0, "b", t0).reset_after, 2 * d);
 }
 
+// Verifies identical decisions on random traces of one key with N = 1 and
+// 3, ids of the in-process storage's edge lengths (1, 15, 16, 17, 40, 256
+// bytes, NUL and 0xFF bytes, pairs apart in their last byte) and times that
+// go backwards as well as forwards and land on a live lease's expiry or the
+// microsecond before; with a rate the acquire is all or nothing in both.
+template <class R, class... RateConfig>
+void hostile_differential(std::string_view what, units n, unsigned seed,
+                          const RateConfig&... rate) {
+  const microseconds d{1000};
+  const concurrency_config cc{n, d, concurrency_options{.name = "calls"}};
+  concurrency_limiter<R> mem{cc, rate...};
+  concurrency_limiter<R, redis::redis_store> red{cc, rate..., redis::redis_store{fresh(what)}};
+  std::vector<std::string> ids;
+  for (const std::size_t len : {1U, 15U, 16U, 17U, 40U, 256U}) {
+    std::string id(len, '\xff');
+    id[0] = '\0';
+    ids.push_back(id);
+    id[len - 1] = 'x';
+    ids.push_back(id);
+  }
+  std::mt19937 rng(seed);  // 32-bit results
+  timestamp t = t0 + microseconds{100'000};
+  std::vector<timestamp> expiries;  // of grants and renewals, to land on
+  for (int i = 0; i < 400; ++i) {
+    const auto how = rng() % 8;
+    if (how < 3) {
+      t += microseconds{rng() % 700};
+    } else if (how < 5) {
+      t -= microseconds{rng() % 700};
+    } else if (!expiries.empty()) {
+      t = expiries[rng() % expiries.size()] - microseconds{how == 5 ? 1 : 0};
+    }
+    const std::string& id = ids[rng() % ids.size()];
+    const auto op = rng() % 10;
+    decision a;
+    decision b;
+    if (op < 5) {
+      a = mem.acquire("k", id, t);
+      b = red.acquire("k", id, t);
+      if (a.counted) expiries.push_back(t + d);
+    } else if (op < 8) {
+      a = mem.release("k", id, t);
+      b = red.release("k", id, t);
+    } else {
+      a = mem.renew("k", id, t);
+      b = red.renew("k", id, t);
+      if (a.counted) expiries.push_back(t + d);
+    }
+    ASSERT_EQ(a, b) << what << " step " << i << " op " << op << " id of " << id.size()
+                    << " bytes at " << (t - t0).count() << ": memory " << describe_all(a)
+                    << " redis " << describe_all(b);
+  }
+}
+
+TEST(LeasesRedis, DifferentialWithHostileIdsAndTimeGoingBackwards) {
+  for (unsigned seed = 1; seed <= 2; ++seed) {
+    hostile_differential<no_rate>("h-none-1", 1, seed);
+    hostile_differential<no_rate>("h-none-3", 3, seed);
+    hostile_differential<fixed_window>(
+        "h-fw-3", 3, seed, fixed_window::config{"4/3ms", window_options{.name = "calls"}});
+  }
+}
+
 // Verifies lease ids of 256 bytes (the maximum) holding NUL, braces, ':' and
 // '#' on a 512-byte key: granted, found again, renewed and released in Redis
 // as in process; a 257-byte id throws before Redis is asked.

@@ -9,13 +9,16 @@
 // that allocate were noexcept, so the first failure terminated the process.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <functional>
 #include <new>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "ratelimit/concurrency.hpp"
 #include "ratelimit/decision.hpp"
 #include "ratelimit/limiter.hpp"
 #include "ratelimit/policy/compound.hpp"
@@ -242,6 +245,142 @@ TEST(AllocationFailure, RequestIdTableGrowthFailureReturnsTheDecision) {
   allocations_before_failure = -1;
   EXPECT_EQ(lim.peek("new", t).remaining, 9);  // nothing consumed
   EXPECT_FALSE(lim.try_acquire("new", ratelimit::request_id{"n"}, t).repeat);
+}
+
+}  // namespace
+
+namespace {
+
+using L = ratelimit::leases<>;
+using LR = ratelimit::leases<ratelimit::sliding_window_log>;
+constexpr std::chrono::microseconds lease_duration{1000};
+
+/// A lease id of `len` bytes, distinct per `i`.
+std::string lease_id(std::size_t len, int i) {
+  std::string id(len, 'x');
+  id[0] = static_cast<char>('a' + i);
+  return id;
+}
+
+// Verifies acquires that allocate in the lease set: the fifth lease of a key
+// grows the block of the leases after the first (3 slots) and copies its
+// 40-byte id; a failure of either leaves the key's leases as they were.
+TEST(AllocationFailure, LeaseSetGrowthAndHeapIdAreAllOrNothing) {
+  const L::settings settings{ratelimit::concurrency_config{8, lease_duration}};
+  memory_store<L> store;
+  memory_store<L> twin;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back(lease_id(40, i));
+  for (int i = 0; i < 4; ++i) {
+    const L::config c(settings, ratelimit::lease_op::acquire, ids[static_cast<std::size_t>(i)]);
+    prepare(store, twin, c, "k", {10 + i});
+  }
+  const L::config c(settings, ratelimit::lease_op::acquire, ids[4]);
+  const int failures = fail_each_allocation_in_turn<L>(store, twin, "k", [&](memory_store<L>& s) {
+    return s.apply(c, "k", timestamp{20}, 1, access::consume);
+  });
+  EXPECT_EQ(failures, 2);  // the block, then the id
+  EXPECT_EQ(store.state_of("k").held.size(), 5U);
+}
+
+// Verifies an acquire on a key whose leases have expired (the acquire drops
+// them) when the new lease's heap id cannot be allocated: the key's state is
+// as it was, its expired leases included.
+TEST(AllocationFailure, LeaseAcquireOverExpiredLeasesChangesNothingOnFailure) {
+  const L::settings settings{ratelimit::concurrency_config{2, lease_duration}};
+  memory_store<L> store;
+  memory_store<L> twin;
+  const std::string a = lease_id(15, 0);
+  const std::string b = lease_id(16, 1);
+  const std::string fresh = lease_id(200, 2);
+  prepare(store, twin, L::config(settings, ratelimit::lease_op::acquire, a), "k", {10});
+  prepare(store, twin, L::config(settings, ratelimit::lease_op::acquire, b), "k", {500});
+  // At 1010 lease a has expired (exactly at its expiry), b is live.
+  const L::config c(settings, ratelimit::lease_op::acquire, fresh);
+  const int failures = fail_each_allocation_in_turn<L>(store, twin, "k", [&](memory_store<L>& s) {
+    return s.apply(c, "k", timestamp{1010}, 1, access::consume);
+  });
+  EXPECT_EQ(failures, 1);
+  EXPECT_EQ(store.state_of("k").held.size(), 2U);
+}
+
+// Verifies the all-or-nothing acquire with a rate: the sliding log's copy
+// and growth and the lease's heap id; a failure anywhere commits neither.
+TEST(AllocationFailure, RatedLeaseAcquireCommitsNeitherPartOnFailure) {
+  const LR::settings settings{ratelimit::concurrency_config{8, lease_duration},
+                              ratelimit::sliding_window_log::config{"10/1s"}};
+  memory_store<LR> store;
+  memory_store<LR> twin;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back(lease_id(17 + static_cast<std::size_t>(i), i));
+  for (int i = 0; i < 4; ++i) {
+    const LR::config c(settings, ratelimit::lease_op::acquire, ids[static_cast<std::size_t>(i)]);
+    prepare(store, twin, c, "k", {10 + i});
+  }
+  const LR::config c(settings, ratelimit::lease_op::acquire, ids[4]);
+  const int failures = fail_each_allocation_in_turn<LR>(store, twin, "k", [&](memory_store<LR>& s) {
+    return s.apply(c, "k", timestamp{20}, 1, access::consume);
+  });
+  EXPECT_GE(failures, 3);  // the log's copy, the block, the id
+  EXPECT_EQ(store.state_of("k").held.size(), 5U);
+}
+
+// Verifies copies of a key's lease set (what state_of and a peek do) under
+// allocation failure: the exception reaches the caller, nothing leaks (under
+// LeakSanitizer) and the original is untouched.
+TEST(AllocationFailure, LeaseSetCopyFailsCleanly) {
+  L::state s;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 9; ++i) ids.push_back(lease_id(i % 2 == 0 ? 30 : 9, i));
+  for (int i = 0; i < 9; ++i) s.held.add(ids[static_cast<std::size_t>(i)], 100 + i);
+  int failures = 0;
+  for (long n = 0; n < 100; ++n) {
+    allocations_before_failure = n;
+    try {
+      const L::state copy = s;
+      allocations_before_failure = -1;
+      EXPECT_EQ(copy, s);
+      break;
+    } catch (const std::bad_alloc&) {
+      allocations_before_failure = -1;
+      ++failures;
+    }
+    L::state target;
+    target.held.add(ids[0], 1);
+    allocations_before_failure = n;
+    try {
+      target = s;
+    } catch (const std::bad_alloc&) {
+      allocations_before_failure = -1;
+      EXPECT_EQ(target.held.size(), 1U);  // copy-assignment: all or nothing
+      EXPECT_EQ(target.held[0].id(), ids[0]);
+    }
+    allocations_before_failure = -1;
+  }
+  EXPECT_EQ(failures, 6);  // the first lease's id, the block, four heap ids
+  EXPECT_EQ(s.held.size(), 9U);
+}
+
+// Verifies the rated acquire over expired leases: the sliding log's copy and
+// growth and the new lease's heap id; a failure changes neither the rate
+// nor the lease set (expired leases included).
+TEST(AllocationFailure, RatedLeaseAcquireOverExpiredLeasesChangesNothingOnFailure) {
+  const LR::settings settings{ratelimit::concurrency_config{2, lease_duration},
+                              ratelimit::sliding_window_log::config{"10/1s"}};
+  memory_store<LR> store;
+  memory_store<LR> twin;
+  const std::string a = lease_id(40, 0);
+  const std::string b = lease_id(3, 1);
+  const std::string fresh = lease_id(100, 2);
+  prepare(store, twin, LR::config(settings, ratelimit::lease_op::acquire, a), "k", {10});
+  prepare(store, twin, LR::config(settings, ratelimit::lease_op::acquire, b), "k", {500});
+  const LR::config c(settings, ratelimit::lease_op::acquire, fresh);
+  const int failures = fail_each_allocation_in_turn<LR>(store, twin, "k", [&](memory_store<LR>& s) {
+    return s.apply(c, "k", timestamp{1010}, 1, access::consume);
+  });
+  EXPECT_GE(failures, 2);
+  const auto held = store.state_of("k").held;
+  ASSERT_EQ(held.size(), 2U);
 }
 
 }  // namespace

@@ -174,6 +174,87 @@ TEST(Leases, ComposesWithARateAllOrNothing) {
   EXPECT_EQ(d.remaining, 1);  // the smaller remaining binds
 }
 
+// Verifies acquires on a key holding an expired lease (exactly at its
+// expiry), with a rate: a repeat of a live id, a grant the rate refuses and
+// one it admits; each drops the expired leases and decides on the live ones.
+TEST(Leases, AcquireOverExpiredLeasesWithARate) {
+  concurrency_limiter<fixed_window> c{
+      concurrency_config{3, D, concurrency_options{.name = "calls"}},
+      fixed_window::config{"2/1s", window_options{.name = "calls"}}};
+  const timestamp w{5'000'000};  // start of a 1 s window
+  ASSERT_TRUE(c.acquire("k", "a", w).allowed);
+  ASSERT_TRUE(c.acquire("k", std::string(20, 'b'), w + microseconds{100}).allowed);
+  // At w + D "a" has expired; the 20-byte id is live until w + 100 + D.
+  decision d = c.acquire("k", std::string(20, 'b'), w + D);
+  EXPECT_TRUE(d.allowed);
+  EXPECT_TRUE(d.repeat);
+  EXPECT_FALSE(d.counted);
+  EXPECT_EQ(d.limit, 3);
+  EXPECT_EQ(d.remaining, 2);
+  EXPECT_EQ(d.reset_after, microseconds{100});
+  EXPECT_EQ(c.store().state_of("k").held.size(), 1U);
+  ASSERT_TRUE(c.acquire("k", "x", w + D - microseconds{1}).allowed == false);  // rate: 2 of 2
+  EXPECT_EQ(c.store().state_of("k").held.size(), 1U);
+  // A slot is free, the rate refuses: nothing granted.
+  d = c.acquire("k", std::string(30, 'c'), w + D + microseconds{100});
+  EXPECT_FALSE(d.allowed);
+  EXPECT_FALSE(d.counted);
+  EXPECT_EQ(d.limit, 2);  // the binding part: the rate
+  EXPECT_EQ(d.remaining, 0);
+  EXPECT_EQ(d.retry_after, microseconds{1'000'000} - D - microseconds{100});
+  EXPECT_EQ(c.store().state_of("k").held.size(), 0U);  // the 20-byte id expired exactly then
+  // The next window: granted over the expired leases (none live).
+  ASSERT_TRUE(c.acquire("k", "a", w + microseconds{1'000'000}).allowed);
+  d = c.acquire("k", std::string(30, 'c'), w + microseconds{1'000'000} + D);
+  EXPECT_TRUE(d.allowed);
+  EXPECT_TRUE(d.counted);
+  EXPECT_EQ(d.limit, 2);  // rate 0 left of 2, leases 2 left of 3
+  EXPECT_EQ(d.remaining, 0);
+  const auto held = c.store().state_of("k").held;
+  ASSERT_EQ(held.size(), 1U);
+  EXPECT_EQ(held[0].id(), std::string(30, 'c'));
+}
+
+// Verifies threads on one key with ids of 15 to 40 bytes (inline, and heap
+// blocks reused or replaced), leases left to expire (dropped by whichever
+// thread comes later) and a thread copying the key's state and sweeping:
+// clean under the sanitizers, never more than N live, all slots free at the end.
+TEST(Leases, ThreadsOnOneKeyWithHeapIdsAndExpiries) {
+  constexpr units n = 3;
+  constexpr microseconds d{50};
+  concurrency_limiter<> c{concurrency_config{n, d, {.name = "calls"}}};
+  constexpr int threads = 4;
+  constexpr int rounds = 1500;
+  std::atomic<bool> done{false};
+  std::thread reader([&] {
+    while (!done.load()) {
+      const auto s = c.store().state_of("k");
+      EXPECT_LE(s.held.size(), static_cast<std::size_t>(n));
+      (void)c.sweep(t0);
+    }
+  });
+  std::vector<std::thread> pool;
+  for (int i = 0; i < threads; ++i) {
+    pool.emplace_back([&, i] {
+      for (int j = 0; j < rounds; ++j) {
+        std::string id(15 + static_cast<std::size_t>((i * 7 + j) % 26), static_cast<char>('a' + i));
+        id += std::to_string(j);
+        const timestamp t = t0 + microseconds{j * 10};
+        const decision a = c.acquire("k", id, t);
+        if (a.allowed && j % 5 != 0) (void)c.release("k", id, t + microseconds{1});
+        if (a.allowed && j % 5 == 0) (void)c.renew("k", id, t + microseconds{2});
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  done = true;
+  reader.join();
+  const decision last = c.acquire("k", "final", t0 + microseconds{rounds * 10 + 1000});
+  EXPECT_TRUE(last.allowed);
+  EXPECT_EQ(last.remaining, n - 1);
+  EXPECT_EQ(c.store().state_of("k").held.size(), 1U);
+}
+
 // Verifies that a rate counting rejected attempts is refused: a refused
 // acquire must consume nothing.
 TEST(Leases, RefusesARateThatCountsRejectedAttempts) {

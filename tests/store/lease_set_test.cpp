@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -188,6 +189,166 @@ TEST(LeaseSet, CopiesAndMovesKeepEveryLease) {
   s.held.add(ids.back(), 7);
   EXPECT_EQ(s.held.size(), 1U);
   EXPECT_EQ(s.held[0].id(), ids.back());
+}
+
+/// Hostile ids: every length around the inline boundary (14..17) and the
+/// heap-block granularity (24/25, 40/41), the longest, NUL and 0xFF bytes,
+/// pairs equal but for their last or first byte.
+std::vector<std::string> hostile_ids() {
+  std::vector<std::string> ids;
+  for (const std::size_t len : {1U, 2U, 7U, 8U, 14U, 15U, 16U, 17U, 24U, 25U, 40U, 41U, 256U}) {
+    std::string base(len, '\0');
+    for (std::size_t i = 0; i < len; ++i) base[i] = static_cast<char>(i % 3 == 0 ? 0xFF : i);
+    ids.push_back(base);
+    std::string last = base;
+    last[len - 1] = static_cast<char>(last[len - 1] ^ 0x80);
+    ids.push_back(last);
+    std::string first = base;
+    first[0] = '\0';
+    ids.push_back(first);
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+/// The live leases of a state at t, as the model holds them.
+std::map<std::string, std::int64_t> live_of(const leases<>::state& s, std::int64_t t) {
+  std::map<std::string, std::int64_t> held;
+  for (std::size_t i = 0; i < s.held.size(); ++i) {
+    if (s.held[i].expiry > t) held.emplace(std::string(s.held[i].id()), s.held[i].expiry);
+  }
+  return held;
+}
+
+/// Verifies random acquire/release/renew with N = 1, 2, 3 and 7 against the
+/// model, at times that go forwards and backwards, land exactly on a live
+/// lease's expiry or the microsecond before; between operations the key's
+/// state is copied, moved, self-assigned and swapped through copies, and the
+/// limiter (the short paths of memory_store) and a bare state stepped by the
+/// policy must agree with the model and with each other.
+TEST(LeaseSet, RandomOperationsAtAnyTimeFollowTheModel) {
+  const std::vector<std::string> ids = hostile_ids();
+  for (const units n : {1, 2, 3, 7}) {
+    for (const std::uint64_t seed : {11U, 12U, 13U}) {
+      const leases<>::settings settings{concurrency_config{n, D}};
+      concurrency_limiter<> c{concurrency_config{n, D}};
+      leases<>::state s;
+      model m{n, {}};
+      std::mt19937_64 rng(seed * 1000 + static_cast<std::uint64_t>(n));
+      std::int64_t t = 10'000;
+      for (int step = 0; step < 3000; ++step) {
+        // The time: forwards, backwards, or at an edge of a live lease.
+        const auto how = rng() % 8;
+        if (how < 3) {
+          t += static_cast<std::int64_t>(rng() % 700);
+        } else if (how < 5) {
+          t = std::max<std::int64_t>(0, t - static_cast<std::int64_t>(rng() % 700));
+        } else if (!m.live.empty()) {
+          auto it = m.live.begin();
+          std::advance(it, static_cast<long>(rng() % m.live.size()));
+          t = it->second - (how == 5 ? 1 : 0);
+        }
+        const std::string& id = ids[rng() % ids.size()];
+        const auto r = rng() % 10;
+        const lease_op op = r < 5 ? lease_op::acquire : r < 8 ? lease_op::release : lease_op::renew;
+        const timestamp now{t};
+        const decision want = m.apply(op, id, t);
+        const decision got = op == lease_op::acquire   ? c.acquire("k", id, now)
+                             : op == lease_op::release ? c.release("k", id, now)
+                                                       : c.renew("k", id, now);
+        ASSERT_EQ(got, want) << "n " << n << " seed " << seed << " step " << step << " t " << t
+                             << " id of " << id.size() << " bytes";
+        const decision bare = leases<>::step(leases<>::config(settings, op, id), s, now, 1);
+        ASSERT_EQ(bare, want) << "n " << n << " seed " << seed << " step " << step;
+        ASSERT_EQ(live_of(s, t), m.live) << "n " << n << " seed " << seed << " step " << step;
+        ASSERT_EQ(live_of(c.store().state_of("k"), t), m.live);
+        // Copies, moves and self-assignment of the state between operations.
+        switch (rng() % 6) {
+          case 0: {
+            leases<>::state copy = s;
+            ASSERT_EQ(copy, s);
+            s = std::move(copy);
+            break;
+          }
+          case 1: {
+            leases<>::state copy;
+            copy.held.add(ids[rng() % ids.size()], 5);  // overwritten by the assignment
+            copy = s;
+            ASSERT_EQ(copy, s);
+            s = copy;  // copy-assign over a live set
+            ASSERT_EQ(copy, s);
+            break;
+          }
+          case 2: {
+            leases<>::state& alias = s;
+            s = alias;             // self copy-assignment
+            s = std::move(alias);  // self move-assignment
+            break;
+          }
+          case 3: {
+            leases<>::state moved(std::move(s));
+            ASSERT_TRUE(s.held.empty());  // NOLINT(bugprone-use-after-move)
+            s = std::move(moved);
+            break;
+          }
+          default: break;
+        }
+        ASSERT_EQ(live_of(s, t), m.live) << "n " << n << " seed " << seed << " step " << step;
+      }
+    }
+  }
+}
+
+/// Verifies that a lease renamed to an id taken from its own storage (a
+/// view of its id, or of part of it) holds exactly those bytes.
+TEST(LeaseSet, ALeaseTakesAnIdThatAliasesItsOwn) {
+  for (std::size_t len = 2; len <= max_lease_id_bytes; ++len) {
+    std::string id(len, 'x');
+    for (std::size_t i = 0; i < len; ++i) id[i] = static_cast<char>('a' + i % 26);
+    leases<>::lease l;
+    l.assign(id);
+    l.assign(l.id());
+    ASSERT_EQ(l.id(), id);
+    l.assign(l.id().substr(1));
+    ASSERT_EQ(l.id(), id.substr(1)) << len;
+    l.assign(id);
+    l.assign(l.id().substr(len / 2));  // a heap id's tail, inline or on the heap
+    ASSERT_EQ(l.id(), id.substr(len / 2)) << len;
+    l.assign(id);
+    l.assign(l.id().substr(0, 3));
+    ASSERT_EQ(l.id(), id.substr(0, 3)) << len;
+  }
+}
+
+/// Verifies a lease store driven without the limiter's checks (a
+/// memory_store of leases<> given a config directly): an acquire of an empty
+/// id or one over 256 bytes throws std::invalid_argument and records
+/// nothing (it had stored a wrong id, leaking or overrunning its block).
+TEST(LeaseSet, TheStoreRefusesIdsOutOfRangeWithoutTheLimiter) {
+  const leases<>::settings settings{concurrency_config{4, D}};
+  memory_store<leases<>> store;
+  const std::string ok(40, 'o');
+  (void)store.apply(leases<>::config(settings, lease_op::acquire, ok), "k", timestamp{10}, 1,
+                    access::consume);
+  for (const std::size_t len : {std::size_t{0}, max_lease_id_bytes + 1, std::size_t{300}}) {
+    const std::string id(len, 'x');
+    EXPECT_THROW((void)store.apply(leases<>::config(settings, lease_op::acquire, id), "k",
+                                   timestamp{20}, 1, access::consume),
+                 std::invalid_argument)
+        << len;
+    EXPECT_THROW((void)store.apply(leases<>::config(settings, lease_op::acquire, id), "new",
+                                   timestamp{20}, 1, access::consume),
+                 std::invalid_argument)
+        << len;
+    const auto s = store.state_of("k");
+    ASSERT_EQ(s.held.size(), 1U) << len;
+    EXPECT_EQ(s.held[0].id(), ok);
+    EXPECT_EQ(store.state_of("new").held.size(), 0U);
+  }
+  leases<>::lease l;
+  EXPECT_THROW(l.assign(std::string(257, 'x')), std::invalid_argument);
+  EXPECT_THROW(l.assign({}), std::invalid_argument);
 }
 
 }  // namespace
