@@ -181,6 +181,9 @@ class api_server {
   api_server(server_config cfg, std::unique_ptr<tier_limits> limits, time_source now)
       : cfg_(std::move(cfg)), limits_(std::move(limits)), now_(std::move(now)) {
     for (const tier_spec& t : cfg_.tiers) {
+      if (tier_index(t.name, "tier") != policies_.size()) {
+        throw std::invalid_argument("tier \"" + t.name + "\" is defined twice");
+      }
       policies_.push_back(ratelimit::http::policy_info{t.name, t.rate.limit(), t.rate.period()});
     }
     for (const auto& [token, tier] : cfg_.tokens) {
@@ -203,7 +206,7 @@ class api_server {
 
   [[nodiscard]] httplib::Server& http() noexcept { return http_; }
 
-  /// Requests admitted, rejected with 429, refused with 400/401 (and 503: store down).
+  /// Requests admitted, rejected with 429, refused with 400/401 (and 503: store down or full).
   [[nodiscard]] std::uint64_t admitted() const noexcept { return admitted_.load(); }
   [[nodiscard]] std::uint64_t limited() const noexcept { return limited_.load(); }
   [[nodiscard]] std::uint64_t refused() const noexcept { return refused_.load(); }
@@ -250,6 +253,14 @@ class api_server {
       refused_.fetch_add(1, std::memory_order_relaxed);
       return reply(res, 503,
                    R"({"error":"rate limit store unavailable"})"
+                   "\n");
+    }
+    // A store full of keys (the memory store's cap, fail_closed): not the
+    // token's limit, so no 429 (its Retry-After would be 0) but a 503.
+    if (d.source == ratelimit::decision_source::fail_closed) {
+      refused_.fetch_add(1, std::memory_order_relaxed);
+      return reply(res, 503,
+                   R"({"error":"rate limit store full"})"
                    "\n");
     }
     // The IETF fields and Retry-After (not the older X-RateLimit-* trio).
