@@ -283,6 +283,27 @@ TEST_P(server_test, BadTokensAndIdempotencyKeysGet400NamingTheProblem) {
   EXPECT_EQ(client_->Get("/healthz")->status, 200);
 }
 
+TEST_P(server_test, TheLongestTokenAndIdempotencyKeyAndAnyCaseOfBearerAreAccepted) {
+  // 128 bytes of token pass the checks (an unknown token: 401, not 400).
+  const std::string longest_token(http_example::max_token_bytes, 'a');
+  const auto unknown = get({{"Authorization", "Bearer " + longest_token}});
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 401);
+  EXPECT_EQ(unknown->body, "{\"error\":\"unknown API token\"}\n");
+  // 256 bytes of Idempotency-Key: a request, and its retry a repeat.
+  const std::string longest_key(ratelimit::max_request_id_bytes, 'k');
+  expect_response(get("tok-free", longest_key), {200, "\"free\";r=4;t=50", free_policy},
+                  "256-byte key");
+  const auto retry = get("tok-free", longest_key);
+  expect_response(retry, {200, "\"free\";r=4;t=50", free_policy}, "its retry");
+  EXPECT_EQ(retry->body, "{\"ok\":true,\"tier\":\"free\",\"repeat\":true}\n");
+  // The scheme in any case, then one or more spaces: the same token's count.
+  expect_response(get({{"Authorization", "bearer tok-free"}}),
+                  {200, "\"free\";r=3;t=50", free_policy}, "lowercase scheme");
+  expect_response(get({{"Authorization", "BEARER    tok-free"}}),
+                  {200, "\"free\";r=2;t=50", free_policy}, "uppercase scheme, four spaces");
+}
+
 std::vector<std::string> stores() {
 #ifdef RATELIMIT_HTTP_HAVE_REDIS
   return {"memory", "redis"};
