@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -214,12 +215,15 @@ class api_server {
   /// Answers one API request (the handler of the /v1/ routes).
   void handle(const httplib::Request& req, httplib::Response& res) {
     // 1. The token and its tier.
-    if (req.get_header_value_count("Authorization") != 1) {
-      return refuse(res, {400, req.has_header("Authorization")
+    const auto [auth_begin, auth_end] = req.headers.equal_range("Authorization");
+    if (auth_begin == auth_end || std::next(auth_begin) != auth_end) {
+      return refuse(res, {400, auth_begin != auth_end
                                    ? "Authorization header sent more than once"
                                    : "missing API token: send \"Authorization: Bearer <token>\""});
     }
-    const std::string authorization = req.get_header_value("Authorization");
+    // The field's value from the header map itself: get_header_value returns
+    // it through a C string, which would cut it at a NUL byte.
+    const std::string& authorization = auth_begin->second;
     const auto token_or = bearer_token(authorization);
     if (const auto* r = std::get_if<refusal>(&token_or)) return refuse(res, *r);
     const std::string_view token = std::get<std::string_view>(token_or);
@@ -229,10 +233,11 @@ class api_server {
 
     // 2. The Idempotency-Key, if any.
     std::optional<std::string> idempotency_key;
-    if (const std::size_t n = req.get_header_value_count("Idempotency-Key"); n > 1) {
+    const auto [key_begin, key_end] = req.headers.equal_range("Idempotency-Key");
+    if (key_begin != key_end && std::next(key_begin) != key_end) {
       return refuse(res, {400, "Idempotency-Key header sent more than once"});
-    } else if (n == 1) {
-      idempotency_key = req.get_header_value("Idempotency-Key");
+    } else if (key_begin != key_end) {
+      idempotency_key = key_begin->second;  // all its bytes, as above
       if (std::string why = idempotency_key_problem(*idempotency_key); !why.empty()) {
         return refuse(res, {400, std::move(why)});
       }

@@ -275,6 +275,19 @@ TEST_P(server_test, BadTokensAndIdempotencyKeysGet400NamingTheProblem) {
                        &body),
             400);
   EXPECT_EQ(body, "{\"error\":\"Idempotency-Key holds a bad byte 0x80 at offset 0\"}\n");
+  // A NUL byte is a bad byte too, not the end of the value (get_header_value
+  // would cut "k<NUL>x" and "k<NUL>y" to one key "k").
+  using namespace std::string_literals;
+  EXPECT_EQ(raw_status("GET /v1/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n"
+                       "Authorization: Bearer tok-free\0x\r\n\r\n"s,
+                       &body),
+            400);
+  EXPECT_EQ(body, "{\"error\":\"API token holds a bad byte 0x00 at offset 8\"}\n");
+  EXPECT_EQ(raw_status("GET /v1/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n"
+                       "Authorization: Bearer tok-free\r\nIdempotency-Key: k\0x\r\n\r\n"s,
+                       &body),
+            400);
+  EXPECT_EQ(body, "{\"error\":\"Idempotency-Key holds a bad byte 0x00 at offset 1\"}\n");
   // None of them reached the limiter: the token's count is untouched.
   expect_response(get("tok-free"), {200, "\"free\";r=4;t=50", free_policy}, "first good request");
   EXPECT_EQ(server_->admitted(), 1U);
