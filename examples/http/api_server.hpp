@@ -45,6 +45,10 @@ using ratelimit::timestamp;
 /// Longest API token accepted, in bytes.
 inline constexpr std::size_t max_token_bytes = 128;
 
+/// Longest request body accepted, in bytes (the API reads none; a longer one
+/// gets 413 from httplib, whose default would read any length into memory).
+inline constexpr std::size_t max_body_bytes = 64 * 1024;
+
 /// One tier: its name (also the limiter's name and the policy name in the
 /// RateLimit headers) and its rate, a fixed window.
 struct tier_spec {
@@ -198,6 +202,7 @@ class api_server {
     };
     // Up to 100 requests per kept-alive connection (httplib's default is 5).
     http_.set_keep_alive_max_count(100);
+    http_.set_payload_max_length(max_body_bytes);
     http_.Get("/v1/.*", api);
     http_.Post("/v1/.*", api);
     http_.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {

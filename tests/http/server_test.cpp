@@ -317,6 +317,27 @@ TEST_P(server_test, TheLongestTokenAndIdempotencyKeyAndAnyCaseOfBearerAreAccepte
                   {200, "\"free\";r=2;t=50", free_policy}, "uppercase scheme, four spaces");
 }
 
+TEST_P(server_test, ABodyOverTheMaximumGets413AndIsNotRead) {
+  const httplib::Headers auth = {{"Authorization", "Bearer tok-free"}};
+  const auto longest = client_->Post("/v1/things", auth,
+                                     std::string(http_example::max_body_bytes, 'x'),
+                                     "application/octet-stream");
+  ASSERT_TRUE(longest);
+  expect_response(longest, {200, "\"free\";r=4;t=50", free_policy}, "64 KiB body");
+  // One byte more: refused before the handler (no limiter check, no count).
+  const auto over = client_->Post("/v1/things", auth,
+                                  std::string(http_example::max_body_bytes + 1, 'x'),
+                                  "application/octet-stream");
+  ASSERT_TRUE(over);
+  EXPECT_EQ(over->status, 413);
+  EXPECT_FALSE(over->has_header("RateLimit"));
+  // A huge Content-Length is refused from the header alone (not read into memory).
+  EXPECT_EQ(raw_status("POST /v1/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n"
+                       "Authorization: Bearer tok-free\r\nContent-Length: 10000000000\r\n\r\n"),
+            413);
+  expect_response(get("tok-free"), {200, "\"free\";r=3;t=50", free_policy}, "after the 413s");
+}
+
 std::vector<std::string> stores() {
 #ifdef RATELIMIT_HTTP_HAVE_REDIS
   return {"memory", "redis"};
