@@ -62,9 +62,11 @@ struct cli {
   http_example::server_config cfg;
 };
 
-/// "NAME=VALUE" split at the first '='.
-std::pair<std::string, std::string> split_pair(std::string_view flag, std::string_view arg) {
-  const auto eq = arg.find('=');
+/// "NAME=VALUE" split at the first '=', or at the last with `at_last` (for
+/// TOKEN=TIER: a token may end in '=' padding, a tier name holds no '=').
+std::pair<std::string, std::string> split_pair(std::string_view flag, std::string_view arg,
+                                               bool at_last = false) {
+  const auto eq = at_last ? arg.rfind('=') : arg.find('=');
   if (eq == std::string_view::npos || eq == 0 || eq + 1 == arg.size()) {
     throw std::invalid_argument(std::string(flag) + " expects NAME=VALUE, got \"" +
                                 std::string(arg) + "\"");
@@ -124,7 +126,7 @@ cli parse_cli(int argc, char** argv) {
     } else if (a == "--token") {
       if (!own_tokens) c.cfg.tokens.clear();
       own_tokens = true;
-      auto [token, tier] = split_pair(a, v);
+      auto [token, tier] = split_pair(a, v, /*at_last=*/true);
       if (const auto t = http_example::bearer_token("Bearer " + token);
           std::holds_alternative<http_example::refusal>(t)) {
         throw std::invalid_argument("--token \"" + token +

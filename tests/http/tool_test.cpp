@@ -240,6 +240,23 @@ TEST(http_tool, BadOptionsExitWithCode2NamingTheProblem) {
   }
 }
 
+TEST(http_tool, ATokenEndingInEqualsSignsCanBeGivenWithToken) {
+  // Base64 padding: --token splits TOKEN=TIER at its last '=' (tier names hold none).
+  process server({"--port", "0", "--tier", "gold=3/" + std::to_string(steady_hours()) + "h",
+                  "--token", "dG9rZW4===gold"});
+  const std::string line = server.line();
+  const int port = port_of(line);
+  ASSERT_GT(port, 0) << line;
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(10, 0);
+  const auto r = client.Get("/v1/x", {{"Authorization", "Bearer dG9rZW4=="}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(remaining(r), "2");
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait(), 0);
+}
+
 TEST(http_tool, APortInUseExitsWithCode1) {
   process first({"--port", "0"});
   const int port = port_of(first.line());
