@@ -180,13 +180,17 @@ std::unique_ptr<http_example::tier_limits> open_limits(const cli& c) {
   }
 #else
   if (c.store.starts_with("redis")) {
-    throw std::invalid_argument(
-        "--store " + c.store +
-        ": built without Redis support (configure with -DRATELIMIT_REDIS=ON)");
+    throw std::invalid_argument(  // no URL in the message: it may hold a password
+        "--store: built without Redis support (configure with -DRATELIMIT_REDIS=ON)");
   }
 #endif
-  throw std::invalid_argument("--store \"" + c.store +
-                              "\": use memory, redis://HOST:PORT[/DB] or "
+  // Named by its scheme only: the rest may hold a password (rediss://u:p@h).
+  const auto scheme_end = c.store.find("://");
+  const std::string named = scheme_end == std::string::npos
+                                ? "\"" + c.store.substr(0, c.store.find('@')) + "\""
+                                : "scheme \"" + c.store.substr(0, scheme_end) + "\"";
+  throw std::invalid_argument("--store " + named +
+                              ": use memory, redis://HOST:PORT[/DB] or "
                               "redis-cluster://HOST:PORT[,HOST:PORT...]");
 }
 

@@ -216,7 +216,8 @@ TEST(http_tool, BadOptionsExitWithCode2NamingTheProblem) {
     std::string message;
   };
   const std::vector<bad> cases = {
-      {{"--store", "bogus://x"}, "--store \"bogus://x\": use memory"},
+      {{"--store", "bogus://x"}, "--store scheme \"bogus\": use memory"},
+      {{"--store", "nonsense"}, "--store \"nonsense\": use memory"},
       {{"--tier", "free=5/fortnight"}, "unknown unit \"fortnight\""},
       {{"--tier", "free"}, "--tier expects NAME=VALUE, got \"free\""},
       {{"--tier", "bad name=5/1s"}, "name"},
@@ -230,10 +231,12 @@ TEST(http_tool, BadOptionsExitWithCode2NamingTheProblem) {
       {{"--tier", "a=1/1s", "--tier", "a=2/1s"}, "tier \"a\" is defined twice"},
       {{"--store", "redis://:6379x"}, "redis"},
       {{"--frobnicate"}, "unknown option or missing value: --frobnicate"},
+      {{"--store", "rediss://user:s3cret@127.0.0.1:6379"}, "--store scheme \"rediss\": use memory"},
   };
   for (const bad& c : cases) {
     process p(c.args);
     const std::string out = p.rest();
+    EXPECT_EQ(out.find("s3cret"), std::string::npos) << "a password in the message: " << out;
     EXPECT_EQ(p.wait(), 2) << c.args[0] << ": " << out;
     EXPECT_TRUE(out.starts_with("ratelimit-http-example: ")) << out;
     EXPECT_NE(out.find(c.message), std::string::npos) << out;
