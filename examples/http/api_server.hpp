@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -43,6 +44,10 @@ using ratelimit::timestamp;
 
 /// Longest API token accepted, in bytes.
 inline constexpr std::size_t max_token_bytes = 128;
+
+/// Longest request body accepted, in bytes (the API reads none; a longer one
+/// gets 413 from httplib, whose default would read any length into memory).
+inline constexpr std::size_t max_body_bytes = 64 * 1024;
 
 /// One tier: its name (also the limiter's name and the policy name in the
 /// RateLimit headers) and its rate, a fixed window.
@@ -181,6 +186,9 @@ class api_server {
   api_server(server_config cfg, std::unique_ptr<tier_limits> limits, time_source now)
       : cfg_(std::move(cfg)), limits_(std::move(limits)), now_(std::move(now)) {
     for (const tier_spec& t : cfg_.tiers) {
+      if (tier_index(t.name, "tier") != policies_.size()) {
+        throw std::invalid_argument("tier \"" + t.name + "\" is defined twice");
+      }
       policies_.push_back(ratelimit::http::policy_info{t.name, t.rate.limit(), t.rate.period()});
     }
     for (const auto& [token, tier] : cfg_.tokens) {
@@ -194,6 +202,7 @@ class api_server {
     };
     // Up to 100 requests per kept-alive connection (httplib's default is 5).
     http_.set_keep_alive_max_count(100);
+    http_.set_payload_max_length(max_body_bytes);
     http_.Get("/v1/.*", api);
     http_.Post("/v1/.*", api);
     http_.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
@@ -203,7 +212,7 @@ class api_server {
 
   [[nodiscard]] httplib::Server& http() noexcept { return http_; }
 
-  /// Requests admitted, rejected with 429, refused with 400/401 (and 503: store down).
+  /// Requests admitted, rejected with 429, refused with 400/401 (and 503: store down or full).
   [[nodiscard]] std::uint64_t admitted() const noexcept { return admitted_.load(); }
   [[nodiscard]] std::uint64_t limited() const noexcept { return limited_.load(); }
   [[nodiscard]] std::uint64_t refused() const noexcept { return refused_.load(); }
@@ -211,12 +220,15 @@ class api_server {
   /// Answers one API request (the handler of the /v1/ routes).
   void handle(const httplib::Request& req, httplib::Response& res) {
     // 1. The token and its tier.
-    if (req.get_header_value_count("Authorization") != 1) {
-      return refuse(res, {400, req.has_header("Authorization")
+    const auto [auth_begin, auth_end] = req.headers.equal_range("Authorization");
+    if (auth_begin == auth_end || std::next(auth_begin) != auth_end) {
+      return refuse(res, {400, auth_begin != auth_end
                                    ? "Authorization header sent more than once"
                                    : "missing API token: send \"Authorization: Bearer <token>\""});
     }
-    const std::string authorization = req.get_header_value("Authorization");
+    // The field's value from the header map itself: get_header_value returns
+    // it through a C string, which would cut it at a NUL byte.
+    const std::string& authorization = auth_begin->second;
     const auto token_or = bearer_token(authorization);
     if (const auto* r = std::get_if<refusal>(&token_or)) return refuse(res, *r);
     const std::string_view token = std::get<std::string_view>(token_or);
@@ -226,10 +238,11 @@ class api_server {
 
     // 2. The Idempotency-Key, if any.
     std::optional<std::string> idempotency_key;
-    if (const std::size_t n = req.get_header_value_count("Idempotency-Key"); n > 1) {
+    const auto [key_begin, key_end] = req.headers.equal_range("Idempotency-Key");
+    if (key_begin != key_end && std::next(key_begin) != key_end) {
       return refuse(res, {400, "Idempotency-Key header sent more than once"});
-    } else if (n == 1) {
-      idempotency_key = req.get_header_value("Idempotency-Key");
+    } else if (key_begin != key_end) {
+      idempotency_key = key_begin->second;  // all its bytes, as above
       if (std::string why = idempotency_key_problem(*idempotency_key); !why.empty()) {
         return refuse(res, {400, std::move(why)});
       }
@@ -250,6 +263,14 @@ class api_server {
       refused_.fetch_add(1, std::memory_order_relaxed);
       return reply(res, 503,
                    R"({"error":"rate limit store unavailable"})"
+                   "\n");
+    }
+    // A store full of keys (the memory store's cap, fail_closed): not the
+    // token's limit, so no 429 (its Retry-After would be 0) but a 503.
+    if (d.source == ratelimit::decision_source::fail_closed) {
+      refused_.fetch_add(1, std::memory_order_relaxed);
+      return reply(res, 503,
+                   R"({"error":"rate limit store full"})"
                    "\n");
     }
     // The IETF fields and Retry-After (not the older X-RateLimit-* trio).

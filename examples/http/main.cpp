@@ -7,6 +7,7 @@
 // See README.md, "HTTP API example", and `--help`.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -47,6 +48,8 @@ with a fixed window per tier; GET /healthz is not limited.
                         demo-free=free and demo-pro=pro, which --tier drops too)
   --default-tier NAME   tier of tokens not given with --token (default: such tokens get 401)
   --threads N           worker threads (default 8)
+  --max-keys N          memory store: most tokens held per tier (default 1000000; 0 = no cap);
+                        a new token past the cap gets 503 until idle ones are reclaimed
   --limiter-off         no limiter and no RateLimit headers (the benchmark's baseline)
 )";
 
@@ -55,12 +58,15 @@ struct cli {
   std::string bind = "127.0.0.1";
   std::string store = "memory";
   std::size_t threads = 8;
+  std::size_t max_keys = 1'000'000;
   http_example::server_config cfg;
 };
 
-/// "NAME=VALUE" split at the first '='.
-std::pair<std::string, std::string> split_pair(std::string_view flag, std::string_view arg) {
-  const auto eq = arg.find('=');
+/// "NAME=VALUE" split at the first '=', or at the last with `at_last` (for
+/// TOKEN=TIER: a token may end in '=' padding, a tier name holds no '=').
+std::pair<std::string, std::string> split_pair(std::string_view flag, std::string_view arg,
+                                               bool at_last = false) {
+  const auto eq = at_last ? arg.rfind('=') : arg.find('=');
   if (eq == std::string_view::npos || eq == 0 || eq + 1 == arg.size()) {
     throw std::invalid_argument(std::string(flag) + " expects NAME=VALUE, got \"" +
                                 std::string(arg) + "\"");
@@ -69,10 +75,12 @@ std::pair<std::string, std::string> split_pair(std::string_view flag, std::strin
 }
 
 long parse_number(std::string_view flag, const std::string& s, long lo, long hi) {
+  // Digits only: std::stol alone would take " 80" and "+80".
   std::size_t used = 0;
   long v = 0;
   try {
-    v = std::stol(s, &used);
+    if (!s.empty() && s.find_first_not_of("0123456789") == std::string::npos)
+      v = std::stol(s, &used);
   } catch (const std::exception&) {
     used = 0;
   }
@@ -108,6 +116,8 @@ cli parse_cli(int argc, char** argv) {
       c.store = v;
     } else if (a == "--threads") {
       c.threads = static_cast<std::size_t>(parse_number(a, v, 1, 1024));
+    } else if (a == "--max-keys") {
+      c.max_keys = static_cast<std::size_t>(parse_number(a, v, 0, 1'000'000'000));
     } else if (a == "--tier") {
       if (!own_tiers) c.cfg.tiers.clear();
       own_tiers = true;
@@ -116,7 +126,7 @@ cli parse_cli(int argc, char** argv) {
     } else if (a == "--token") {
       if (!own_tokens) c.cfg.tokens.clear();
       own_tokens = true;
-      auto [token, tier] = split_pair(a, v);
+      auto [token, tier] = split_pair(a, v, /*at_last=*/true);
       if (const auto t = http_example::bearer_token("Bearer " + token);
           std::holds_alternative<http_example::refusal>(t)) {
         throw std::invalid_argument("--token \"" + token +
@@ -140,8 +150,13 @@ cli parse_cli(int argc, char** argv) {
 std::unique_ptr<http_example::tier_limits> open_limits(const cli& c) {
   using namespace http_example;
   if (c.store == "memory") {
+    // Capped: with --default-tier every new token is a new key, and a client
+    // sending made-up tokens must not grow the server without bound. Past
+    // the cap a new token is refused (fail_closed; the server answers 503).
+    const ratelimit::memory_store_options o{.max_keys = c.max_keys,
+                                            .on_full = ratelimit::when_full::fail_closed};
     return std::make_unique<tier_limits_on<ratelimit::memory_store<ratelimit::fixed_window>>>(
-        c.cfg.tiers, [] { return ratelimit::memory_store<ratelimit::fixed_window>{}; });
+        c.cfg.tiers, [o] { return ratelimit::memory_store<ratelimit::fixed_window>{o}; });
   }
 #ifdef RATELIMIT_HTTP_HAVE_REDIS
   // Caller time (Unix microseconds from this host's clock); Redis failures
@@ -165,13 +180,17 @@ std::unique_ptr<http_example::tier_limits> open_limits(const cli& c) {
   }
 #else
   if (c.store.starts_with("redis")) {
-    throw std::invalid_argument(
-        "--store " + c.store +
-        ": built without Redis support (configure with -DRATELIMIT_REDIS=ON)");
+    throw std::invalid_argument(  // no URL in the message: it may hold a password
+        "--store: built without Redis support (configure with -DRATELIMIT_REDIS=ON)");
   }
 #endif
-  throw std::invalid_argument("--store \"" + c.store +
-                              "\": use memory, redis://HOST:PORT[/DB] or "
+  // Named by its scheme only: the rest may hold a password (rediss://u:p@h).
+  const auto scheme_end = c.store.find("://");
+  const std::string named = scheme_end == std::string::npos
+                                ? "\"" + c.store.substr(0, c.store.find('@')) + "\""
+                                : "scheme \"" + c.store.substr(0, scheme_end) + "\"";
+  throw std::invalid_argument("--store " + named +
+                              ": use memory, redis://HOST:PORT[/DB] or "
                               "redis-cluster://HOST:PORT[,HOST:PORT...]");
 }
 
@@ -208,10 +227,18 @@ int main(int argc, char** argv) {
   http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   // Small responses go out at once (no Nagle wait for the client's delayed ACK).
   http.set_tcp_nodelay(true);
+  // SO_REUSEADDR only: httplib's default SO_REUSEPORT would let a second
+  // server bind a port already in use and silently share its connections
+  // (each with its own in-process counts). A busy port must fail here.
+  http.set_socket_options([](socket_t sock) {
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   const int port = c.port == 0 ? http.bind_to_any_port(c.bind)
                                : (http.bind_to_port(c.bind, c.port) ? c.port : -1);
   if (port < 0) {
-    std::cerr << "ratelimit-http-example: cannot listen on " << c.bind << ":" << c.port << "\n";
+    std::cerr << "ratelimit-http-example: cannot listen on " << c.bind << ":" << c.port
+              << " (address in use or not local)\n";
     return 1;
   }
   std::string store = c.cfg.limiter_off ? "none, limiter off" : c.store;

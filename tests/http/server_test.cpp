@@ -275,12 +275,67 @@ TEST_P(server_test, BadTokensAndIdempotencyKeysGet400NamingTheProblem) {
                        &body),
             400);
   EXPECT_EQ(body, "{\"error\":\"Idempotency-Key holds a bad byte 0x80 at offset 0\"}\n");
+  // A NUL byte is a bad byte too, not the end of the value (get_header_value
+  // would cut "k<NUL>x" and "k<NUL>y" to one key "k").
+  using namespace std::string_literals;
+  EXPECT_EQ(raw_status("GET /v1/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n"
+                       "Authorization: Bearer tok-free\0x\r\n\r\n"s,
+                       &body),
+            400);
+  EXPECT_EQ(body, "{\"error\":\"API token holds a bad byte 0x00 at offset 8\"}\n");
+  EXPECT_EQ(raw_status("GET /v1/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n"
+                       "Authorization: Bearer tok-free\r\nIdempotency-Key: k\0x\r\n\r\n"s,
+                       &body),
+            400);
+  EXPECT_EQ(body, "{\"error\":\"Idempotency-Key holds a bad byte 0x00 at offset 1\"}\n");
   // None of them reached the limiter: the token's count is untouched.
   expect_response(get("tok-free"), {200, "\"free\";r=4;t=50", free_policy}, "first good request");
   EXPECT_EQ(server_->admitted(), 1U);
   EXPECT_EQ(server_->limited(), 0U);
   // The server is still up.
   EXPECT_EQ(client_->Get("/healthz")->status, 200);
+}
+
+TEST_P(server_test, TheLongestTokenAndIdempotencyKeyAndAnyCaseOfBearerAreAccepted) {
+  // 128 bytes of token pass the checks (an unknown token: 401, not 400).
+  const std::string longest_token(http_example::max_token_bytes, 'a');
+  const auto unknown = get({{"Authorization", "Bearer " + longest_token}});
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 401);
+  EXPECT_EQ(unknown->body, "{\"error\":\"unknown API token\"}\n");
+  // 256 bytes of Idempotency-Key: a request, and its retry a repeat.
+  const std::string longest_key(ratelimit::max_request_id_bytes, 'k');
+  expect_response(get("tok-free", longest_key), {200, "\"free\";r=4;t=50", free_policy},
+                  "256-byte key");
+  const auto retry = get("tok-free", longest_key);
+  expect_response(retry, {200, "\"free\";r=4;t=50", free_policy}, "its retry");
+  EXPECT_EQ(retry->body, "{\"ok\":true,\"tier\":\"free\",\"repeat\":true}\n");
+  // The scheme in any case, then one or more spaces: the same token's count.
+  expect_response(get({{"Authorization", "bearer tok-free"}}),
+                  {200, "\"free\";r=3;t=50", free_policy}, "lowercase scheme");
+  expect_response(get({{"Authorization", "BEARER    tok-free"}}),
+                  {200, "\"free\";r=2;t=50", free_policy}, "uppercase scheme, four spaces");
+}
+
+TEST_P(server_test, ABodyOverTheMaximumGets413AndIsNotRead) {
+  const httplib::Headers auth = {{"Authorization", "Bearer tok-free"}};
+  const auto longest = client_->Post("/v1/things", auth,
+                                     std::string(http_example::max_body_bytes, 'x'),
+                                     "application/octet-stream");
+  ASSERT_TRUE(longest);
+  expect_response(longest, {200, "\"free\";r=4;t=50", free_policy}, "64 KiB body");
+  // One byte more: refused before the handler (no limiter check, no count).
+  const auto over = client_->Post("/v1/things", auth,
+                                  std::string(http_example::max_body_bytes + 1, 'x'),
+                                  "application/octet-stream");
+  ASSERT_TRUE(over);
+  EXPECT_EQ(over->status, 413);
+  EXPECT_FALSE(over->has_header("RateLimit"));
+  // A huge Content-Length is refused from the header alone (not read into memory).
+  EXPECT_EQ(raw_status("POST /v1/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n"
+                       "Authorization: Bearer tok-free\r\nContent-Length: 10000000000\r\n\r\n"),
+            413);
+  expect_response(get("tok-free"), {200, "\"free\";r=3;t=50", free_policy}, "after the 413s");
 }
 
 std::vector<std::string> stores() {

@@ -128,13 +128,24 @@ bool have_curl() {
   return std::system("curl --version >/dev/null 2>&1") == 0;
 }
 
-TEST(http_tool, ServesLimitsAndStopsCleanlyOnSigterm) {
-  // The tier's window is a Unix day: keep clear of midnight UTC, where it turns.
+/// A period in hours whose fixed window (aligned to the Unix epoch) does not
+/// end in the next minute, so a test's counts cannot be reset under it: 24,
+/// else 25, else 23 (their windows end together only every 13,800 h).
+int steady_hours() {
   const auto now = std::chrono::system_clock::now().time_since_epoch();
-  const auto into_day = now % std::chrono::hours(24);
-  if (into_day > std::chrono::hours(24) - 30s) std::this_thread::sleep_for(31s);
+  for (const int h : {24, 25, 23}) {
+    const std::chrono::hours period(h);
+    if (period - now % period > 60s) return h;
+  }
+  return 24;  // unreachable
+}
 
-  process server({"--port", "0", "--tier", "gold=3/1d", "--token", "t-1=gold"});
+TEST(http_tool, ServesLimitsAndStopsCleanlyOnSigterm) {
+  // The tier's window is some hours long and not about to end (no wait near midnight).
+  const int hours = steady_hours();
+  const std::string period_s = std::to_string(hours * 3600);
+  process server(
+      {"--port", "0", "--tier", "gold=3/" + std::to_string(hours) + "h", "--token", "t-1=gold"});
   const std::string first = server.line();
   const int port = port_of(first);
   ASSERT_GT(port, 0) << first;
@@ -155,7 +166,9 @@ TEST(http_tool, ServesLimitsAndStopsCleanlyOnSigterm) {
     for (std::size_t n; (n = std::fread(b, 1, sizeof b, p)) > 0;) got.append(b, n);
     ASSERT_EQ(::pclose(p), 0) << got;
     EXPECT_TRUE(got.starts_with("HTTP/1.1 200 OK\r\n")) << got;
-    EXPECT_NE(got.find("\r\nRateLimit-Policy: \"gold\";q=3;w=86400\r\n"), std::string::npos) << got;
+    EXPECT_NE(got.find("\r\nRateLimit-Policy: \"gold\";q=3;w=" + period_s + "\r\n"),
+              std::string::npos)
+        << got;
     EXPECT_NE(got.find("\r\nRateLimit: \"gold\";r=2;t="), std::string::npos) << got;
   } else {
     ASSERT_EQ(client.Get("/v1/hello", auth)->status, 200);
@@ -169,11 +182,11 @@ TEST(http_tool, ServesLimitsAndStopsCleanlyOnSigterm) {
   const auto limited = client.Get("/v1/hello", auth);
   ASSERT_TRUE(limited);
   EXPECT_EQ(limited->status, 429);
-  // Retry-After: the rest of the Unix day, and the same as RateLimit's t.
+  // Retry-After: the rest of the window, and the same as RateLimit's t.
   const std::string retry = limited->get_header_value("Retry-After");
   ASSERT_FALSE(retry.empty());
   EXPECT_GE(std::stol(retry), 1);
-  EXPECT_LE(std::stol(retry), 86400);
+  EXPECT_LE(std::stol(retry), std::stol(period_s));
   EXPECT_EQ(limited->get_header_value("RateLimit"), "\"gold\";r=0;t=" + retry);
   EXPECT_EQ(client.Get("/v1/hello")->status, 400);
 
@@ -203,7 +216,8 @@ TEST(http_tool, BadOptionsExitWithCode2NamingTheProblem) {
     std::string message;
   };
   const std::vector<bad> cases = {
-      {{"--store", "bogus://x"}, "--store \"bogus://x\": use memory"},
+      {{"--store", "bogus://x"}, "--store scheme \"bogus\": use memory"},
+      {{"--store", "nonsense"}, "--store \"nonsense\": use memory"},
       {{"--tier", "free=5/fortnight"}, "unknown unit \"fortnight\""},
       {{"--tier", "free"}, "--tier expects NAME=VALUE, got \"free\""},
       {{"--tier", "bad name=5/1s"}, "name"},
@@ -211,26 +225,86 @@ TEST(http_tool, BadOptionsExitWithCode2NamingTheProblem) {
       {{"--token", "a\x01=free"}, "API token holds a bad byte 0x01 at offset 1"},
       {{"--default-tier", "gold"}, "default tier names tier \"gold\""},
       {{"--port", "70000"}, "--port expects a number in 0..65535, got \"70000\""},
+      {{"--port", " 80"}, "--port expects a number in 0..65535, got \" 80\""},
+      {{"--port", "+80"}, "--port expects a number in 0..65535, got \"+80\""},
+      {{"--max-keys", "-1"}, "--max-keys expects a number in 0..1000000000, got \"-1\""},
+      {{"--tier", "a=1/1s", "--tier", "a=2/1s"}, "tier \"a\" is defined twice"},
       {{"--store", "redis://:6379x"}, "redis"},
       {{"--frobnicate"}, "unknown option or missing value: --frobnicate"},
+      {{"--store", "rediss://user:s3cret@127.0.0.1:6379"}, "--store scheme \"rediss\": use memory"},
   };
   for (const bad& c : cases) {
     process p(c.args);
     const std::string out = p.rest();
+    EXPECT_EQ(out.find("s3cret"), std::string::npos) << "a password in the message: " << out;
     EXPECT_EQ(p.wait(), 2) << c.args[0] << ": " << out;
     EXPECT_TRUE(out.starts_with("ratelimit-http-example: ")) << out;
     EXPECT_NE(out.find(c.message), std::string::npos) << out;
   }
 }
 
+TEST(http_tool, ATokenEndingInEqualsSignsCanBeGivenWithToken) {
+  // Base64 padding: --token splits TOKEN=TIER at its last '=' (tier names hold none).
+  process server({"--port", "0", "--tier", "gold=3/" + std::to_string(steady_hours()) + "h",
+                  "--token", "dG9rZW4===gold"});
+  const std::string line = server.line();
+  const int port = port_of(line);
+  ASSERT_GT(port, 0) << line;
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(10, 0);
+  const auto r = client.Get("/v1/x", {{"Authorization", "Bearer dG9rZW4=="}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(remaining(r), "2");
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait(), 0);
+}
+
+TEST(http_tool, APortInUseExitsWithCode1) {
+  process first({"--port", "0"});
+  const int port = port_of(first.line());
+  ASSERT_GT(port, 0);
+  // Not a second listener sharing the port (SO_REUSEPORT), with counts of its own.
+  process second({"--port", std::to_string(port)});
+  const std::string out = second.rest();
+  EXPECT_EQ(second.wait(), 1) << out;
+  EXPECT_EQ(out, "ratelimit-http-example: cannot listen on 127.0.0.1:" + std::to_string(port) +
+                     " (address in use or not local)\n");
+}
+
+TEST(http_tool, MaxKeysBoundsTheTokensOfTheDefaultTier) {
+  // With --default-tier every made-up token is a new key: past --max-keys, 503.
+  process server({"--port", "0", "--max-keys", "2", "--tier",
+                  "free=5/" + std::to_string(steady_hours()) + "h", "--default-tier", "free"});
+  const int port = port_of(server.line());
+  ASSERT_GT(port, 0);
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(10, 0);
+  const auto get = [&](const std::string& token) {
+    const auto r = client.Get("/v1/x", {{"Authorization", "Bearer " + token}});
+    return r ? r->status : -1;
+  };
+  EXPECT_EQ(get("made-up-1"), 200);
+  EXPECT_EQ(get("made-up-2"), 200);
+  const auto full = client.Get("/v1/x", {{"Authorization", "Bearer made-up-3"}});
+  ASSERT_TRUE(full);
+  EXPECT_EQ(full->status, 503);
+  EXPECT_EQ(full->body, "{\"error\":\"rate limit store full\"}\n");
+  EXPECT_FALSE(full->has_header("Retry-After"));
+  // Tokens already held are decided as before.
+  EXPECT_EQ(get("made-up-1"), 200);
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait(), 0);
+  EXPECT_EQ(server.rest(), "ratelimit-http-example: stopped; admitted 3, limited 0, refused 1\n");
+}
+
 #ifdef RATELIMIT_HTTP_HAVE_REDIS
 TEST(http_tool, TwoServersOnOneRedisShareOneLimit) {
-  const auto now = std::chrono::system_clock::now().time_since_epoch();
-  if (now % std::chrono::hours(24) > std::chrono::hours(24) - 30s) std::this_thread::sleep_for(31s);
+  const std::string gold = std::to_string(steady_hours()) + "h";
   rltest::redis_server redis;
   const std::string url = "redis://127.0.0.1:" + std::to_string(redis.port());
-  const std::vector<std::string> args = {"--port", "0",         "--store", url,
-                                         "--tier", "gold=3/1d", "--token", "t-1=gold"};
+  const std::vector<std::string> args = {"--port",         "0",       "--store", url, "--tier",
+                                         "gold=3/" + gold, "--token", "t-1=gold"};
   process a(args);
   process b(args);
   const std::string line_a = a.line();
@@ -264,11 +338,10 @@ TEST(http_tool, TwoServersOnOneRedisShareOneLimit) {
 }
 
 TEST(http_tool, ClusterStoreFromItsUrl) {
-  const auto now = std::chrono::system_clock::now().time_since_epoch();
-  if (now % std::chrono::hours(24) > std::chrono::hours(24) - 30s) std::this_thread::sleep_for(31s);
+  const std::string gold = std::to_string(steady_hours()) + "h";
   rltest::redis_cluster cluster;
   const std::string url = "redis-cluster://127.0.0.1:" + std::to_string(cluster.ports().front());
-  process server({"--port", "0", "--store", url, "--tier", "gold=2/1d", "--token", "t-1=gold",
+  process server({"--port", "0", "--store", url, "--tier", "gold=2/" + gold, "--token", "t-1=gold",
                   "--token", "t-2=gold"});
   const std::string line = server.line();
   httplib::Client client("127.0.0.1", port_of(line));
