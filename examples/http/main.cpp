@@ -50,6 +50,8 @@ with a fixed window per tier; GET /healthz is not limited.
   --threads N           worker threads (default 8)
   --max-keys N          memory store: most tokens held per tier (default 1000000; 0 = no cap);
                         a new token past the cap gets 503 until idle ones are reclaimed
+  --redis-timeout MS    Redis connect and command timeout in ms, 1..60000 (default: the
+                        library's, 200 ms to connect and 100 ms per command); past it 503
   --limiter-off         no limiter and no RateLimit headers (the benchmark's baseline)
 )";
 
@@ -59,6 +61,8 @@ struct cli {
   std::string store = "memory";
   std::size_t threads = 8;
   std::size_t max_keys = 1'000'000;
+  /// Redis connect and command timeout; 0 = the library's defaults.
+  std::chrono::milliseconds redis_timeout{0};
   http_example::server_config cfg;
 };
 
@@ -118,6 +122,8 @@ cli parse_cli(int argc, char** argv) {
       c.threads = static_cast<std::size_t>(parse_number(a, v, 1, 1024));
     } else if (a == "--max-keys") {
       c.max_keys = static_cast<std::size_t>(parse_number(a, v, 0, 1'000'000'000));
+    } else if (a == "--redis-timeout") {
+      c.redis_timeout = std::chrono::milliseconds{parse_number(a, v, 1, 60'000)};
     } else if (a == "--tier") {
       if (!own_tiers) c.cfg.tiers.clear();
       own_tiers = true;
@@ -166,6 +172,8 @@ std::unique_ptr<http_example::tier_limits> open_limits(const cli& c) {
     ratelimit::redis::cluster_options o = ratelimit::redis::parse_cluster_url(c.store);
     o.node.prefix = "rl:http:";
     o.node.pool_size = c.threads;
+    if (c.redis_timeout.count() > 0)
+      o.node.connect_timeout = o.node.command_timeout = c.redis_timeout;
     ratelimit::redis::cluster_store store(std::move(o));
     return std::make_unique<tier_limits_on<ratelimit::redis::cluster_store>>(c.cfg.tiers,
                                                                              [&] { return store; });
@@ -174,6 +182,7 @@ std::unique_ptr<http_example::tier_limits> open_limits(const cli& c) {
     ratelimit::redis::options o = ratelimit::redis::parse_url(c.store);
     o.prefix = "rl:http:";
     o.pool_size = c.threads;
+    if (c.redis_timeout.count() > 0) o.connect_timeout = o.command_timeout = c.redis_timeout;
     ratelimit::redis::redis_store store(std::move(o));
     return std::make_unique<tier_limits_on<ratelimit::redis::redis_store>>(c.cfg.tiers,
                                                                            [&] { return store; });

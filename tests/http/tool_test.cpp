@@ -228,6 +228,7 @@ TEST(http_tool, BadOptionsExitWithCode2NamingTheProblem) {
       {{"--port", " 80"}, "--port expects a number in 0..65535, got \" 80\""},
       {{"--port", "+80"}, "--port expects a number in 0..65535, got \"+80\""},
       {{"--max-keys", "-1"}, "--max-keys expects a number in 0..1000000000, got \"-1\""},
+      {{"--redis-timeout", "0"}, "--redis-timeout expects a number in 1..60000, got \"0\""},
       {{"--tier", "a=1/1s", "--tier", "a=2/1s"}, "tier \"a\" is defined twice"},
       {{"--store", "redis://:6379x"}, "redis"},
       {{"--frobnicate"}, "unknown option or missing value: --frobnicate"},
@@ -303,8 +304,11 @@ TEST(http_tool, TwoServersOnOneRedisShareOneLimit) {
   const std::string gold = std::to_string(steady_hours()) + "h";
   rltest::redis_server redis;
   const std::string url = "redis://127.0.0.1:" + std::to_string(redis.port());
-  const std::vector<std::string> args = {"--port",         "0",       "--store", url, "--tier",
-                                         "gold=3/" + gold, "--token", "t-1=gold"};
+  // A generous Redis timeout: a loaded CI machine (sanitizers) must not turn a
+  // slow reply into a 503.
+  const std::vector<std::string> args = {
+      "--port",  "0",        "--store",         url,   "--tier", "gold=3/" + gold,
+      "--token", "t-1=gold", "--redis-timeout", "5000"};
   process a(args);
   process b(args);
   const std::string line_a = a.line();
@@ -342,7 +346,7 @@ TEST(http_tool, ClusterStoreFromItsUrl) {
   rltest::redis_cluster cluster;
   const std::string url = "redis-cluster://127.0.0.1:" + std::to_string(cluster.ports().front());
   process server({"--port", "0", "--store", url, "--tier", "gold=2/" + gold, "--token", "t-1=gold",
-                  "--token", "t-2=gold"});
+                  "--token", "t-2=gold", "--redis-timeout", "5000"});
   const std::string line = server.line();
   httplib::Client client("127.0.0.1", port_of(line));
   client.set_read_timeout(10, 0);
