@@ -27,6 +27,7 @@
 #include <system_error>
 #include <thread>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -439,6 +440,9 @@ class window_rings {
     return rings_.capacity() * sizeof(ring) + free_.capacity() * sizeof(std::uint32_t) +
            entry_bytes_;
   }
+  /// Bytes of ring buffers allocated and not yet freed (in use or kept for
+  /// reuse); `memory_bytes` counts only the buffers rings hold.
+  [[nodiscard]] std::size_t pool_bytes() const noexcept { return pool_.bytes(); }
 
  private:
   static constexpr std::uint32_t no_owner = 0xffffffff;
@@ -462,21 +466,29 @@ class window_rings {
 
   /// Ring buffers of 2^k entries, carved from blocks of 64 KiB and recycled
   /// per size: a ring that grows hands its old buffer back for the next ring
-  /// of that size. On a dense log every key's ring grows twice; this makes
-  /// that a few hundred allocations instead of two per key, freed together.
+  /// of that size. A buffer larger than a block is allocated alone and freed
+  /// when its ring outgrows it. On a dense log every key's ring grows twice;
+  /// this makes that a few hundred allocations instead of two per key.
   class buffer_pool {
    public:
     /// A buffer of `n` entries (a power of two).
     entry* take(std::uint32_t n) {
+      if (n > block_entries) {
+        auto buf = std::make_unique<entry[]>(n);
+        entry* p = buf.get();
+        large_.emplace(p, std::move(buf));
+        bytes_ += std::size_t{n} * sizeof(entry);
+        return p;
+      }
       std::vector<entry*>& spare = spare_[static_cast<std::size_t>(std::countr_zero(n))];
       if (!spare.empty()) {
         entry* p = spare.back();
         spare.pop_back();
         return p;
       }
-      if (n > block_entries) return blocks_.emplace_back(std::make_unique<entry[]>(n)).get();
       if (left_ < n) {
         next_ = blocks_.emplace_back(std::make_unique<entry[]>(block_entries)).get();
+        bytes_ += std::size_t{block_entries} * sizeof(entry);
         left_ = block_entries;
       }
       entry* p = next_;
@@ -484,17 +496,29 @@ class window_rings {
       left_ -= n;
       return p;
     }
-    /// Takes back a buffer of `n` entries from `take`.
+    /// Takes back a buffer of `n` entries from `take`. One larger than a
+    /// block is freed: kept, it would hold the memory of a burst that is
+    /// over (a ring grown to 2^k entries would leave about 2^k more behind).
     void give(entry* p, std::uint32_t n) {
+      if (n > block_entries) {
+        large_.erase(p);
+        bytes_ -= std::size_t{n} * sizeof(entry);
+        return;
+      }
       spare_[static_cast<std::size_t>(std::countr_zero(n))].push_back(p);
     }
+    /// Bytes allocated and not yet freed.
+    [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
 
    private:
     static constexpr std::uint32_t block_entries = 4096;
-    std::array<std::vector<entry*>, 32> spare_;
+    std::array<std::vector<entry*>, 32> spare_;  ///< by log2 size, up to a block
     std::vector<std::unique_ptr<entry[]>> blocks_;
+    /// Buffers larger than a block, each in use by a ring.
+    std::unordered_map<entry*, std::unique_ptr<entry[]>> large_;
     entry* next_ = nullptr;
     std::uint32_t left_ = 0;
+    std::size_t bytes_ = 0;
   };
 
   /// Doubles the buffer of `r` (4 entries at first); returns the entries added.
