@@ -28,8 +28,8 @@ class ring_model {
     key& s = keys_[k];
     if (!s.calls.empty() && t < s.newest) t = s.newest;
     while (!s.calls.empty() && s.calls.front().first <= t - w_) {
-      for (std::size_t p = 0; p < ring_policies; ++p)
-        s.count[p] -= (s.calls.front().second >> p) & 1u;
+      const std::uint32_t m = s.calls.front().second;
+      for (std::size_t p = 0; p < ring_policies; ++p) s.count[p] -= (m >> p) & 1u;
       s.calls.pop_front();
     }
     s.calls.emplace_back(t, admitted);
