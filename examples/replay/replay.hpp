@@ -27,8 +27,23 @@
 #include <system_error>
 #include <thread>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define RATELIMIT_REPLAY_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RATELIMIT_REPLAY_ASAN 1
+#endif
+#endif
+#ifndef RATELIMIT_REPLAY_ASAN
+#define RATELIMIT_REPLAY_ASAN 0
+#endif
+#if RATELIMIT_REPLAY_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
 
 #include "budget.hpp"
 #include "ratelimit/concepts.hpp"
@@ -159,6 +174,23 @@ inline constexpr std::string_view decisions_header =
     "ts_us,key,cost,allowed,remaining,retry_after_us,reset_after_us\n";
 
 namespace detail {
+/// Under AddressSanitizer, marks `bytes` at `p` unreadable (`on`) or readable
+/// again: the window rings' pool hands out pieces of larger blocks, inside
+/// which ASan alone sees no bounds. No effect in other builds.
+inline void asan_poison(const void* p, std::size_t bytes, bool on) noexcept {
+#if RATELIMIT_REPLAY_ASAN
+  if (on) {
+    __asan_poison_memory_region(p, bytes);
+  } else {
+    __asan_unpoison_memory_region(p, bytes);
+  }
+#else
+  (void)p;
+  (void)bytes;
+  (void)on;
+#endif
+}
+
 inline void append_int(std::string& out, std::int64_t v) {
   char buf[24];
   const auto r = std::to_chars(buf, buf + sizeof buf, v);
@@ -439,6 +471,9 @@ class window_rings {
     return rings_.capacity() * sizeof(ring) + free_.capacity() * sizeof(std::uint32_t) +
            entry_bytes_;
   }
+  /// Bytes of ring buffers allocated and not yet freed (in use or kept for
+  /// reuse); `memory_bytes` counts only the buffers rings hold.
+  [[nodiscard]] std::size_t pool_bytes() const noexcept { return pool_.bytes(); }
 
  private:
   static constexpr std::uint32_t no_owner = 0xffffffff;
@@ -462,39 +497,72 @@ class window_rings {
 
   /// Ring buffers of 2^k entries, carved from blocks of 64 KiB and recycled
   /// per size: a ring that grows hands its old buffer back for the next ring
-  /// of that size. On a dense log every key's ring grows twice; this makes
-  /// that a few hundred allocations instead of two per key, freed together.
+  /// of that size. A buffer larger than a block is allocated alone and freed
+  /// when its ring outgrows it. On a dense log every key's ring grows twice;
+  /// this makes that a few hundred allocations instead of two per key.
   class buffer_pool {
    public:
     /// A buffer of `n` entries (a power of two).
     entry* take(std::uint32_t n) {
+      if (n > block_entries) {
+        auto buf = std::make_unique<entry[]>(n);
+        entry* p = buf.get();
+        large_.emplace(p, std::move(buf));
+        bytes_ += std::size_t{n} * sizeof(entry);
+        return p;
+      }
       std::vector<entry*>& spare = spare_[static_cast<std::size_t>(std::countr_zero(n))];
       if (!spare.empty()) {
         entry* p = spare.back();
         spare.pop_back();
+        detail::asan_poison(p, std::size_t{n} * sizeof(entry), false);
         return p;
       }
-      if (n > block_entries) return blocks_.emplace_back(std::make_unique<entry[]>(n)).get();
       if (left_ < n) {
         next_ = blocks_.emplace_back(std::make_unique<entry[]>(block_entries)).get();
+        bytes_ += std::size_t{block_entries} * sizeof(entry);
         left_ = block_entries;
+        detail::asan_poison(next_, std::size_t{block_entries} * sizeof(entry), true);
       }
       entry* p = next_;
       next_ += n;
       left_ -= n;
+      detail::asan_poison(p, std::size_t{n} * sizeof(entry), false);
       return p;
     }
-    /// Takes back a buffer of `n` entries from `take`.
+    /// Takes back a buffer of `n` entries from `take`. One larger than a
+    /// block is freed: kept, it would hold the memory of a burst that is
+    /// over (a ring grown to 2^k entries would leave about 2^k more behind).
     void give(entry* p, std::uint32_t n) {
+      if (n > block_entries) {
+        large_.erase(p);
+        bytes_ -= std::size_t{n} * sizeof(entry);
+        return;
+      }
       spare_[static_cast<std::size_t>(std::countr_zero(n))].push_back(p);
+      detail::asan_poison(p, std::size_t{n} * sizeof(entry), true);
+    }
+    /// Bytes allocated and not yet freed.
+    [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+
+    buffer_pool() = default;
+    buffer_pool(const buffer_pool&) = delete;
+    buffer_pool& operator=(const buffer_pool&) = delete;
+    ~buffer_pool() {
+      for (const auto& b : blocks_) {
+        detail::asan_poison(b.get(), std::size_t{block_entries} * sizeof(entry), false);
+      }
     }
 
    private:
     static constexpr std::uint32_t block_entries = 4096;
-    std::array<std::vector<entry*>, 32> spare_;
+    std::array<std::vector<entry*>, 32> spare_;  ///< by log2 size, up to a block
     std::vector<std::unique_ptr<entry[]>> blocks_;
+    /// Buffers larger than a block, each in use by a ring.
+    std::unordered_map<entry*, std::unique_ptr<entry[]>> large_;
     entry* next_ = nullptr;
     std::uint32_t left_ = 0;
+    std::size_t bytes_ = 0;
   };
 
   /// Doubles the buffer of `r` (4 entries at first); returns the entries added.
