@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -317,11 +318,12 @@ struct door_fixture {
   std::unique_ptr<sipfd::front_door> door;
   sipfd::clock_type::time_point now{};
 
-  explicit door_fixture(const sipfd::policy& p, std::size_t max_transactions = 100'000) {
+  explicit door_fixture(const sipfd::policy& p, std::size_t max_transactions = 100'000,
+                        std::size_t max_bytes = std::size_t{64} << 20) {
     using store = ratelimit::memory_store<ratelimit::leases<sipfd::rate_policy>>;
     door = std::make_unique<sipfd::front_door>(
         std::make_unique<sipfd::lease_admission<store, ratelimit::manual_clock>>(p, store{}, clock),
-        "sip:fd@127.0.0.1:5060", max_transactions);
+        "sip:fd@127.0.0.1:5060", max_transactions, max_bytes);
   }
   std::string send(const std::string& d) {
     std::string out;
@@ -507,6 +509,35 @@ TEST(SipFrontDoor, StoreFailureIs500AndNotCached) {
   EXPECT_EQ(status(out), "SIP/2.0 200 ");
   EXPECT_EQ(door3.stats().errors, 1u);
   EXPECT_EQ(door3.stats().bye_retransmissions, 0u);
+}
+
+// A flood of new calls in large datagrams (8 Via headers filling 8 KiB; each
+// answer echoes them) stays within the cache's byte budget, and the newest
+// answers are still there for their retransmissions.
+TEST(SipFrontDoor, AFloodOfLargeInvitesStaysWithinTheCacheBytes) {
+  constexpr std::size_t budget = 256 * 1024;
+  door_fixture f(sipfd::policy{"1/15min", 1, std::chrono::hours{1}}, 100'000, budget);
+  const auto big = [](int i) {
+    std::string d = invite("n" + std::to_string(i), "flood-" + std::to_string(i));
+    std::string vias;
+    for (std::size_t v = 1; v < sipfd::max_vias; ++v) {
+      vias += "Via: SIP/2.0/UDP h;branch=z9hG4bK" + std::string(1000, 'x') + "\r\n";
+    }
+    d.insert(d.find("From:"), vias);
+    EXPECT_LE(d.size(), sipfd::max_datagram);
+    return d;
+  };
+  std::size_t held_max = 0;
+  for (int i = 0; i < 300; ++i) {
+    EXPECT_EQ(status(f.send(big(i))), "SIP/2.0 200 ");
+    EXPECT_LE(f.door->transaction_bytes(), budget);
+    held_max = std::max(held_max, f.door->transactions_held());
+  }
+  EXPECT_GT(held_max, 10u);
+  EXPECT_LT(held_max, 40u);  // 256 KiB / ~7.5 KiB per answer
+  EXPECT_EQ(status(f.send(big(299))), "SIP/2.0 200 ");
+  EXPECT_EQ(f.door->stats().invite_retransmissions, 1u);
+  EXPECT_EQ(f.door->stats().admitted, 300u);
 }
 
 // A 64 KiB datagram (what recvfrom with MSG_TRUNC reports for an oversized
