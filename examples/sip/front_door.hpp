@@ -105,6 +105,13 @@ struct policy {
   std::string rate = "10/15min";                              ///< calls per window per number
   ratelimit::units max_calls = 2;                             ///< calls in progress per number
   std::chrono::microseconds max_call{std::chrono::hours{1}};  ///< a lease's life (lost BYE)
+  /// Calling numbers held at once in process (0 = no cap). Every number is
+  /// the caller's word (From), and an admitted call whose BYE never comes
+  /// keeps its number for max_call: without a cap a flood of made-up numbers
+  /// grows memory for that long. At the cap, an INVITE from a new number is
+  /// refused (503) until idle numbers can be reclaimed; known numbers are
+  /// decided as always.
+  std::size_t max_numbers = 1'000'000;
 };
 
 /// The rate policy: an exact sliding log, "no more than R calls in any window".
@@ -134,6 +141,20 @@ class lease_admission final : public admission {
  private:
   ratelimit::concurrency_limiter<rate_policy, Store, Clock> limiter_;
 };
+
+/// The in-process store of `lease_admission`.
+using memory_lease_store = ratelimit::memory_store<ratelimit::leases<rate_policy>>;
+
+/// `admission` in process, holding at most `p.max_numbers` numbers.
+template <class Clock = ratelimit::steady_clock>
+[[nodiscard]] std::unique_ptr<admission> in_process_admission(const policy& p,
+                                                              Clock clock = Clock{}) {
+  ratelimit::memory_store_options o;
+  o.max_keys = p.max_numbers;
+  o.on_full = ratelimit::when_full::fail_closed;
+  return std::make_unique<lease_admission<memory_lease_store, Clock>>(p, memory_lease_store(o),
+                                                                      std::move(clock));
+}
 
 /// No limiter: every INVITE is admitted (the benchmark's baseline).
 class no_admission final : public admission {

@@ -320,10 +320,9 @@ struct door_fixture {
 
   explicit door_fixture(const sipfd::policy& p, std::size_t max_transactions = 100'000,
                         std::size_t max_bytes = std::size_t{64} << 20) {
-    using store = ratelimit::memory_store<ratelimit::leases<sipfd::rate_policy>>;
-    door = std::make_unique<sipfd::front_door>(
-        std::make_unique<sipfd::lease_admission<store, ratelimit::manual_clock>>(p, store{}, clock),
-        "sip:fd@127.0.0.1:5060", max_transactions, max_bytes);
+    door = std::make_unique<sipfd::front_door>(sipfd::in_process_admission(p, clock),
+                                               "sip:fd@127.0.0.1:5060", max_transactions,
+                                               max_bytes);
   }
   std::string send(const std::string& d) {
     std::string out;
@@ -566,6 +565,31 @@ TEST(SipFrontDoor, NoHeaderInjectionIntoAnswers) {
   EXPECT_EQ(f.send(d), "");
   EXPECT_EQ(f.door->stats().malformed, 2u);
   EXPECT_EQ(f.door->stats().invites, 0u);
+}
+
+// Every number is the caller's word: a flood of made-up numbers, each call
+// admitted and never ended, holds at most max_numbers of them; past that a
+// new number is refused, a known one is decided as always, and a number
+// freed (BYE, idle) makes room again.
+TEST(SipFrontDoor, MadeUpNumbersAreCapped) {
+  sipfd::policy p{"10/1s", 1, std::chrono::seconds{60}};
+  p.max_numbers = 64;
+  door_fixture f(p);
+  int admitted = 0;
+  for (int i = 0; i < 1000; ++i) {
+    if (status(f.send(invite("n" + std::to_string(i), "c" + std::to_string(i)))) ==
+        "SIP/2.0 200 ") {
+      ++admitted;
+    }
+  }
+  EXPECT_EQ(admitted, 64);
+  EXPECT_EQ(f.door->stats().rejected, 936u);
+  EXPECT_EQ(status(f.send(invite("n0", "c0", 2, "t1", "BYE"))), "SIP/2.0 200 ");
+  f.advance(2s);  // n0 is idle now (no lease, its rate window passed)
+  EXPECT_EQ(status(f.send(invite("new", "x1"))), "SIP/2.0 200 ");
+  EXPECT_EQ(status(f.send(invite("newer", "x2"))), "SIP/2.0 503 ");
+  f.advance(60s);  // every lease has expired: all idle
+  EXPECT_EQ(status(f.send(invite("newer", "x3"))), "SIP/2.0 200 ");
 }
 
 }  // namespace
