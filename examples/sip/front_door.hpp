@@ -105,6 +105,13 @@ struct policy {
   std::string rate = "10/15min";                              ///< calls per window per number
   ratelimit::units max_calls = 2;                             ///< calls in progress per number
   std::chrono::microseconds max_call{std::chrono::hours{1}};  ///< a lease's life (lost BYE)
+  /// Calling numbers held at once in process (0 = no cap). Every number is
+  /// the caller's word (From), and an admitted call whose BYE never comes
+  /// keeps its number for max_call: without a cap a flood of made-up numbers
+  /// grows memory for that long. At the cap, an INVITE from a new number is
+  /// refused (503) until idle numbers can be reclaimed; known numbers are
+  /// decided as always.
+  std::size_t max_numbers = 1'000'000;
 };
 
 /// The rate policy: an exact sliding log, "no more than R calls in any window".
@@ -135,6 +142,20 @@ class lease_admission final : public admission {
   ratelimit::concurrency_limiter<rate_policy, Store, Clock> limiter_;
 };
 
+/// The in-process store of `lease_admission`.
+using memory_lease_store = ratelimit::memory_store<ratelimit::leases<rate_policy>>;
+
+/// `admission` in process, holding at most `p.max_numbers` numbers.
+template <class Clock = ratelimit::steady_clock>
+[[nodiscard]] std::unique_ptr<admission> in_process_admission(const policy& p,
+                                                              Clock clock = Clock{}) {
+  ratelimit::memory_store_options o;
+  o.max_keys = p.max_numbers;
+  o.on_full = ratelimit::when_full::fail_closed;
+  return std::make_unique<lease_admission<memory_lease_store, Clock>>(p, memory_lease_store(o),
+                                                                      std::move(clock));
+}
+
 /// No limiter: every INVITE is admitted (the benchmark's baseline).
 class no_admission final : public admission {
  public:
@@ -143,11 +164,19 @@ class no_admission final : public admission {
 };
 
 /// Final responses by transaction, forgotten `life` after they were made and
-/// at most `max_entries` at once (the oldest go first).
+/// at most `max_entries` and `max_bytes` at once (the oldest go first). A
+/// response echoes its request's headers, so an entry is up to about a whole
+/// datagram (8 KiB), not the 0.5 KiB of a typical call: the byte bound is
+/// what keeps a flood of large INVITEs from holding gigabytes.
 class transaction_cache {
  public:
-  transaction_cache(clock_type::duration life, std::size_t max_entries)
-      : life_(life), max_(max_entries) {}
+  /// Bytes an entry is charged beyond its key (held twice) and response:
+  /// the map node, the order entry and two string headers, roughly.
+  static constexpr std::size_t entry_overhead = 160;
+
+  transaction_cache(clock_type::duration life, std::size_t max_entries,
+                    std::size_t max_bytes = std::size_t{64} << 20)
+      : life_(life), max_(max_entries), max_bytes_(max_bytes) {}
 
   [[nodiscard]] const std::string* find(const std::string& key) const {
     const auto it = map_.find(key);
@@ -155,23 +184,38 @@ class transaction_cache {
   }
   void put(std::string key, std::string response, clock_type::time_point now) {
     expire(now);
-    while (map_.size() >= max_ && !order_.empty()) {
-      map_.erase(order_.front().second);
-      order_.pop_front();
+    const std::size_t cost = charge(key, response);
+    while ((map_.size() >= max_ || bytes_ + cost > max_bytes_) && !order_.empty()) drop_oldest();
+    if (map_.size() >= max_ || bytes_ + cost > max_bytes_) return;  // larger than the whole budget
+    if (map_.emplace(key, std::move(response)).second) {
+      bytes_ += cost;
+      order_.emplace_back(now + life_, std::move(key));
     }
-    if (map_.emplace(key, std::move(response)).second) order_.emplace_back(now + life_, key);
   }
   void expire(clock_type::time_point now) {
-    while (!order_.empty() && order_.front().first <= now) {
-      map_.erase(order_.front().second);
-      order_.pop_front();
-    }
+    while (!order_.empty() && order_.front().first <= now) drop_oldest();
   }
   [[nodiscard]] std::size_t size() const noexcept { return map_.size(); }
+  /// Bytes charged for the entries held (see entry_overhead).
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
 
  private:
+  [[nodiscard]] static std::size_t charge(const std::string& key, const std::string& response) {
+    return 2 * key.size() + response.size() + entry_overhead;
+  }
+  void drop_oldest() {
+    const auto it = map_.find(order_.front().second);
+    if (it != map_.end()) {
+      bytes_ -= charge(it->first, it->second);
+      map_.erase(it);
+    }
+    order_.pop_front();
+  }
+
   clock_type::duration life_;
   std::size_t max_;
+  std::size_t max_bytes_;
+  std::size_t bytes_ = 0;
   std::unordered_map<std::string, std::string> map_;
   std::deque<std::pair<clock_type::time_point, std::string>> order_;
 };
@@ -184,13 +228,17 @@ class front_door {
   static constexpr clock_type::duration transaction_life = std::chrono::seconds{32};
 
   /// @param contact          the Contact URI put into 200 OK to INVITE
-  /// @param max_transactions answers kept at once (about 0.5 KiB each; a
-  ///                         flood of new calls pushes out the oldest)
+  /// @param max_transactions answers kept at once (about 0.5 KiB each for a
+  ///                         typical call; a flood of new calls pushes out
+  ///                         the oldest)
+  /// @param max_transaction_bytes bytes those answers may take at once (an
+  ///                         answer echoes its request: up to about 8 KiB)
   front_door(std::unique_ptr<admission> a, std::string contact,
-             std::size_t max_transactions = 100'000)
+             std::size_t max_transactions = 100'000,
+             std::size_t max_transaction_bytes = std::size_t{64} << 20)
       : admission_(std::move(a)),
         contact_(std::move(contact)),
-        cache_(transaction_life, max_transactions) {}
+        cache_(transaction_life, max_transactions, max_transaction_bytes) {}
 
   /// Handles one datagram at `now`; returns true with `out` set to the
   /// response to send back to the sender, false when there is none.
@@ -229,6 +277,8 @@ class front_door {
 
   [[nodiscard]] const counters& stats() const noexcept { return c_; }
   [[nodiscard]] std::size_t transactions_held() const noexcept { return cache_.size(); }
+  /// Bytes charged for the answers held (bounded by max_transaction_bytes).
+  [[nodiscard]] std::size_t transaction_bytes() const noexcept { return cache_.bytes(); }
 
  private:
   bool invite(const sip_message& m, clock_type::time_point now, std::string& out) {

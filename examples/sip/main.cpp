@@ -38,6 +38,9 @@ Usage: sip-front-door [options]
   --max-calls N              calls in progress per number (default 2)
   --max-call-seconds S       a call's lease expires S seconds after INVITE if no
                              BYE comes (default 3600)
+  --max-numbers N            calling numbers held at once in memory (default
+                             1000000, 0 = no cap); at the cap an INVITE from a
+                             new number is refused 503
   --store URL                memory (default), redis://HOST:PORT[/DB] or
                              redis-cluster://HOST:PORT[,HOST:PORT...]
   --limiter-off              admit every INVITE (baseline for benchmarks)
@@ -100,6 +103,8 @@ options parse_args(int argc, char** argv) {
       o.policy.max_calls = parse_int(a, value(), 1, ratelimit::max_leases);
     } else if (a == "--max-call-seconds") {
       o.policy.max_call = std::chrono::seconds{parse_int(a, value(), 1, 30LL * 86400)};
+    } else if (a == "--max-numbers") {
+      o.policy.max_numbers = static_cast<std::size_t>(parse_int(a, value(), 0, 1LL << 40));
     } else if (a == "--store") {
       o.store = value();
     } else if (a == "--limiter-off") {
@@ -119,10 +124,7 @@ options parse_args(int argc, char** argv) {
 std::unique_ptr<sipfd::admission> open_admission(const options& o) {
   using namespace sipfd;
   if (o.limiter_off) return std::make_unique<no_admission>();
-  if (o.store == "memory") {
-    using store = ratelimit::memory_store<ratelimit::leases<rate_policy>>;
-    return std::make_unique<lease_admission<store>>(o.policy, store{});
-  }
+  if (o.store == "memory") return in_process_admission(o.policy);
 #ifdef SIPFD_HAVE_REDIS
   // The Redis server's clock, so that several front doors share one time line.
   if (o.store.starts_with("redis://")) {

@@ -175,7 +175,8 @@ namespace detail {
   return true;
 }
 
-/// The user part of a sip:, sips: or tel: URI; empty when it has none.
+/// The user part of a sip:, sips: or tel: URI (without a password or user
+/// parameters); empty when it has none.
 [[nodiscard]] constexpr std::string_view uri_user(std::string_view uri) noexcept {
   std::string_view rest;
   if (uri.size() > 4 && iequals(uri.substr(0, 4), "sip:")) {
@@ -191,6 +192,7 @@ namespace detail {
   const std::size_t at = rest.find('@');
   if (at == std::string_view::npos) return {};  // sip:host, no user
   std::string_view user = rest.substr(0, at);
+  user = user.substr(0, user.find(':'));  // userinfo = user [":" password]
   return user.substr(0, user.find(';'));  // user parameters are not part of the number
 }
 
@@ -210,10 +212,17 @@ namespace detail {
   if (head_end == std::string_view::npos) return bad("no end of headers (truncated?)");
   const std::string_view head = d.substr(0, head_end + 2);  // every line ends in CRLF
   const std::string_view body = d.substr(head_end + 4);
-  for (char c : head) {
+  for (std::size_t i = 0; i < head.size(); ++i) {
+    const char c = head[i];
     const auto u = static_cast<unsigned char>(c);
     if ((u < 0x20 && c != '\t' && c != '\r' && c != '\n') || u == 0x7f) {
       return bad("control byte in the headers");
+    }
+    // A CR or LF outside a CRLF pair would stay inside a header value and be
+    // echoed into the response (a header of the sender's making).
+    if ((c == '\r' && (i + 1 == head.size() || head[i + 1] != '\n')) ||
+        (c == '\n' && (i == 0 || head[i - 1] != '\r'))) {
+      return bad("bare CR or LF in the headers");
     }
   }
 

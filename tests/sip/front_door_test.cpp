@@ -5,10 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -111,6 +113,35 @@ TEST(SipParser, RefusesEachMissingOrBadPart) {
       replaced("alice",
                "al\x01"
                "ce"),
+      replaced("Call-ID: c1", "Call-ID: c1\nX-Evil:1"),                // bare LF
+      replaced("Via: SIP/2.0/UDP", "Via: SIP/2.0/UDP\nX-Evil: 1\n"),   // bare LF in Via
+      replaced("Via: SIP/2.0/UDP", "Via: SIP/2.0/UDP\rX-Evil: 1\r"),   // bare CR
+      replaced("To: <sip:", "To: \r<sip:"),                            // bare CR
+      replaced("CSeq: 1 INVITE", "CSeq: 1 INVITE\r\nCSeq: 1 INVITE"),  // two CSeq
+      replaced("From:", "From: <sip:bob@h>;tag=2\r\nf:"),              // From and f:
+      replaced("To:", "To: <sip:x@h>\r\nt:"),                          // To and t:
+      replaced("Call-ID: c1", "Call-ID: c1\r\ni: c1"),                 // Call-ID and i:
+      replaced("Content-Length: 0", "Content-Length: 0\r\nl: 0"),      // twice
+      replaced("CSeq: 1 INVITE", "CSeq: +1 INVITE"),
+      replaced("CSeq: 1 INVITE", "CSeq: 0x1 INVITE"),
+      replaced("CSeq: 1 INVITE", "CSeq: 1.5 INVITE"),
+      replaced("CSeq: 1 INVITE", "CSeq: 4294967297 INVITE"),  // wraps in 32 bits
+      replaced("CSeq: 1 INVITE", "CSeq: INVITE"),
+      replaced("CSeq: 1 INVITE", "CSeq: 1 invite"),  // methods are case-sensitive
+      replaced("Content-Length: 0", "Content-Length: +0"),
+      replaced("Content-Length: 0", "Content-Length:"),
+      replaced("Content-Length: 0", "Content-Length: 99999999999"),
+      replaced("<sip:alice@127.0.0.1:5061>", "<tel:>"),           // tel: without a number
+      replaced("<sip:alice@127.0.0.1:5061>", "<sip:127.0.0.1>"),  // no user
+      replaced("<sip:alice@127.0.0.1:5061>", "<sip::pw@h>"),      // only a password
+      replaced("<sip:alice@127.0.0.1:5061>", "<sip:al ice@h>"),   // space in the user
+      replaced("<sip:alice@127.0.0.1:5061>", "<>"),               // empty URI
+      replaced("\"Caller\" <sip:alice@127.0.0.1:5061>", "\"Caller\" sip:alice@h"),  // name, no <>
+      replaced("tag=t1", "tag=t 1"),
+      replaced("tag=t1", "tag=<t1>"),
+      replaced("Call-ID: c1", "Call-ID:"),
+      replaced("INVITE sip:service", "INVITE  sip:service"),  // empty Request-URI
+      replaced("SIP/2.0\r\n", "SIP/2.0 \r\n"),
       good.substr(0, good.size() - 2),            // no blank line
       good.substr(0, good.size() / 2),            // truncated
       std::string(sipfd::max_datagram + 1, 'A'),  // huge
@@ -119,6 +150,112 @@ TEST(SipParser, RefusesEachMissingOrBadPart) {
     EXPECT_EQ(sipfd::parse(bad[i], m), sipfd::parse_result::malformed) << "case " << i;
     EXPECT_STRNE(m.reason, "") << "case " << i;
   }
+}
+
+// RFC 3261 7.3.1 and 7.3.3: header names are case-insensitive and From, To,
+// Call-ID, Via and Content-Length have compact forms.
+TEST(SipParser, HeaderNamesInAnyCaseAndCompactForm) {
+  const std::string d =
+      "INVITE sip:svc@h SIP/2.0\r\n"
+      "VIA: SIP/2.0/UDP a;branch=z9hG4bK1\r\n"
+      "V: SIP/2.0/UDP b;branch=z9hG4bK2\r\n"
+      "fROM: <SIP:alice@h>;TAG=abc\r\n"
+      "T: <sip:svc@h>;Tag=x\r\n"
+      "I: id-1\r\n"
+      "cseq: 7 INVITE\r\n"
+      "L: 0\r\n"
+      "X-Unknown:\r\n\r\n";
+  sipfd::sip_message m;
+  ASSERT_EQ(sipfd::parse(d, m), sipfd::parse_result::request) << m.reason;
+  EXPECT_EQ(m.via_count, 2u);
+  EXPECT_EQ(m.from_user, "alice");
+  EXPECT_EQ(m.from_tag, "abc");
+  EXPECT_TRUE(m.to_has_tag);
+  EXPECT_EQ(m.call_id, "id-1");
+  EXPECT_EQ(m.cseq, 7u);
+  EXPECT_EQ(m.content_length, 0u);
+  std::string lower_call_id = d;
+  lower_call_id.replace(lower_call_id.find("I: id-1"), 7, "call-id: id-2");
+  ASSERT_EQ(sipfd::parse(lower_call_id, m), sipfd::parse_result::request) << m.reason;
+  EXPECT_EQ(m.call_id, "id-2");
+}
+
+// What the calling number and the dialog are made of, at the edges.
+TEST(SipParser, FromUserAndTagEdges) {
+  std::string d;  // the views in m point into it
+  const auto from_of = [&d](std::string_view from, sipfd::sip_message& m) {
+    d = "INVITE sip:svc@h SIP/2.0\r\nVia: SIP/2.0/UDP a\r\nFrom: ";
+    d += from;
+    d += "\r\nTo: <sip:svc@h>\r\nCall-ID: c\r\nCSeq: 1 INVITE\r\n\r\n";
+    return sipfd::parse(d, m);
+  };
+  struct good_case {
+    std::string_view from, user, tag;
+  };
+  const good_case good[] = {
+      {"<tel:+49-30-123;phone-context=x>;tag=a", "+49-30-123", "a"},
+      {"tel:+4930123;tag=b", "+4930123", "b"},
+      {"<sip:+4930123;npdi@h;user=phone>;tag=c", "+4930123", "c"},  // user parameters
+      {"<sip:alice:secret@h>;tag=d", "alice", "d"},                 // password dropped
+      {"<sips:alice@h>", "alice", ""},                              // no tag
+      {"<sip:alice@h>;tag=", "alice", ""},                          // empty tag
+      {"<sip:alice@h>;tag", "alice", ""},                           // tag without value
+      {"<sip:alice@h;tag=evil>;tag=real", "alice", "real"},         // URI parameter is not it
+      {"<sip:alice@h> ; TAG = e ; other=1", "alice", "e"},
+      {"\"a \\\" <sip:mallory@h>\" <sip:alice@h>;tag=f", "alice", "f"},  // quoted name
+      {"sip:alice@h;tag=g", "alice", "g"},
+  };
+  sipfd::sip_message m;
+  for (const good_case& c : good) {
+    ASSERT_EQ(from_of(c.from, m), sipfd::parse_result::request) << c.from << ": " << m.reason;
+    EXPECT_EQ(m.from_user, c.user) << c.from;
+    EXPECT_EQ(m.from_tag, c.tag) << c.from;
+  }
+  for (std::string_view bad : {"<sip:h>;tag=1", "<tel:>", "<mailto:alice@h>", "sip:@h",
+                               "\"unclosed <sip:alice@h>", "<sip:alice@h", "alice"}) {
+    EXPECT_EQ(from_of(bad, m), sipfd::parse_result::malformed) << bad;
+  }
+  EXPECT_EQ(from_of("<sip:" + std::string(sipfd::max_user, '1') + "@h>", m),
+            sipfd::parse_result::request);
+  EXPECT_EQ(from_of("<sip:" + std::string(sipfd::max_user + 1, '1') + "@h>", m),
+            sipfd::parse_result::malformed);
+}
+
+// CSeq: a number in 0 .. 2^31 - 1 and the request's method.
+TEST(SipParser, CSeqEdges) {
+  std::string d = invite("alice", "c1");
+  const auto with = [&](std::string_view cseq, sipfd::sip_message& m) {
+    std::string x = d;
+    x.replace(x.find("CSeq: 1 INVITE"), 14, cseq);
+    return sipfd::parse(x, m);
+  };
+  sipfd::sip_message m;
+  ASSERT_EQ(with("CSeq: 0 INVITE", m), sipfd::parse_result::request);
+  EXPECT_EQ(m.cseq, 0u);
+  ASSERT_EQ(with("CSeq: 2147483647 INVITE", m), sipfd::parse_result::request);
+  EXPECT_EQ(m.cseq, 2147483647u);
+  ASSERT_EQ(with("CSeq: 0000000042\tINVITE", m), sipfd::parse_result::request);
+  EXPECT_EQ(m.cseq, 42u);
+  EXPECT_EQ(with("CSeq: 2147483648 INVITE", m), sipfd::parse_result::malformed);
+  EXPECT_EQ(with("CSeq: 00000000042 INVITE", m), sipfd::parse_result::malformed);  // 11 digits
+}
+
+// Content-Length may be smaller than the body (UDP: the rest is ignored),
+// never larger; absent, the body is the rest of the datagram. NUL bytes in
+// the body are the body's business.
+TEST(SipParser, ContentLengthAgainstTheBody) {
+  std::string d = invite("alice", "c1");
+  d.replace(d.find("Content-Length: 0"), 17, "Content-Length: 3");
+  sipfd::sip_message m;
+  EXPECT_EQ(sipfd::parse(d, m), sipfd::parse_result::malformed);  // no body at all
+  ASSERT_EQ(sipfd::parse(d + std::string("a\0b", 3), m), sipfd::parse_result::request) << m.reason;
+  EXPECT_EQ(m.content_length, 3u);
+  ASSERT_EQ(sipfd::parse(d + "abcdef", m), sipfd::parse_result::request);
+  EXPECT_EQ(m.content_length, 3u);
+  std::string no_cl = invite("alice", "c1");
+  no_cl.erase(no_cl.find("Content-Length: 0\r\n"), 19);
+  ASSERT_EQ(sipfd::parse(no_cl + "xyz", m), sipfd::parse_result::request) << m.reason;
+  EXPECT_EQ(m.content_length, 3u);
 }
 
 TEST(SipParser, TooManyViaOrHeadersIsMalformed) {
@@ -149,6 +286,13 @@ TEST(SipParser, HostileBytesNeverCrash) {
       ASSERT_FALSE(m.call_id.empty());
       ASSERT_EQ(m.cseq_method, m.method);
       ASSERT_LE(m.content_length, d.size());
+      // Nothing echoed into a response may break a line (header injection).
+      const auto one_line = [](std::string_view v) {
+        return v.find_first_of("\r\n") == std::string_view::npos;
+      };
+      ASSERT_TRUE(one_line(m.from) && one_line(m.to) && one_line(m.call_id) && one_line(m.method) &&
+                  one_line(m.uri));
+      for (std::size_t v = 0; v < m.via_count; ++v) ASSERT_TRUE(one_line(m.via[v]));
     }
   };
   for (std::size_t n = 0; n <= good.size(); ++n) check(std::string_view(good).substr(0, n));
@@ -174,11 +318,11 @@ struct door_fixture {
   std::unique_ptr<sipfd::front_door> door;
   sipfd::clock_type::time_point now{};
 
-  explicit door_fixture(const sipfd::policy& p, std::size_t max_transactions = 100'000) {
-    using store = ratelimit::memory_store<ratelimit::leases<sipfd::rate_policy>>;
-    door = std::make_unique<sipfd::front_door>(
-        std::make_unique<sipfd::lease_admission<store, ratelimit::manual_clock>>(p, store{}, clock),
-        "sip:fd@127.0.0.1:5060", max_transactions);
+  explicit door_fixture(const sipfd::policy& p, std::size_t max_transactions = 100'000,
+                        std::size_t max_bytes = std::size_t{64} << 20) {
+    door = std::make_unique<sipfd::front_door>(sipfd::in_process_admission(p, clock),
+                                               "sip:fd@127.0.0.1:5060", max_transactions,
+                                               max_bytes);
   }
   std::string send(const std::string& d) {
     std::string out;
@@ -290,6 +434,162 @@ TEST(SipFrontDoor, MalformedAndOtherDatagramsAreCounted) {
   EXPECT_EQ(c.other, 2u);
   EXPECT_EQ(c.invites, 0u);
   EXPECT_EQ(sipfd::to_json(c).substr(0, 28), "{\"received\":6,\"malformed\":2,");
+}
+
+// A BYE names its dialog by Call-ID and From tag *and* the From user: a peer
+// that knows alice's Call-ID and tag but calls as mallory frees nothing of
+// alice's (one that forges alice's From can: From is not authenticated).
+TEST(SipFrontDoor, AByeFromAnotherNumberCannotReleaseALease) {
+  door_fixture f(sipfd::policy{"100/15min", 1, std::chrono::hours{1}});
+  EXPECT_EQ(status(f.send(invite("alice", "a1"))), "SIP/2.0 200 ");
+  EXPECT_EQ(status(f.send(invite("mallory", "a1", 2, "t1", "BYE"))), "SIP/2.0 481 ");
+  EXPECT_EQ(status(f.send(invite("alice", "a1", 2, "other-tag", "BYE"))), "SIP/2.0 481 ");
+  EXPECT_EQ(status(f.send(invite("alice", "a2"))), "SIP/2.0 503 ");  // a1 still holds the slot
+  EXPECT_EQ(status(f.send(invite("alice", "a1", 3, "t1", "BYE"))), "SIP/2.0 200 ");
+  EXPECT_EQ(status(f.send(invite("alice", "a3"))), "SIP/2.0 200 ");
+  EXPECT_EQ(f.door->stats().released, 1u);
+  EXPECT_EQ(f.door->stats().unknown_byes, 2u);
+}
+
+// An INVITE of a live dialog with a new CSeq and no To tag (a UAC retrying
+// with the same Call-ID) is the same call, not a second one; with a To tag
+// (a re-INVITE) it is refused 481 and counts nothing.
+TEST(SipFrontDoor, SameDialogNewCSeqIsTheSameCall) {
+  door_fixture f(sipfd::policy{"1/15min", 1, std::chrono::hours{1}});
+  EXPECT_EQ(status(f.send(invite("alice", "a1", 1))), "SIP/2.0 200 ");
+  EXPECT_EQ(status(f.send(invite("alice", "a1", 2))), "SIP/2.0 200 ");
+  std::string reinvite = invite("alice", "a1", 3);
+  reinvite.replace(reinvite.find("5060>\r\nCall-ID"), 5, "5060>;tag=fdx");
+  EXPECT_EQ(status(f.send(reinvite)), "SIP/2.0 481 ");
+  const sipfd::counters& c = f.door->stats();
+  EXPECT_EQ(c.invites, 1u);
+  EXPECT_EQ(c.admitted, 1u);
+  EXPECT_EQ(c.invite_retransmissions, 1u);
+  EXPECT_EQ(c.other, 1u);
+}
+
+/// An admission whose store is down for the first `failures` calls.
+class flaky_admission final : public sipfd::admission {
+ public:
+  explicit flaky_admission(int failures) : failures_(failures) {}
+  answer acquire(std::string_view, std::string_view) override {
+    if (failures_-- > 0) throw std::runtime_error("store down");
+    return {true, false, {}};
+  }
+  bool release(std::string_view, std::string_view) override {
+    if (failures_-- > 0) throw std::runtime_error("store down");
+    return true;
+  }
+
+ private:
+  int failures_;
+};
+
+// A store failure is answered 500 and not cached: the retransmission asks
+// the store again and gets the real answer.
+TEST(SipFrontDoor, StoreFailureIs500AndNotCached) {
+  sipfd::front_door door(std::make_unique<flaky_admission>(1), "sip:fd@h");
+  std::string out;
+  const sipfd::clock_type::time_point now{};
+  ASSERT_TRUE(door.handle(invite("alice", "a1"), now, out));
+  EXPECT_EQ(status(out), "SIP/2.0 500 ");
+  EXPECT_EQ(door.transactions_held(), 0u);
+  ASSERT_TRUE(door.handle(invite("alice", "a1"), now, out));
+  EXPECT_EQ(status(out), "SIP/2.0 200 ");
+  EXPECT_EQ(door.stats().errors, 1u);
+  EXPECT_EQ(door.stats().admitted, 1u);
+  EXPECT_EQ(door.stats().invite_retransmissions, 0u);
+  sipfd::front_door door2(std::make_unique<flaky_admission>(0), "sip:fd@h");
+  ASSERT_TRUE(door2.handle(invite("bob", "b1"), now, out));
+  sipfd::front_door door3(std::make_unique<flaky_admission>(1), "sip:fd@h");
+  ASSERT_TRUE(door3.handle(invite("bob", "b1", 2, "t1", "BYE"), now, out));
+  EXPECT_EQ(status(out), "SIP/2.0 500 ");
+  ASSERT_TRUE(door3.handle(invite("bob", "b1", 2, "t1", "BYE"), now, out));
+  EXPECT_EQ(status(out), "SIP/2.0 200 ");
+  EXPECT_EQ(door3.stats().errors, 1u);
+  EXPECT_EQ(door3.stats().bye_retransmissions, 0u);
+}
+
+// A flood of new calls in large datagrams (8 Via headers filling 8 KiB; each
+// answer echoes them) stays within the cache's byte budget, and the newest
+// answers are still there for their retransmissions.
+TEST(SipFrontDoor, AFloodOfLargeInvitesStaysWithinTheCacheBytes) {
+  constexpr std::size_t budget = 256 * 1024;
+  door_fixture f(sipfd::policy{"1/15min", 1, std::chrono::hours{1}}, 100'000, budget);
+  const auto big = [](int i) {
+    std::string d = invite("n" + std::to_string(i), "flood-" + std::to_string(i));
+    std::string vias;
+    for (std::size_t v = 1; v < sipfd::max_vias; ++v) {
+      vias += "Via: SIP/2.0/UDP h;branch=z9hG4bK" + std::string(1000, 'x') + "\r\n";
+    }
+    d.insert(d.find("From:"), vias);
+    EXPECT_LE(d.size(), sipfd::max_datagram);
+    return d;
+  };
+  std::size_t held_max = 0;
+  for (int i = 0; i < 300; ++i) {
+    EXPECT_EQ(status(f.send(big(i))), "SIP/2.0 200 ");
+    EXPECT_LE(f.door->transaction_bytes(), budget);
+    held_max = std::max(held_max, f.door->transactions_held());
+  }
+  EXPECT_GT(held_max, 10u);
+  EXPECT_LT(held_max, 40u);  // 256 KiB / ~7.5 KiB per answer
+  EXPECT_EQ(status(f.send(big(299))), "SIP/2.0 200 ");
+  EXPECT_EQ(f.door->stats().invite_retransmissions, 1u);
+  EXPECT_EQ(f.door->stats().admitted, 300u);
+}
+
+// A 64 KiB datagram (what recvfrom with MSG_TRUNC reports for an oversized
+// one is cut to max_datagram + 1 by main) and one of only NUL bytes.
+TEST(SipFrontDoor, HugeAndBinaryDatagramsAreDroppedAndCounted) {
+  door_fixture f(sipfd::policy{});
+  std::string huge = invite("alice", "a1");
+  huge += std::string(65507 - huge.size(), 'a');
+  EXPECT_EQ(f.send(huge), "");
+  EXPECT_EQ(f.send(std::string(sipfd::max_datagram + 1, 'x')), "");
+  EXPECT_EQ(f.send(std::string(512, '\0')), "");
+  EXPECT_EQ(f.send(std::string(1, '\0')), "");
+  EXPECT_EQ(f.door->stats().malformed, 4u);
+  EXPECT_EQ(f.door->stats().invites, 0u);
+}
+
+// Answers never carry a line the sender wrote: a bare LF or CR in an echoed
+// header is refused, not reflected as a header of the sender's choosing.
+TEST(SipFrontDoor, NoHeaderInjectionIntoAnswers) {
+  door_fixture f(sipfd::policy{});
+  std::string d = invite("alice", "a1");
+  d.replace(d.find("Call-ID: a1"), 11, "Call-ID: a1\nRetry-After:0");
+  EXPECT_EQ(f.send(d), "");
+  d = invite("alice", "a2");
+  d.replace(d.find("Via: SIP/2.0/UDP"), 16, "Via: SIP/2.0/UDP\rX-Evil:1\r");
+  EXPECT_EQ(f.send(d), "");
+  EXPECT_EQ(f.door->stats().malformed, 2u);
+  EXPECT_EQ(f.door->stats().invites, 0u);
+}
+
+// Every number is the caller's word: a flood of made-up numbers, each call
+// admitted and never ended, holds at most max_numbers of them; past that a
+// new number is refused, a known one is decided as always, and a number
+// freed (BYE, idle) makes room again.
+TEST(SipFrontDoor, MadeUpNumbersAreCapped) {
+  sipfd::policy p{"10/1s", 1, std::chrono::seconds{60}};
+  p.max_numbers = 64;
+  door_fixture f(p);
+  int admitted = 0;
+  for (int i = 0; i < 1000; ++i) {
+    if (status(f.send(invite("n" + std::to_string(i), "c" + std::to_string(i)))) ==
+        "SIP/2.0 200 ") {
+      ++admitted;
+    }
+  }
+  EXPECT_EQ(admitted, 64);
+  EXPECT_EQ(f.door->stats().rejected, 936u);
+  EXPECT_EQ(status(f.send(invite("n0", "c0", 2, "t1", "BYE"))), "SIP/2.0 200 ");
+  f.advance(2s);  // n0 is idle now (no lease, its rate window passed)
+  EXPECT_EQ(status(f.send(invite("new", "x1"))), "SIP/2.0 200 ");
+  EXPECT_EQ(status(f.send(invite("newer", "x2"))), "SIP/2.0 503 ");
+  f.advance(60s);  // every lease has expired: all idle
+  EXPECT_EQ(status(f.send(invite("newer", "x3"))), "SIP/2.0 200 ");
 }
 
 }  // namespace

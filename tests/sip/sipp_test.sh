@@ -24,12 +24,31 @@ redis_exe="${4:-}"
 work="$(mktemp -d "${TMPDIR:-/tmp}/sipp_test.XXXXXX")"
 server_pid=""
 redis_pid=""
+sipp_pid=""
+# On every exit (pass, fail, set -e, SIGINT/SIGTERM): no server, sipp or
+# redis-server is left behind.
+# (sipp_pid is timeout(1)'s, which passes SIGTERM on to sipp.)
 cleanup() {
-  if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; fi
-  if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; fi
+  set +e
+  local pid pids=() _
+  for pid in "$sipp_pid" "$server_pid" "$redis_pid"; do
+    [ -n "$pid" ] || continue
+    pids+=("$pid")
+    kill -TERM "$pid" 2>/dev/null
+  done
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 1 40); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.05
+    done
+    kill -KILL "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+  done
   rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 
 fail() {
   echo "FAIL: $*" >&2
@@ -55,12 +74,20 @@ start_server() {
   fail "$name: server did not report its port"
 }
 
-# stop_server NAME: SIGTERM, wait, and keep its final JSON line in $stats.
+# stop_server NAME: SIGTERM, wait (at most 10 s), and keep its final JSON
+# line in $stats.
 stop_server() {
   local name="$1"
   kill -TERM "$server_pid"
-  wait "$server_pid" || fail "$name: server exited with an error"
+  for _ in $(seq 1 200); do
+    kill -0 "$server_pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  kill -0 "$server_pid" 2>/dev/null && fail "$name: server still running 10 s after SIGTERM"
+  local rc=0
+  wait "$server_pid" || rc=$?
   server_pid=""
+  [ "$rc" -eq 0 ] || fail "$name: server exited with code $rc"
   stats="$(grep '^{' "$work/$name.server.out" | tail -n 1)"
   [ -n "$stats" ] || fail "$name: no final counters"
   echo "$name server: $stats"
@@ -75,11 +102,15 @@ run_sipp() {
   local name="$1" scenario="$2" csv="$3" calls="$4"
   shift 4
   sipp_rc=0
-  (cd "$work" && timeout 240 "$sipp_exe" "127.0.0.1:$port" -sf "$scenarios/$scenario" \
+  # In the background and waited for, so that cleanup can end it.
+  (cd "$work" && exec timeout -k 5 240 "$sipp_exe" "127.0.0.1:$port" -sf "$scenarios/$scenario" \
     -inf "$csv" -m "$calls" -i 127.0.0.1 -nostdin -timeout 200s -timeout_error \
     -max_invite_retrans 10 -max_non_invite_retrans 10 \
     -trace_counts -trace_stat -stf "${name}_stat.csv" -fd 1 "$@" \
-    >"$work/$name.sipp.out" 2>&1) || sipp_rc=$?
+    >"$work/$name.sipp.out" 2>&1) &
+  sipp_pid=$!
+  wait "$sipp_pid" || sipp_rc=$?
+  sipp_pid=""
   # sipp names the counts file after the scenario and its pid.
   local counts
   counts="$(ls -t "$work"/"${scenario%.xml}"_*_counts.csv 2>/dev/null | head -n 1)"
@@ -144,7 +175,12 @@ check_rate_run() {  # check_rate_run NAME
   echo "ok: $name: server recognised $seen retransmissions"
 }
 
-# --- rate, in process, with loss.
+# --- rate, in process, with loss. Known rare failure (about one run in 300):
+# the server keeps an answer 32 s (Timer B), but sipp (-max_invite_retrans
+# 10) goes on retransmitting an INVITE after that, at 63.5 s, when its first
+# 7 exchanges all failed (0.2775^7 per refused call at 15% loss); that
+# refused call is then decided and counted again. Less loss trades it for
+# "the server saw no retransmission" (about one run in 450 at 10%).
 start_server rate --rate 3/15min --max-calls 50 --max-call-seconds 60
 run_sipp rate uac_call.xml "$rate_csv" "$rate_calls" -r 20 -d 0 -lost 15
 stop_server rate
