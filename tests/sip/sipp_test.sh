@@ -5,7 +5,7 @@
 #
 # Usage: sipp_test.sh SERVER SIPP SCENARIO_DIR [REDIS_SERVER]
 #
-#  rate:        12 numbers make 1..6 calls each, 15% of packets lost (sipp -lost),
+#  rate:        12 numbers make 1..6 calls each, 10% of packets lost (sipp -lost),
 #               limit 3 calls per 15 min per number. Admitted per number =
 #               min(calls, 3) whatever was lost (all calls fall in one window);
 #               every retransmission is recognised, none counted as a call.
@@ -171,18 +171,20 @@ check_rate_run() {  # check_rate_run NAME
   expect "$name: server malformed" "$(stat malformed)" 0
   expect "$name: server store errors" "$(stat errors)" 0
   local seen=$(($(stat invite_retransmissions) + $(stat bye_retransmissions)))
-  [ "$seen" -gt 0 ] || fail "$name: the server saw no retransmission"
   echo "ok: $name: server recognised $seen retransmissions"
+  rate_seen=$((rate_seen + seen))
 }
+rate_seen=0
 
-# --- rate, in process, with loss. Known rare failure (about one run in 300):
-# the server keeps an answer 32 s (Timer B), but sipp (-max_invite_retrans
-# 10) goes on retransmitting an INVITE after that, at 63.5 s, when its first
-# 7 exchanges all failed (0.2775^7 per refused call at 15% loss); that
-# refused call is then decided and counted again. Less loss trades it for
-# "the server saw no retransmission" (about one run in 450 at 10%).
+# --- rate, in process, with loss. The exact counts fail only if one refused
+# call's first 7 exchanges all fail (0.19^7 = 9e-6 per refused call at 10%
+# loss): sipp (-max_invite_retrans 10) then retransmits at 63.5 s, after the
+# server's 32 s answer cache (Timer B), and the call is decided again. That
+# the server saw a retransmission at all (a lost answer) is required of the
+# memory and Redis runs together: one run alone misses at 10% about once in
+# 450, both together about once in 200,000.
 start_server rate --rate 3/15min --max-calls 50 --max-call-seconds 60
-run_sipp rate uac_call.xml "$rate_csv" "$rate_calls" -r 20 -d 0 -lost 15
+run_sipp rate uac_call.xml "$rate_csv" "$rate_calls" -r 20 -d 0 -lost 10
 stop_server rate
 check_rate_run rate
 
@@ -247,8 +249,8 @@ if [ -n "$redis_exe" ]; then
   done
   [ -n "$redis_port" ] || fail "could not start redis-server"
   start_server redis --rate 3/15min --max-calls 50 --max-call-seconds 60 \
-    --store "redis://127.0.0.1:$redis_port"
-  run_sipp redis uac_call.xml "$rate_csv" "$rate_calls" -r 20 -d 0 -lost 15
+    --store "redis://127.0.0.1:$redis_port" --redis-timeout 5000
+  run_sipp redis uac_call.xml "$rate_csv" "$rate_calls" -r 20 -d 0 -lost 10
   stop_server redis
   check_rate_run redis
   kill "$redis_pid"
@@ -257,4 +259,5 @@ if [ -n "$redis_exe" ]; then
 else
   echo "skipped: the Redis run (no redis-server, or built without RATELIMIT_REDIS)"
 fi
+[ "$rate_seen" -gt 0 ] || fail "the server saw no retransmission in the rate runs"
 echo "PASS"
