@@ -34,7 +34,9 @@ numbers="${NUMBERS:-1000}"
 work="$(mktemp -d "${TMPDIR:-/tmp}/sip_bench.XXXXXX")"
 server_pid=""
 redis_pid=""
+sipp_pid=""
 cleanup() {
+  if [ -n "$sipp_pid" ]; then kill "$sipp_pid" 2>/dev/null || true; fi
   if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; fi
   if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; fi
   rm -rf "$work"
@@ -84,9 +86,14 @@ one_run() {
   local t0 t1 r0=0 r1=0
   [ "$mode" = redis ] && r0="$(proc_cpu_us "$redis_pid")"
   t0="$(date +%s.%N)"
-  (cd "$work" && sipp "127.0.0.1:$port" -sf "$root/examples/sip/scenarios/uac_call.xml" \
+  # In the background with its PID kept, so that the EXIT trap stops it
+  # when this script is interrupted or killed while sipp runs.
+  (cd "$work" && exec sipp "127.0.0.1:$port" -sf "$root/examples/sip/scenarios/uac_call.xml" \
     -inf "$csv" -m "$calls" -r "$rate" -d 0 -i 127.0.0.1 -nostdin -timeout 120s \
-    -trace_stat -stf stat.csv -fd 1 >/dev/null 2>&1) || true
+    -trace_stat -stf stat.csv -fd 1 >/dev/null 2>&1) &
+  sipp_pid=$!
+  wait "$sipp_pid" || true
+  sipp_pid=""
   t1="$(date +%s.%N)"
   [ "$mode" = redis ] && r1="$(proc_cpu_us "$redis_pid")"
   local cpu
