@@ -33,7 +33,8 @@ enum class id_op : unsigned char {
 
 /// Policy P whose state also holds the key's request ids (see file comment).
 /// The config is per call: P's config, what to do, and for a check with an
-/// id its 128-bit fingerprint, retention and the key's cap on ids.
+/// id its fingerprint (SipHash-1-3, 128-bit output, of which 96 bits are
+/// kept), retention and the key's cap on ids.
 template <policy P>
 struct idempotent {
   static constexpr std::string_view name = P::name;
@@ -47,7 +48,7 @@ struct idempotent {
     using policy_type = idempotent;
     /// A plain check or a reset of `base`.
     config(const base_config& base, id_op op) noexcept : base_(&base), op_(op) {}
-    /// A check with an id whose fingerprint is (fa, fb).
+    /// A check with an id whose fingerprint is (fa, fb); fb's low 32 bits are kept.
     config(const base_config& base, std::uint64_t fa, std::uint64_t fb,
            std::chrono::microseconds retention, std::size_t max_per_key) noexcept
         : base_(&base),
@@ -60,7 +61,7 @@ struct idempotent {
     [[nodiscard]] const base_config& base() const noexcept { return *base_; }
     [[nodiscard]] id_op op() const noexcept { return op_; }
     [[nodiscard]] std::uint64_t fa() const noexcept { return fa_; }
-    [[nodiscard]] std::uint64_t fb() const noexcept { return fb_; }
+    [[nodiscard]] std::uint32_t fb() const noexcept { return static_cast<std::uint32_t>(fb_); }
     [[nodiscard]] std::int64_t retention_us() const noexcept { return retention_; }
     [[nodiscard]] std::size_t max_per_key() const noexcept { return max_per_key_; }
 
@@ -73,19 +74,19 @@ struct idempotent {
     std::uint32_t max_per_key_ = 0;
   };
 
-  /// One id of a key: its fingerprint, the end of its retention and the
-  /// decision of its first check. 64 bytes.
+  /// One id of a key: 96 bits of its fingerprint, the end of its retention
+  /// and the decision of its first check. 56 bytes.
   struct id_record {
-    std::uint64_t fa = 0;
-    std::uint64_t fb = 0;
+    std::uint64_t fa = 0;  ///< the fingerprint's first 64 bits
+    std::uint32_t fb = 0;  ///< and 32 more
+    bool allowed = false;
+    bool counted = false;
+    decision_source source = decision_source::store;
     std::int64_t until = 0;  ///< the end of the retention, microseconds
     units limit = 0;
     units remaining = 0;
     std::int64_t retry_after = 0;
     std::int64_t reset_after = 0;
-    bool allowed = false;
-    bool counted = false;
-    decision_source source = decision_source::store;
 
     [[nodiscard]] decision first() const noexcept {
       decision d;
@@ -98,7 +99,7 @@ struct idempotent {
       d.reset_after = std::chrono::microseconds{reset_after};
       return d;
     }
-    void set(std::uint64_t a, std::uint64_t b, std::int64_t end, const decision& d) noexcept {
+    void set(std::uint64_t a, std::uint32_t b, std::int64_t end, const decision& d) noexcept {
       fa = a;
       fb = b;
       until = end;
@@ -112,6 +113,8 @@ struct idempotent {
     }
     friend bool operator==(const id_record&, const id_record&) = default;
   };
+
+  static_assert(sizeof(id_record) == 56);
 
   /// Ids held inline in the state before the key takes a heap block.
   static constexpr std::size_t inline_ids = 2;
@@ -181,7 +184,7 @@ struct idempotent {
     }
 
     /// The index of the record of (fa, fb), or ids() when none.
-    [[nodiscard]] std::size_t find(std::uint64_t fa, std::uint64_t fb) const noexcept {
+    [[nodiscard]] std::size_t find(std::uint64_t fa, std::uint32_t fb) const noexcept {
       const std::size_t n = count_;
       for (std::size_t i = 0; i < n; ++i) {
         const id_record& r = at(i);
@@ -218,7 +221,7 @@ struct idempotent {
     }
 
     /// Writes the record at `i` (from place_for); noexcept.
-    void write(std::size_t i, std::uint64_t fa, std::uint64_t fb, std::int64_t until,
+    void write(std::size_t i, std::uint64_t fa, std::uint32_t fb, std::int64_t until,
                std::int64_t retention, const decision& d) noexcept {
       if (i == count_) ++count_;
       at(i).set(fa, fb, until, d);

@@ -33,15 +33,17 @@ struct idempotent_store_options {
 /// An in-process store that keeps each key's request ids in the key's own
 /// node: `limiter<P, idempotent_store<P>>`. An idempotent check then costs
 /// one hash of the key, one lock and one node, as a plain check does, plus
-/// two SipHash-1-3 passes over the id (its 128-bit fingerprint, under two
-/// secret keys drawn per store, computed before the lock). Plain checks
-/// through this store run P unchanged on the same state. A limiter over the
-/// default memory_store<P> keeps ids in its own table instead (request_id.hpp);
-/// this store is the one to choose when most checks carry ids.
+/// one pass of SipHash-1-3 with 128-bit output over the id (its fingerprint,
+/// of which 96 bits are kept, under a secret key drawn per store, computed
+/// before the lock). Plain checks through this store run P unchanged on the
+/// same state. A limiter over the default memory_store<P> keeps ids in its
+/// own table instead (request_id.hpp); this store is the one to choose when
+/// most checks carry ids. Exact rules: docs/semantics.md, "Ids kept with
+/// their key".
 ///
-/// Memory: a key's node holds two ids inline (64 bytes each); more go to
-/// one heap block per key, doubled as needed up to the key's cap. Bounded by
-/// `max_keys` (memory_store_options) x `max_ids_per_key`.
+/// Memory: a key's node holds two ids inline (56 bytes each), with ids or
+/// without; more go to one heap block per key, doubled as needed up to the
+/// key's cap. Bounded by `max_keys` (memory_store_options) x `max_ids_per_key`.
 ///
 /// Thread safety: as memory_store (any number of threads; not construction,
 /// destruction or move).
