@@ -130,7 +130,8 @@ class idempotent_store {
   /// SipHash-1-3 with its 128-bit output (the specification's variant:
   /// 0xee folded into v1 at the start and v2 at the end, then 0xdd into v1
   /// for the second half) under the store's secret key: one pass over the id.
-  [[nodiscard]] fingerprint fingerprint_of(std::string_view id) const noexcept {
+  [[nodiscard]] [[gnu::always_inline]] fingerprint fingerprint_of(
+      std::string_view id) const noexcept {
     detail::sip::state s = seed_.start;
     s.v1 ^= 0xee;
     const auto* p = reinterpret_cast<const unsigned char*>(id.data());
