@@ -14,10 +14,18 @@
 // key sends the id it just got again, at the same times (a repeat, answered
 // from the id table without the store).
 //
+// Two more rows do the same through a third limiter whose store keeps each
+// key's ids in the key's own node (idempotent_store<fixed_window>): a pass
+// with new ids and a retry pass, in the same rounds, against the same plain
+// pass.
+//
 // Reports, per row, the median over rounds of (row time / plain time) in the
 // same round, and the median ns per check; then the heap bytes per id held
 // (mallinfo2: the id's allocation, key and id bytes included, and its share
-// of the bucket arrays), measured on a limiter whose keys are already held.
+// of the bucket arrays), measured on a limiter whose keys are already held;
+// and for idempotent_store, the heap bytes per key holding one id and
+// holding two (its steady state here: the id just decided and the previous
+// one, kept for one more retention) against a plain memory_store's.
 //
 // Usage: ratelimit_request_id_bench [--rounds N] [--keys N]
 #include <algorithm>
@@ -86,9 +94,13 @@ int main(int argc, char** argv) {
   const rl::fixed_window::config cfg{"1000000/h"};
   rl::limiter<rl::fixed_window> plain{cfg};
   rl::limiter<rl::fixed_window> once{cfg};
+  using keyed_limiter = rl::limiter<rl::fixed_window, rl::idempotent_store<rl::fixed_window>>;
+  keyed_limiter keyed{cfg};
   // Retention: one round (each key is checked once per round with a new id).
   const std::int64_t step = 10;
   once.set_idempotency(
+      {.retention = std::chrono::microseconds{static_cast<std::int64_t>(key_count) * step}});
+  keyed.set_idempotency(
       {.retention = std::chrono::microseconds{static_cast<std::int64_t>(key_count) * step}});
 
   // Ids per round: "a84c1f0e-<round>-<i>@10.0.0.5;1 INVITE".
@@ -97,6 +109,7 @@ int main(int argc, char** argv) {
   };
   std::int64_t t_plain = 1'700'000'000'000'000;
   std::int64_t t_once = t_plain;
+  std::int64_t t_keyed = t_plain;
   std::int64_t sink = 0;
 
   const auto pass_plain = [&] {
@@ -118,6 +131,24 @@ int main(int argc, char** argv) {
     }
     return std::chrono::duration<double, std::nano>(clk::now() - start).count();
   };
+  // The same through idempotent_store; `retry` replays the times of the pass
+  // before (every check a repeat).
+  const auto pass_keyed = [&](const std::vector<std::string_view>& ids, bool retry,
+                              std::size_t& repeated) {
+    const std::int64_t t_saved = t_keyed;
+    if (retry) t_keyed -= static_cast<std::int64_t>(key_count) * step;
+    const auto start = clk::now();
+    for (std::size_t v = 0; v < key_count; ++v) {
+      const rl::decision d = keyed.try_acquire(keys[order[v]], rl::request_id{ids[v]},
+                                               rl::timestamp{t_keyed}, 1);
+      repeated += d.repeat ? 1 : 0;
+      sink += d.remaining;
+      t_keyed += step;
+    }
+    const double ns = std::chrono::duration<double, std::nano>(clk::now() - start).count();
+    t_keyed = std::max(t_keyed, t_saved);
+    return ns;
+  };
 
   // Warm up both: every key held, the id table at its steady size.
   std::vector<std::string_view> ids(key_count);
@@ -137,18 +168,31 @@ int main(int argc, char** argv) {
   for (int w = 0; w < 3; ++w) {
     make_ids(-1 - w);
     (void)pass_once(ids);
+    std::size_t ignored = 0;
+    (void)pass_keyed(ids, false, ignored);
     (void)pass_plain();
   }
   std::vector<double> new_ratio, retry_ratio, plain_ns, new_ns, retry_ns;
+  std::vector<double> keyed_ratio, keyed_retry_ratio, keyed_ns, keyed_retry_ns;
   std::size_t repeats = 0;
+  std::size_t keyed_repeats = 0;
+  std::size_t keyed_new_repeats = 0;
   for (int r = 0; r < rounds; ++r) {
     make_ids(r);
     const bool plain_first = r % 2 == 0;
     double p = 0;
     double n = 0;
+    double kn = 0;
     if (plain_first) p = pass_plain();
-    n = pass_once(ids);
+    if (r % 4 < 2) {
+      n = pass_once(ids);
+      kn = pass_keyed(ids, false, keyed_new_repeats);
+    } else {
+      kn = pass_keyed(ids, false, keyed_new_repeats);
+      n = pass_once(ids);
+    }
     if (!plain_first) p = pass_plain();
+    const double km = pass_keyed(ids, true, keyed_repeats);
     // Retry pass: every key sends the id it just got again (a repeat).
     const std::int64_t t_saved = t_once;
     t_once -= static_cast<std::int64_t>(key_count) * step;  // the same times again: within 1 s
@@ -168,6 +212,10 @@ int main(int argc, char** argv) {
     plain_ns.push_back(p / per);
     new_ns.push_back(n / per);
     retry_ns.push_back(m / per);
+    keyed_ratio.push_back(kn / p);
+    keyed_retry_ratio.push_back(km / p);
+    keyed_ns.push_back(kn / per);
+    keyed_retry_ns.push_back(km / per);
   }
   std::printf("ids held: %zu, longest probe %zu\n", once.request_ids_held(),
               once.request_id_table()->longest_probe());
@@ -186,6 +234,33 @@ int main(int argc, char** argv) {
     held = m.request_ids_held();
     per_id = static_cast<double>(heap_in_use() - before) / static_cast<double>(held);
   }
+  // Heap per key: a plain memory_store, idempotent_store with one id per key
+  // and with two (the second a retention later, the first still held).
+  double plain_per_key = 0;
+  double keyed_one = 0;
+  double keyed_two = 0;
+  {
+    const rl::timestamp t{1'700'000'000'000'000};
+    const double n = static_cast<double>(key_count);
+    std::size_t before = heap_in_use();
+    {
+      rl::limiter<rl::fixed_window> m{cfg};
+      for (const std::string& k : keys) (void)m.try_acquire(k, t, 1);
+      plain_per_key = static_cast<double>(heap_in_use() - before) / n;
+    }
+    before = heap_in_use();
+    keyed_limiter m{cfg};
+    m.set_idempotency({.retention = std::chrono::hours{1}});
+    for (std::size_t i = 0; i < key_count; ++i) {
+      (void)m.try_acquire(keys[order[i]], rl::request_id{ids[i]}, t, 1);
+    }
+    keyed_one = static_cast<double>(heap_in_use() - before) / n;
+    make_ids(rounds + 1);
+    for (std::size_t i = 0; i < key_count; ++i) {
+      (void)m.try_acquire(keys[order[i]], rl::request_id{ids[i]}, t + std::chrono::hours{1}, 1);
+    }
+    keyed_two = static_cast<double>(heap_in_use() - before) / n;
+  }
 
   std::printf("ratelimit_request_id_bench: %zu keys, fixed window 1000000/h, %d rounds (medians)\n",
               key_count, rounds);
@@ -195,9 +270,19 @@ int main(int argc, char** argv) {
               median(new_ratio));
   std::printf("%-44s %10.1f %11.2fx\n", "try_acquire(key, id, now), retries (repeats)",
               median(retry_ns), median(retry_ratio));
-  std::printf("repeats answered: %zu of %zu retry-pass checks\n", repeats,
-              static_cast<std::size_t>(rounds) * key_count);
+  std::printf("%-44s %10.1f %11.2fx\n", "idempotent_store: every id new", median(keyed_ns),
+              median(keyed_ratio));
+  std::printf("%-44s %10.1f %11.2fx\n", "idempotent_store: retries (repeats)",
+              median(keyed_retry_ns), median(keyed_retry_ratio));
+  std::printf(
+      "repeats answered: %zu of %zu retry-pass checks (idempotent_store: %zu; "
+      "%zu new-id checks seen as repeats)\n",
+      repeats, static_cast<std::size_t>(rounds) * key_count, keyed_repeats, keyed_new_repeats);
   std::printf("heap per id held (%zu ids, 12-byte keys, ids of %zu bytes): %.1f B\n", held,
               ids[0].size(), per_id);
+  std::printf(
+      "heap per key: memory_store %.1f B; idempotent_store with 1 id %.1f B, "
+      "with 2 ids %.1f B\n",
+      plain_per_key, keyed_one, keyed_two);
   return sink == 42 ? 1 : 0;
 }

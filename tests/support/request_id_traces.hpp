@@ -94,7 +94,9 @@ inline std::vector<id_event> random_id_trace(std::mt19937_64& rng, std::int64_t 
 }
 
 /// Replays one random trace through `store` (redis_store or cluster_store)
-/// and an in-process limiter per key, asserting identical decisions.
+/// and two in-process limiters per key (over memory_store, ids in the
+/// limiter's table; over idempotent_store, ids in the key's node), asserting
+/// identical decisions.
 template <class Config, class Store>
 void compare_id_traces(const Config& cfg, std::mt19937_64& rng, Store& store, int seed) {
   using P = typename Config::policy_type;
@@ -107,32 +109,46 @@ void compare_id_traces(const Config& cfg, std::mt19937_64& rng, Store& store, in
   // One in-process limiter per key (as differential_test.cpp: a sweep of
   // another idle key could forget state a request stamped earlier still sees).
   std::map<std::string, limiter<P>> memory;
+  std::map<std::string, limiter<P, ratelimit::idempotent_store<P>>> keyed;
   for (std::size_t j = 0; j < trace.size(); ++j) {
     const id_event& e = trace[j];
     auto [it, fresh_key] = memory.try_emplace(e.key, cfg);
     if (fresh_key) it->second.set_idempotency({.retention = microseconds{retention}});
     auto& m = it->second;
+    auto [kt, fresh_keyed] = keyed.try_emplace(e.key, cfg);
+    if (fresh_keyed) kt->second.set_idempotency({.retention = microseconds{retention}});
+    auto& k = kt->second;
     if (e.reset) {
       m.reset(e.key);
+      k.reset(e.key);
       store.reset(cfg, e.key);
       continue;
     }
     const access a = e.peek ? ratelimit::access::peek : ratelimit::access::consume;
     decision want;
+    decision in_node;
     decision got;
     if (e.id.empty()) {
       want = e.peek ? m.peek(e.key, timestamp{e.t}, e.cost)
                     : m.try_acquire(e.key, timestamp{e.t}, e.cost);
+      in_node = e.peek ? k.peek(e.key, timestamp{e.t}, e.cost)
+                       : k.try_acquire(e.key, timestamp{e.t}, e.cost);
       got = store.apply(cfg, e.key, timestamp{e.t}, e.cost, a);
     } else {
       want = e.peek ? m.peek(e.key, request_id{e.id}, timestamp{e.t}, e.cost)
                     : m.try_acquire(e.key, request_id{e.id}, timestamp{e.t}, e.cost);
+      in_node = e.peek ? k.peek(e.key, request_id{e.id}, timestamp{e.t}, e.cost)
+                       : k.try_acquire(e.key, request_id{e.id}, timestamp{e.t}, e.cost);
       got = store.apply_once(cfg, e.key, request_id{e.id}, microseconds{retention}, timestamp{e.t},
                              e.cost, a);
     }
     ASSERT_EQ(describe_id(got), describe_id(want))
         << P::name << " seed " << seed << " event " << j << " t=" << e.t << " id=" << e.id.size()
         << "B cost=" << e.cost << " peek=" << e.peek << " retention=" << retention;
+    ASSERT_EQ(describe_id(in_node), describe_id(want))
+        << "idempotent_store: " << P::name << " seed " << seed << " event " << j << " t=" << e.t
+        << " id=" << e.id.size() << "B cost=" << e.cost << " peek=" << e.peek
+        << " retention=" << retention;
   }
 }
 

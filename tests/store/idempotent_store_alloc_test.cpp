@@ -1,0 +1,133 @@
+// SPDX-License-Identifier: Apache-2.0
+// idempotent_store under std::bad_alloc: a check whose id needs the key's
+// heap block (or whose policy step allocates) fails with the store as it
+// was: the key's policy state, its ids and their decisions unchanged.
+//
+// This binary replaces the global operator new so that the n-th allocation
+// from now throws std::bad_alloc.
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdlib>
+#include <new>
+#include <string>
+
+#include "ratelimit/limiter.hpp"
+#include "ratelimit/policy/fixed_window.hpp"
+#include "ratelimit/policy/sliding_window_log.hpp"
+#include "ratelimit/store/idempotent_store.hpp"
+
+namespace {
+/// Allocations that succeed before one fails; negative: none fails.
+thread_local long allocations_before_failure = -1;
+
+void* counted_allocation(std::size_t size) {
+  if (allocations_before_failure == 0) {
+    allocations_before_failure = -1;
+    throw std::bad_alloc();
+  }
+  if (allocations_before_failure > 0) --allocations_before_failure;
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+}  // namespace
+
+void* operator new(std::size_t size) {
+  return counted_allocation(size);
+}
+void* operator new[](std::size_t size) {
+  return counted_allocation(size);
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
+
+namespace {
+
+using namespace ratelimit;
+using std::chrono::microseconds;
+
+/// Runs `check` with the 0th, 1st, ... allocation failing until it
+/// succeeds; after each failure asserts that `unchanged()` holds.
+template <class Check, class Unchanged>
+void fail_each_allocation(Check check, Unchanged unchanged) {
+  for (long n = 0;; ++n) {
+    allocations_before_failure = n;
+    bool failed = false;
+    try {
+      check();
+    } catch (const std::bad_alloc&) {
+      failed = true;
+    }
+    allocations_before_failure = -1;
+    if (!failed) return;
+    unchanged();
+    ASSERT_LT(n, 100) << "the check never succeeded";
+  }
+}
+
+template <class Lim>
+void expect_ids(Lim& lim, const std::string& key, int first, int last, timestamp at) {
+  for (int i = first; i <= last; ++i) {
+    EXPECT_TRUE(lim.peek(key, request_id{std::to_string(i)}, at).repeat) << i;
+  }
+}
+
+// The third id of a key needs its heap block: when that allocation fails,
+// the check throws and neither the policy state nor the ids changed.
+TEST(IdempotentStoreAlloc, AFailedHeapBlockLeavesTheKeyAsItWas) {
+  limiter<fixed_window, idempotent_store<fixed_window>> lim{fixed_window::config{"100/min"}};
+  const timestamp t0{60'000'000};
+  (void)lim.try_acquire("k", request_id{"1"}, t0);
+  (void)lim.try_acquire("k", request_id{"2"}, t0);
+  const auto before = lim.store().state_of("k");
+  int failures = 0;
+  fail_each_allocation([&] { (void)lim.try_acquire("k", request_id{"3"}, t0); },
+                       [&] {
+                         ++failures;
+                         EXPECT_EQ(lim.store().state_of("k"), before);
+                         EXPECT_EQ(lim.store().ids_of("k"), 2U);
+                         EXPECT_FALSE(lim.peek("k", request_id{"3"}, t0).repeat);
+                         expect_ids(lim, "k", 1, 2, t0);
+                       });
+  EXPECT_GE(failures, 1);
+  EXPECT_EQ(lim.store().ids_of("k"), 3U);
+  expect_ids(lim, "k", 1, 3, t0);
+  EXPECT_EQ(lim.peek("k", t0).remaining, 100 - 3 - 1);
+}
+
+// A policy whose step allocates (sliding log) fails after the id's place
+// was made: the decision is not recorded and no id is written.
+TEST(IdempotentStoreAlloc, AFailedPolicyStepRecordsNoId) {
+  limiter<sliding_window_log, idempotent_store<sliding_window_log>> lim{
+      sliding_window_log::config{"1000/min"}};
+  const timestamp t0{60'000'000};
+  for (int i = 1; i <= 6; ++i) (void)lim.try_acquire("k", request_id{std::to_string(i)}, t0);
+  const auto before = lim.store().state_of("k");
+  int failures = 0;
+  for (int i = 7; i <= 12; ++i) {
+    const timestamp at = t0 + microseconds{i};
+    fail_each_allocation([&] { (void)lim.try_acquire("k", request_id{std::to_string(i)}, at); },
+                         [&] {
+                           ++failures;
+                           EXPECT_EQ(lim.store().ids_of("k"), static_cast<std::size_t>(i - 1));
+                           EXPECT_FALSE(lim.peek("k", request_id{std::to_string(i)}, at).repeat);
+                           expect_ids(lim, "k", 1, i - 1, at);
+                         });
+  }
+  EXPECT_GE(failures, 1);
+  EXPECT_NE(lim.store().state_of("k"), before);
+  expect_ids(lim, "k", 1, 12, t0 + microseconds{20});
+  EXPECT_EQ(lim.peek("k", t0 + microseconds{20}).remaining, 1000 - 12 - 1);
+}
+
+}  // namespace
