@@ -65,16 +65,22 @@ struct cluster_options {
 };
 
 /// Parses `redis-cluster://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]`
-/// (port 6379 when omitted) into cluster_options with default node settings.
+/// (port 6379 when omitted) into cluster_options with default node settings;
+/// `rediss-cluster://` is the same over TLS, with the parameters of a
+/// `rediss://` URL (see parse_url) after `?`, applied to every node.
 /// @throws std::invalid_argument quoting the URL
 [[nodiscard]] inline cluster_options parse_cluster_url(std::string_view url) {
   constexpr std::string_view scheme = "redis-cluster://";
-  if (!url.starts_with(scheme)) {
+  constexpr std::string_view tls_scheme = "rediss-cluster://";
+  const bool tls = url.starts_with(tls_scheme);
+  if (!tls && !url.starts_with(scheme)) {
     throw std::invalid_argument("ratelimit: redis cluster URL \"" + detail::redacted_url(url) +
-                                "\" must start with redis-cluster://");
+                                "\" must start with redis-cluster:// or rediss-cluster://");
   }
-  std::string_view rest = url.substr(scheme.size());
+  std::string_view rest = url.substr(tls ? tls_scheme.size() : scheme.size());
   cluster_options o;
+  o.node.tls.enabled = tls;
+  detail::take_tls_query(rest, o.node.tls, url);
   std::string cred;
   if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
     cred = std::string(rest.substr(0, at + 1));
