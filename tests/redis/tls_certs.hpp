@@ -41,8 +41,12 @@ class tls_certs {
   }
 
   /// `<dir>/<name>.crt`, `<dir>/<name>.key`.
-  [[nodiscard]] std::string crt(const std::string& name) const { return dir_ + "/" + name + ".crt"; }
-  [[nodiscard]] std::string key(const std::string& name) const { return dir_ + "/" + name + ".key"; }
+  [[nodiscard]] std::string crt(const std::string& name) const {
+    return dir_ + "/" + name + ".crt";
+  }
+  [[nodiscard]] std::string key(const std::string& name) const {
+    return dir_ + "/" + name + ".key";
+  }
   [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
 
   /// redis-server arguments serving certificate `name` (clients not asked

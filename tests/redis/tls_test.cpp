@@ -168,8 +168,7 @@ TEST_F(Tls, PlainPortIsNoTls) {
   o.port = server_->port();
   o.connect_timeout = 200ms;
   const std::string what = check_error<redis::connection_error>(o);
-  EXPECT_NE(what.find("TLS handshake with 127.0.0.1:" + std::to_string(o.port)),
-            std::string::npos)
+  EXPECT_NE(what.find("TLS handshake with 127.0.0.1:" + std::to_string(o.port)), std::string::npos)
       << what;
 }
 
@@ -182,8 +181,8 @@ TEST_F(Tls, DecidesAsPlainTcp) {
   redis::redis_store over_tls(tls_options(*server_, "tls"));
   const fixed_window::config fw("3/1s", window_options{.name = "fw"});
   const gcra::config g("3/1s", bucket_options{.name = "g"});
-  const std::int64_t at[] = {0, 1, 2, 3, 999'999, 1'000'000, 1'000'001, 1'333'333, 1'333'334,
-                             2'500'000};
+  const std::int64_t at[] = {0,         1,         2,         3,         999'999,
+                             1'000'000, 1'000'001, 1'333'333, 1'333'334, 2'500'000};
   for (const std::int64_t dt : at) {
     const microseconds now{t0 + dt};
     EXPECT_EQ(over_tls.apply(fw, "k", now, 1), over_tcp.apply(fw, "k", now, 1)) << dt;
@@ -199,8 +198,8 @@ TEST_F(Tls, RestartReconnectsWithAuthAndSelect) {
     (void)rltest::command(s.options(), {"CONFIG", "SET", "requirepass", "s3cret"});
   };
   set_password();
-  redis::options o = redis::parse_url("rediss://:s3cret@localhost:" +
-                                      std::to_string(s.tls_port()) + "/3?ca=" + certs_->crt("ca"));
+  redis::options o = redis::parse_url("rediss://:s3cret@localhost:" + std::to_string(s.tls_port()) +
+                                      "/3?ca=" + certs_->crt("ca"));
   o.prefix = rltest::unique_prefix("restart");
   redis::redis_store store(o);
   const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
@@ -260,8 +259,7 @@ TEST_F(Tls, BadSettingsAreNamed) {
   EXPECT_NE(what.find("client key (key) \"" + o.tls.key_file + "\""), std::string::npos) << what;
   o.tls.key_file = certs_->crt("ca");  // a certificate, no key
   what = error(o);
-  EXPECT_NE(what.find("client key (key) \"" + o.tls.key_file + "\" is unusable"),
-            std::string::npos)
+  EXPECT_NE(what.find("client key (key) \"" + o.tls.key_file + "\" is unusable"), std::string::npos)
       << what;
   EXPECT_EQ(what.find("s3cret"), std::string::npos) << what;
   redis::options u;
@@ -274,7 +272,8 @@ TEST_F(Tls, BadSettingsAreNamed) {
 // named without echoing the password.
 TEST(TlsUrl, ParametersAndErrors) {
   const redis::options o = redis::parse_url(
-      "rediss://u:p@h:6380/2?ca=/a.crt&ca_dir=/d&cert=/c.crt&key=/c.key&sni=n.example&verify=chain");
+      "rediss://u:p@h:6380/2?ca=/a.crt&ca_dir=/d&cert=/c.crt&key=/"
+      "c.key&sni=n.example&verify=chain");
   EXPECT_TRUE(o.tls.enabled);
   EXPECT_EQ(o.user, "u");
   EXPECT_EQ(o.password, "p");
@@ -311,8 +310,8 @@ TEST(TlsUrl, ParametersAndErrors) {
   EXPECT_NE(url_error("rediss://h?ca").find("\"ca\" without a value"), std::string::npos);
   EXPECT_NE(url_error("redis://h?verify=none").find("need rediss://"), std::string::npos);
 
-  const redis::cluster_options c =
-      redis::parse_cluster_url("rediss-cluster://u:pw@a:7000,b:7001?ca=/ca.crt&sni=c.example");
+  const redis::cluster_options c = redis::parse_cluster_url(
+      "rediss-cluster://u:pw@a:7000,b:7001?ca=/ca.crt&sni=c.example");
   EXPECT_TRUE(c.node.tls.enabled);
   EXPECT_EQ(c.node.tls.ca_file, "/ca.crt");
   EXPECT_EQ(c.node.tls.server_name, "c.example");

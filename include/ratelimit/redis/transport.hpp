@@ -87,9 +87,8 @@ namespace detail {
       if (n < 0 && would_block(errno)) BIO_set_retry_read(b);
       return static_cast<int>(n);
     });
-    ::BIO_meth_set_ctrl(m, [](BIO*, int cmd, long, void*) -> long {
-      return cmd == BIO_CTRL_FLUSH ? 1 : 0;
-    });
+    ::BIO_meth_set_ctrl(
+        m, [](BIO*, int cmd, long, void*) -> long { return cmd == BIO_CTRL_FLUSH ? 1 : 0; });
     ::BIO_meth_set_create(m, [](BIO* b) -> int {
       ::BIO_set_init(b, 1);
       return 1;
@@ -141,7 +140,8 @@ inline void require_readable(const std::string& path, const char* what, bool dir
     throw std::runtime_error("ratelimit: redis: TLS: " + ssl_error_text("SSL_CTX_new failed"));
   }
   ::SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
-  ::SSL_CTX_set_mode(ctx.get(), SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  ::SSL_CTX_set_mode(ctx.get(),
+                     SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   ::SSL_CTX_set_verify(ctx.get(), t.verify == tls_verify::none ? SSL_VERIFY_NONE : SSL_VERIFY_PEER,
                        nullptr);
   // Called only when the server asks for a client certificate and none is
@@ -160,22 +160,22 @@ inline void require_readable(const std::string& path, const char* what, bool dir
   } else if (::SSL_CTX_load_verify_locations(ctx.get(),
                                              t.ca_file.empty() ? nullptr : t.ca_file.c_str(),
                                              t.ca_dir.empty() ? nullptr : t.ca_dir.c_str()) != 1) {
-    throw std::invalid_argument("ratelimit: redis: TLS CA file (ca) \"" + t.ca_file +
-                                "\" holds no usable certificate: " +
-                                ssl_error_text("unknown error"));
+    throw std::invalid_argument(
+        "ratelimit: redis: TLS CA file (ca) \"" + t.ca_file +
+        "\" holds no usable certificate: " + ssl_error_text("unknown error"));
   }
   if (!t.cert_file.empty()) {
     require_readable(t.cert_file, "client certificate (cert)");
     require_readable(t.key_file, "client key (key)");
     if (::SSL_CTX_use_certificate_chain_file(ctx.get(), t.cert_file.c_str()) != 1) {
       throw std::invalid_argument("ratelimit: redis: TLS client certificate (cert) \"" +
-                                  t.cert_file + "\" is unusable: " +
-                                  ssl_error_text("unknown error"));
+                                  t.cert_file +
+                                  "\" is unusable: " + ssl_error_text("unknown error"));
     }
     if (::SSL_CTX_use_PrivateKey_file(ctx.get(), t.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
-      throw std::invalid_argument("ratelimit: redis: TLS client key (key) \"" + t.key_file +
-                                  "\" is unusable (an unencrypted PEM key is needed): " +
-                                  ssl_error_text("unknown error"));
+      throw std::invalid_argument(
+          "ratelimit: redis: TLS client key (key) \"" + t.key_file +
+          "\" is unusable (an unencrypted PEM key is needed): " + ssl_error_text("unknown error"));
     }
     if (::SSL_CTX_check_private_key(ctx.get()) != 1) {
       throw std::invalid_argument("ratelimit: redis: TLS client key (key) \"" + t.key_file +
@@ -296,8 +296,8 @@ class transport {
   /// certificate as `verify` says, until `until` at most.
   /// @throws tls_error naming what failed (unknown CA, expired certificate,
   ///   hostname mismatch, OpenSSL's reason); timeout_error when `until` passes
-  void start_tls(SSL_CTX* ctx, const std::string& name, tls_verify verify,
-                 const std::string& where, deadline until) {
+  void start_tls(SSL_CTX* ctx, const std::string& name, tls_verify verify, const std::string& where,
+                 deadline until) {
     ::ERR_clear_error();
     fatal_ = true;  // until the handshake succeeds: no close_notify
     ssl_ = ::SSL_new(ctx);
@@ -524,7 +524,7 @@ class transport {
 
   int fd_ = -1;
   SSL* ssl_ = nullptr;
-  bool fatal_ = false;  ///< a TLS error came: no close_notify may follow
+  bool fatal_ = false;       ///< a TLS error came: no close_notify may follow
   bool cert_asked_ = false;  ///< see client_cert_missing
   pid_t owner_ = ::getpid();
   int errno_ = 0;
