@@ -89,6 +89,27 @@ TEST_F(Tls, VerifiedCheckSucceeds) {
   EXPECT_EQ(by_name.apply(cfg, "k", microseconds{t0}, 1).remaining, 3);
 }
 
+// Verifies a pooled TLS connection serves check after check (the look at an
+// idle connection does not take TLS records for a close): the server accepts
+// exactly one connection for 50 checks.
+TEST_F(Tls, PooledConnectionIsReused) {
+  const auto accepted = [] {
+    const auto r = rltest::command(server_->options(), {"INFO", "stats"});
+    const std::string info(r->str, r->len);
+    const auto at = info.find("total_connections_received:");
+    return std::stol(info.substr(at + 27));
+  };
+  redis::options o = tls_options(*server_, "reuse");
+  o.pool_size = 1;
+  redis::redis_store store(o);
+  const gcra::config cfg("100/1s", bucket_options{.name = "g"});
+  const long before = accepted();
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_EQ(store.apply(cfg, "k", microseconds{t0}, 1).remaining, 99 - i);
+  }
+  EXPECT_EQ(accepted() - before, 2);  // the store's connection and this INFO's
+}
+
 // Verifies a server certificate from a CA the client does not trust fails
 // the connect with a tls_error saying "unknown CA" and OpenSSL's reason, and
 // that verify=none (an explicit opt-out) connects anyway.
