@@ -34,8 +34,8 @@ void round(redis::redis_store& store, int n, result& out) {
     std::snprintf(key, sizeof key, "+1555%011d", i % 10'000);
     const auto t = bench_clock::now();
     (void)store.apply(cfg, key, store_time, 1, access::consume);
-    out.latency_us.push_back(std::chrono::duration<double, std::micro>(bench_clock::now() - t)
-                                 .count());
+    out.latency_us.push_back(
+        std::chrono::duration<double, std::micro>(bench_clock::now() - t).count());
   }
   out.seconds += std::chrono::duration<double>(bench_clock::now() - start).count();
 }
@@ -81,10 +81,11 @@ int main(int argc, char** argv) {
   };
   line("plain", p);
   line("tls", t);
-  std::printf("tls/plain: throughput %.2fx, p50 latency %.2fx, p99 latency %.2fx (%d x %d checks each)\n",
-              (static_cast<double>(t.latency_us.size()) / t.seconds) /
-                  (static_cast<double>(p.latency_us.size()) / p.seconds),
-              percentile(t.latency_us, 0.5) / percentile(p.latency_us, 0.5),
-              percentile(t.latency_us, 0.99) / percentile(p.latency_us, 0.99), rounds, n);
+  std::printf(
+      "tls/plain: throughput %.2fx, p50 latency %.2fx, p99 latency %.2fx (%d x %d checks each)\n",
+      (static_cast<double>(t.latency_us.size()) / t.seconds) /
+          (static_cast<double>(p.latency_us.size()) / p.seconds),
+      percentile(t.latency_us, 0.5) / percentile(p.latency_us, 0.5),
+      percentile(t.latency_us, 0.99) / percentile(p.latency_us, 0.99), rounds, n);
   return 0;
 }
