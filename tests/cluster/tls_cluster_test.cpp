@@ -78,11 +78,11 @@ class tls_cluster {
       if (!up) throw std::runtime_error("a TLS cluster node did not start");
     }
     const char* ranges[3][2] = {{"0", "5460"}, {"5461", "10922"}, {"10923", "16383"}};
-    for (int i = 0; i < 3; ++i) {
+    for (std::size_t i = 0; i < 3; ++i) {
       (void)rltest::redis_cluster::ask(plain_[i],
                                        {"CLUSTER", "ADDSLOTSRANGE", ranges[i][0], ranges[i][1]});
     }
-    for (int i = 1; i < 3; ++i) {
+    for (std::size_t i = 1; i < 3; ++i) {
       const std::string port = std::to_string(tls_[i]);
       (void)rltest::redis_cluster::ask(plain_[0], {"CLUSTER", "MEET", "127.0.0.1", port});
     }

@@ -226,8 +226,9 @@ class connection {
                                                        : std::chrono::milliseconds{200};
     const deadline until = deadline_clock::now() + timeout;
     reader_.reset(redisReaderCreate());
-    if (reader_ == nullptr)
+    if (reader_ == nullptr) {
       throw connection_error("ratelimit: redis: cannot allocate a connection");
+    }
     // Every wait below is a poll() with the remaining time, so no call can
     // outlive its deadline.
     if (o.unix_socket.empty()) {
