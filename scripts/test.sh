@@ -69,8 +69,8 @@ if [ -z "$sanitize" ] && [ "$benchmarks" -eq 1 ]; then
 else
   cmake_args+=(-DRATELIMIT_BUILD_BENCHMARKS=OFF)
 fi
-# The Redis store is built once its CMake module exists and hiredis is installed.
-if [ -f "$root/cmake/redis.cmake" ] && pkg-config --exists hiredis; then
+# The Redis store is built once its CMake module exists and hiredis and OpenSSL are installed.
+if [ -f "$root/cmake/redis.cmake" ] && pkg-config --exists hiredis openssl; then
   cmake_args+=(-DRATELIMIT_REDIS=ON)
 else
   cmake_args+=(-DRATELIMIT_REDIS=OFF)

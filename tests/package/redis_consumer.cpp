@@ -11,9 +11,9 @@ int main() {
   std::printf("host=%s port=%d database=%d user=%s\n", parsed.host.c_str(), parsed.port,
               parsed.database, parsed.user.c_str());
 
-  // A socket path that cannot exist: the check must go through hiredis's
-  // connect (so the program really links libhiredis) and be answered by the
-  // failure policy, with no server needed.
+  // A socket path that cannot exist: the check must go through the connect
+  // (so the program really links libhiredis and OpenSSL) and be answered by
+  // the failure policy, with no server needed.
   rl::redis::options o = rl::redis::parse_url(
       "unix:///nonexistent-ratelimit-package-test/redis.sock");
   o.on_failure = rl::redis::failure_policy::fail_closed;

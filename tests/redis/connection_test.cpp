@@ -633,7 +633,8 @@ TEST(RedisUrl, HostsPortsAndDatabases) {
   EXPECT_NE(url_error("redis://h/x").find("database \"x\""), std::string::npos);
   EXPECT_NE(url_error("redis://h/-1").find("database \"-1\""), std::string::npos);
   EXPECT_NE(url_error("unix:///tmp/s?db=z").find("database \"z\""), std::string::npos);
-  EXPECT_NE(url_error("rediss://h").find("must start with"), std::string::npos);
+  EXPECT_NE(url_error("http://h").find("must start with"), std::string::npos);
+  EXPECT_NE(url_error("redis://h?ca=/x").find("need rediss://"), std::string::npos);
 }
 
 TEST(RedisUrl, ClusterUrlsShareTheChecks) {

@@ -71,13 +71,17 @@ inline ratelimit::redis::reply_ptr command(const ratelimit::redis::options& o,
 }
 
 /// `redis-server --port <free> --bind 127.0.0.1 --save '' --appendonly no`,
-/// killed by PID when destroyed (or when this process dies).
+/// killed by PID when destroyed (or when this process dies). With `tls_port`
+/// it also listens for TLS on a second free port (`extra` then names the
+/// certificate files: see tls_certs.hpp).
 class redis_server {
  public:
-  explicit redis_server(std::vector<std::string> extra = {}) : extra_(std::move(extra)) {
+  explicit redis_server(std::vector<std::string> extra = {}, bool tls_port = false)
+      : extra_(std::move(extra)), tls_(tls_port) {
     const std::string exe = redis_server_path();
     for (int attempt = 0; attempt < 5; ++attempt) {
       port_ = free_port();
+      if (tls_) tls_port_ = free_port();
       if (launch(exe)) return;
     }
     throw std::runtime_error("redis-server did not start (tried 5 ports)");
@@ -109,6 +113,8 @@ class redis_server {
   void resume() noexcept { ::kill(pid_, SIGCONT); }
 
   [[nodiscard]] int port() const noexcept { return port_; }
+  /// The TLS port (0 without one).
+  [[nodiscard]] int tls_port() const noexcept { return tls_port_; }
   [[nodiscard]] ratelimit::redis::options options() const {
     ratelimit::redis::options o;
     o.host = "127.0.0.1";
@@ -124,6 +130,9 @@ class redis_server {
     std::vector<std::string> args = {
         exe,  "--port",      port, "--bind",    "127.0.0.1", "--save", "", "--appendonly",
         "no", "--daemonize", "no", "--logfile", ""};
+    if (tls_) {
+      args.insert(args.end(), {"--tls-port", std::to_string(tls_port_)});
+    }
     args.insert(args.end(), extra_.begin(), extra_.end());
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
@@ -162,7 +171,9 @@ class redis_server {
   }
 
   std::vector<std::string> extra_;
+  bool tls_ = false;
   int port_ = 0;
+  int tls_port_ = 0;
   pid_t pid_ = -1;
 };
 

@@ -65,16 +65,22 @@ struct cluster_options {
 };
 
 /// Parses `redis-cluster://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]`
-/// (port 6379 when omitted) into cluster_options with default node settings.
+/// (port 6379 when omitted) into cluster_options with default node settings;
+/// `rediss-cluster://` is the same over TLS, with the parameters of a
+/// `rediss://` URL (see parse_url) after `?`, applied to every node.
 /// @throws std::invalid_argument quoting the URL
 [[nodiscard]] inline cluster_options parse_cluster_url(std::string_view url) {
   constexpr std::string_view scheme = "redis-cluster://";
-  if (!url.starts_with(scheme)) {
+  constexpr std::string_view tls_scheme = "rediss-cluster://";
+  const bool tls = url.starts_with(tls_scheme);
+  if (!tls && !url.starts_with(scheme)) {
     throw std::invalid_argument("ratelimit: redis cluster URL \"" + detail::redacted_url(url) +
-                                "\" must start with redis-cluster://");
+                                "\" must start with redis-cluster:// or rediss-cluster://");
   }
-  std::string_view rest = url.substr(scheme.size());
+  std::string_view rest = url.substr(tls ? tls_scheme.size() : scheme.size());
   cluster_options o;
+  o.node.tls.enabled = tls;
+  detail::take_tls_query(rest, o.node.tls, url);
   std::string cred;
   if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
     cred = std::string(rest.substr(0, at + 1));
@@ -367,7 +373,7 @@ class cluster_store {
   void ping() {
     detail::check_same_process(shared_->owner_pid);
     if (!shared_->refresh(deadline_clock::now() + shared_->budget())) {
-      throw connection_error("ratelimit: redis: no cluster node answered CLUSTER SLOTS");
+      shared_->throw_no_slot_map();
     }
     for (const auto& n : shared_->masters()) {
       const std::string_view args[] = {"PING"};
@@ -385,7 +391,7 @@ class cluster_store {
   void refresh_topology() {
     detail::check_same_process(shared_->owner_pid);
     if (!shared_->refresh(deadline_clock::now() + shared_->budget())) {
-      throw connection_error("ratelimit: redis: no cluster node answered CLUSTER SLOTS");
+      shared_->throw_no_slot_map();
     }
   }
 
@@ -521,6 +527,7 @@ class cluster_store {
         throw std::invalid_argument(
             "ratelimit: redis cluster: nodes are reached over TCP and have only database 0");
       }
+      if (o.node.tls.enabled) (void)detail::tls_context_for(o.node.tls);  // names a bad file
       return o;
     }
 
@@ -624,6 +631,9 @@ class cluster_store {
                 return true;
               case install::bad: break;
             }
+          } catch (const tls_error& e) {  // try the next node; a TLS failure is named
+            std::lock_guard<std::mutex> lock(tls_failure_mutex);
+            tls_failure = e.what();
           } catch (const store_error&) {
             // try the next node
           }
@@ -632,6 +642,16 @@ class cluster_store {
         // allocation failure: keep the old map
       }
       return false;
+    }
+
+    /// No node answered CLUSTER SLOTS; the last TLS failure, if any, is named.
+    [[noreturn]] void throw_no_slot_map() {
+      std::string what = "ratelimit: redis: no cluster node answered CLUSTER SLOTS";
+      {
+        std::lock_guard<std::mutex> lock(tls_failure_mutex);
+        if (!tls_failure.empty()) what += " (last TLS failure: " + tls_failure + ")";
+      }
+      throw connection_error(what);
     }
 
     /// done: installed; merged: installed but for slots MOVED since the read
@@ -738,12 +758,12 @@ class cluster_store {
       // keeps trying, so callers do not each wait out the seeds' timeouts.
       if (last_map_failure && deadline_clock::now() < *last_map_failure + refresh_interval) {
         request_refresh();
-        throw connection_error("ratelimit: redis: no cluster node answered CLUSTER SLOTS");
+        throw_no_slot_map();
       }
       if (!refresh(until)) {
         last_map_failure = deadline_clock::now();
         request_refresh();
-        throw connection_error("ratelimit: redis: no cluster node answered CLUSTER SLOTS");
+        throw_no_slot_map();
       }
     }
 
@@ -836,6 +856,8 @@ class cluster_store {
 
     const pid_t owner_pid = ::getpid();  ///< see detail::delete_unless_forked
     cluster_options opts;
+    std::mutex tls_failure_mutex;
+    std::string tls_failure;  ///< the last TLS failure of a slot map read
     std::chrono::milliseconds command_timeout;
     std::chrono::milliseconds connect_timeout;
     std::chrono::milliseconds refresh_interval;

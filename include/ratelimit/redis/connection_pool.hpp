@@ -3,7 +3,6 @@
 #pragma once
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -30,12 +29,9 @@
 
 #include "ratelimit/redis/errors.hpp"
 #include "ratelimit/redis/options.hpp"
+#include "ratelimit/redis/transport.hpp"
 
 namespace ratelimit::redis {
-
-/// Monotonic deadlines of connects and round trips.
-using deadline_clock = std::chrono::steady_clock;
-using deadline = deadline_clock::time_point;
 
 /// Frees a hiredis reply.
 struct reply_deleter {
@@ -221,29 +217,35 @@ namespace detail {
 /// Thread safety: one thread at a time (the pool hands it out exclusively).
 class connection {
  public:
-  /// Connects, authenticates and selects the database.
-  /// @throws connection_error (timeout_error when connect_timeout passes)
+  /// Connects (over TLS when `o.tls.enabled`), authenticates and selects the
+  /// database, all within connect_timeout.
+  /// @throws connection_error (timeout_error when connect_timeout passes;
+  ///   tls_error when the TLS handshake fails, naming why)
   explicit connection(const options& o) : where_(describe(o)) {
     const auto timeout = o.connect_timeout.count() > 0 ? o.connect_timeout
                                                        : std::chrono::milliseconds{200};
     const deadline until = deadline_clock::now() + timeout;
-    redisContext* c = o.unix_socket.empty()
-                          ? connect_tcp(o, until)
-                          : redisConnectUnixWithTimeout(o.unix_socket.c_str(), to_timeval(timeout));
-    if (c == nullptr) throw connection_error("ratelimit: redis: cannot allocate a connection");
-    ctx_.reset(c);
-    if (c->err != 0) {
-      const std::string what = "ratelimit: redis: cannot connect to " + where_ + ": " + c->errstr;
-      if (std::strstr(c->errstr, "timed out") != nullptr) throw timeout_error(what);
-      throw connection_error(what);
+    reader_.reset(redisReaderCreate());
+    if (reader_ == nullptr) {
+      throw connection_error("ratelimit: redis: cannot allocate a connection");
     }
-    // From here on the socket is non-blocking and every wait is a poll() with
-    // the remaining time, so no call can outlive its deadline.
-    const int flags = ::fcntl(c->fd, F_GETFL, 0);
-    if (flags < 0 || ::fcntl(c->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-      throw connection_error("ratelimit: redis: cannot make the socket non-blocking");
+    // Every wait below is a poll() with the remaining time, so no call can
+    // outlive its deadline.
+    if (o.unix_socket.empty()) {
+      connect_tcp(o, until);
+    } else {
+      stream_.open_unix(o.unix_socket, until);
     }
-    login(o, until);
+    if (o.tls.enabled) start_tls(o, until);
+    try {
+      login(o, until);
+    } catch (const connection_error& e) {
+      if (!stream_.client_cert_missing()) throw;
+      throw tls_error("ratelimit: redis: TLS: " + where_ +
+                      " asked for a client certificate and none is configured (tls_options "
+                      "cert_file and key_file; cert= and key= in the URL): " +
+                      e.what());
+    }
   }
 
   /// `host:port` (`[host]:port` for IPv6) or the socket path, for messages.
@@ -267,20 +269,16 @@ class connection {
 
   /// The socket, for tests and diagnostics (reading or writing it would
   /// desynchronise the connection).
-  [[nodiscard]] int native_handle() const noexcept { return ctx_->fd; }
+  [[nodiscard]] int native_handle() const noexcept { return stream_.fd(); }
+
+  /// True when the connection runs over TLS.
+  [[nodiscard]] bool tls() const noexcept { return stream_.tls(); }
 
   /// True when the server has closed this idle connection (for example after
   /// its `timeout`, or CLIENT KILL) or sent something unasked for; checked
   /// without sending, in a few microseconds. Such a connection must be dropped.
   [[nodiscard]] bool peer_closed() noexcept {
-    pollfd p{ctx_->fd, POLLIN, 0};
-    const int r = ::poll(&p, 1, 0);
-    if (r == 0 || (r < 0 && errno == EINTR)) return false;
-    char byte = 0;
-    if (r > 0) {
-      const ssize_t n = ::recv(ctx_->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
-    }
+    if (!stream_.peer_closed()) return false;
     broken_ = true;  // end of stream, an error, or bytes no command asked for
     return true;
   }
@@ -290,18 +288,21 @@ class connection {
     closed_before_send_ = false;
     bool accepted = false;
     while (!bytes.empty()) {
-      const ssize_t n = ::send(ctx_->fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-      if (n > 0) {
+      std::size_t n = 0;
+      const transport::io r = stream_.write_some(bytes, n);
+      if (r == transport::io::ok) {
         accepted = true;
-        bytes.remove_prefix(static_cast<std::size_t>(n));
+        bytes.remove_prefix(n);
         continue;
       }
-      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        const int e = errno;
+      if (r == transport::io::failed || r == transport::io::closed) {
+        const int e = stream_.error();
         closed_before_send_ = !accepted && (e == EPIPE || e == ECONNRESET || e == ENOTCONN);
-        fail<connection_error>(std::string("ratelimit: redis: write failed: ") + std::strerror(e));
+        fail<connection_error>(
+            "ratelimit: redis: write failed: " +
+            (r == transport::io::closed ? std::string("connection closed") : stream_.error_text()));
       }
-      wait_for(POLLOUT, until);
+      wait_for(r == transport::io::want_read ? POLLIN : POLLOUT, until);
     }
   }
 
@@ -328,37 +329,45 @@ class connection {
   }
 
  private:
-  struct context_deleter {
-    void operator()(redisContext* c) const noexcept { redisFree(c); }
+  struct reader_deleter {
+    void operator()(redisReader* r) const noexcept { redisReaderFree(r); }
   };
 
-  static timeval to_timeval(std::chrono::milliseconds ms) noexcept {
-    timeval tv{};
-    tv.tv_sec = static_cast<time_t>(ms.count() / 1000);
-    tv.tv_usec = static_cast<suseconds_t>((ms.count() % 1000) * 1000);
-    return tv;
-  }
-
-  /// Resolves the host within `until` (hiredis would call getaddrinfo with
-  /// no deadline), then connects to its addresses in turn with what is left.
-  static redisContext* connect_tcp(const options& o, deadline until) {
+  /// Resolves the host within `until` (getaddrinfo has no deadline of its
+  /// own), then connects to its addresses in turn with what is left; the
+  /// last failure is reported.
+  void connect_tcp(const options& o, deadline until) {
     const std::vector<std::string> addresses = detail::resolve(o, until);
-    redisContext* c = nullptr;
-    for (const std::string& a : addresses) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - deadline_clock::now());
-      if (left.count() <= 0) break;
-      if (c != nullptr) redisFree(c);
-      c = redisConnectWithTimeout(a.c_str(), o.port, to_timeval(left));
-      if (c == nullptr || c->err == 0) return c;
+    for (std::size_t i = 0;; ++i) {
+      try {
+        stream_.open_tcp(addresses[i], o.port, where_, until);
+        return;
+      } catch (const connection_error&) {
+        if (i + 1 == addresses.size() || deadline_clock::now() >= until) throw;
+      }
     }
-    if (c == nullptr) {
-      throw timeout_error("ratelimit: redis: cannot connect to " + describe(o) + ": timed out");
-    }
-    return c;  // the last failure, reported by the caller
   }
 
-  /// AUTH and SELECT, as the options ask.
+  /// The TLS handshake, within what is left of the connect's time.
+  void start_tls(const options& o, deadline until) {
+    std::shared_ptr<SSL_CTX> ctx;
+    try {
+      ctx = detail::tls_context_for(o.tls);
+    } catch (const std::invalid_argument& e) {  // a file changed since the pool checked it
+      throw connection_error(e.what());
+    }
+    stream_.start_tls(ctx.get(), o.tls.server_name.empty() ? o.host : o.tls.server_name,
+                      o.tls.verify, where_, until);
+  }
+
+  /// AUTH and SELECT, as the options ask; over TLS at least a PING, so that
+  /// a server refusing the session after the handshake (TLS 1.3 checks the
+  /// client's certificate then) fails the connect, not the first check.
   void login(const options& o, deadline until) {
+    if (stream_.tls() && o.password.empty() && o.database == 0) {
+      const std::string_view args[] = {"PING"};
+      (void)command(args, 1, until);  // an error reply (PING denied by ACL) will do
+    }
     if (!o.password.empty()) {
       reply_ptr r;
       if (o.user.empty()) {
@@ -398,24 +407,26 @@ class connection {
   [[nodiscard]] reply_ptr read_reply(deadline until) {
     for (;;) {
       void* r = nullptr;
-      if (redisReaderGetReply(ctx_->reader, &r) != REDIS_OK) {
+      if (redisReaderGetReply(reader_.get(), &r) != REDIS_OK) {
         fail<connection_error>("ratelimit: redis: protocol error in reply");
       }
       if (r != nullptr) return reply_ptr(static_cast<redisReply*>(r));
       char buf[16 * 1024];
-      const ssize_t n = ::recv(ctx_->fd, buf, sizeof buf, 0);
-      if (n > 0) {
-        if (redisReaderFeed(ctx_->reader, buf, static_cast<std::size_t>(n)) != REDIS_OK) {
+      std::size_t n = 0;
+      const transport::io got = stream_.read_some(buf, sizeof buf, n);
+      if (got == transport::io::ok) {
+        if (redisReaderFeed(reader_.get(), buf, n) != REDIS_OK) {
           fail<connection_error>("ratelimit: redis: protocol error in reply");
         }
         continue;
       }
-      if (n == 0) fail<connection_error>("ratelimit: redis: server closed the connection");
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        fail<connection_error>(std::string("ratelimit: redis: read failed: ") +
-                               std::strerror(errno));
+      if (got == transport::io::closed) {
+        fail<connection_error>("ratelimit: redis: server closed the connection");
       }
-      wait_for(POLLIN, until);
+      if (got == transport::io::failed) {
+        fail<connection_error>("ratelimit: redis: read failed: " + stream_.error_text());
+      }
+      wait_for(got == transport::io::want_write ? POLLOUT : POLLIN, until);
     }
   }
 
@@ -432,21 +443,18 @@ class connection {
   }
 
   void wait_for(short events, deadline until) {
-    for (;;) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - deadline_clock::now());
-      if (left.count() <= 0) fail<timeout_error>("ratelimit: redis: command timed out");
-      pollfd p{ctx_->fd, events, 0};
-      const int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
-      if (r > 0) return;  // readable/writable, or an error the next call reports
-      if (r < 0 && errno != EINTR) {
-        fail<connection_error>(std::string("ratelimit: redis: poll failed: ") +
-                               std::strerror(errno));
-      }
+    bool ready = false;
+    try {
+      ready = stream_.wait(events, until);
+    } catch (const connection_error& e) {
+      fail<connection_error>(e.what());
     }
+    if (!ready) fail<timeout_error>("ratelimit: redis: command timed out");
   }
 
   std::string where_;  ///< host:port or socket path, for messages
-  std::unique_ptr<redisContext, context_deleter> ctx_;
+  transport stream_;
+  std::unique_ptr<redisReader, reader_deleter> reader_;
   std::string out_;
   bool broken_ = false;
   bool closed_before_send_ = false;
@@ -459,8 +467,18 @@ class connection {
 /// Thread safety: all member functions may be called from any number of threads.
 class connection_pool {
  public:
+  /// @throws std::invalid_argument for TLS settings that cannot be used (a
+  ///   file missing, unreadable or not understood; TLS over a unix socket)
   explicit connection_pool(options o)
-      : options_(std::move(o)), size_(options_.pool_size == 0 ? 4 : options_.pool_size) {}
+      : options_(std::move(o)), size_(options_.pool_size == 0 ? 4 : options_.pool_size) {
+    if (options_.tls.enabled) {
+      if (!options_.unix_socket.empty()) {
+        throw std::invalid_argument("ratelimit: redis: TLS is for TCP; unix socket \"" +
+                                    options_.unix_socket + "\" takes none");
+      }
+      (void)detail::tls_context_for(options_.tls);  // files are read now, and named if bad
+    }
+  }
 
   connection_pool(const connection_pool&) = delete;
   connection_pool& operator=(const connection_pool&) = delete;

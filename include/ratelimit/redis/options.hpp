@@ -2,6 +2,7 @@
 // Options of the Redis store: where the server is, timeouts, failure policy.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +25,36 @@ enum class failure_policy : unsigned char {
   fallback,  ///< decide with an in-process limiter at limit / fallback_divisor (source == fallback)
 };
 
+/// How a TLS connection checks the server's certificate.
+enum class tls_verify : unsigned char {
+  full,   ///< a chain to a trusted CA, the validity dates and the host name (or IP address)
+  chain,  ///< the chain and the dates, not the name (explicit opt-out of name checks)
+  none,   ///< nothing: encrypted, but anyone can pose as the server (explicit opt-out)
+};
+
+/// TLS to Redis (`rediss://`; see README "TLS"). Over TCP only. An aggregate.
+struct tls_options {
+  /// Use TLS. Off by default; on for `rediss://` and `rediss-cluster://` URLs.
+  bool enabled = false;
+  /// PEM file of trusted CA certificates. With ca_dir also empty, the
+  /// system's trusted CAs are used.
+  std::string ca_file;
+  /// Directory of trusted CA certificates in OpenSSL's hashed layout
+  /// (`openssl rehash`).
+  std::string ca_dir;
+  /// Client certificate (PEM, chain allowed) for servers that require one
+  /// (mutual TLS, `tls-auth-clients yes`). Needs key_file.
+  std::string cert_file;
+  /// Private key (PEM, unencrypted) of cert_file.
+  std::string key_file;
+  /// Name sent as SNI and checked against the certificate; empty = the host
+  /// connected to (an IP address host is checked against the certificate's
+  /// IP addresses and sends no SNI). Cluster nodes all share it.
+  std::string server_name;
+  /// What is checked (default: everything).
+  tls_verify verify = tls_verify::full;
+};
+
 /// Where and how to reach Redis. An aggregate: every field has a default.
 struct options {
   /// Host name or address for TCP. Ignored when `unix_socket` is set.
@@ -38,8 +69,10 @@ struct options {
   std::string user;
   /// Password for AUTH; empty = no AUTH.
   std::string password;
+  /// TLS settings; `tls.enabled` false = plain TCP.
+  tls_options tls;
   /// Longest wait to establish one connection (name resolution, TCP connect,
-  /// AUTH, SELECT); 0 = 200 ms.
+  /// TLS handshake, AUTH, SELECT); 0 = 200 ms.
   std::chrono::milliseconds connect_timeout{200};
   /// Longest wait for a check's round trip, including the wait for a pooled
   /// connection; 0 = 100 ms. A check that must also connect may take up to
@@ -129,6 +162,64 @@ namespace detail {
   throw std::invalid_argument("ratelimit: redis URL \"" + redacted_url(url) + "\" " + why);
 }
 
+/// Applies the query `k=v&k=v` of a `rediss://` URL to `t`: ca, ca_dir, cert,
+/// key, sni, verify (full, chain or none). Each at most once, none empty.
+/// @throws std::invalid_argument naming the bad parameter (and the URL, redacted)
+inline void apply_tls_query(tls_options& t, std::string_view query, std::string_view url) {
+  std::vector<std::string_view> seen;
+  for (;;) {
+    const auto amp = query.find('&');
+    const std::string_view item = query.substr(0, amp);
+    const auto eq = item.find('=');
+    const std::string_view name = item.substr(0, eq);
+    if (eq == std::string_view::npos || eq + 1 == item.size()) {
+      bad_url(url, "has parameter \"" + std::string(name) + "\" without a value (NAME=VALUE)");
+    }
+    if (std::find(seen.begin(), seen.end(), name) != seen.end()) {
+      bad_url(url, "gives parameter \"" + std::string(name) + "\" twice");
+    }
+    seen.push_back(name);
+    const std::string value(item.substr(eq + 1));
+    if (name == "ca") {
+      t.ca_file = value;
+    } else if (name == "ca_dir") {
+      t.ca_dir = value;
+    } else if (name == "cert") {
+      t.cert_file = value;
+    } else if (name == "key") {
+      t.key_file = value;
+    } else if (name == "sni") {
+      t.server_name = value;
+    } else if (name == "verify") {
+      if (value == "full") {
+        t.verify = tls_verify::full;
+      } else if (value == "chain") {
+        t.verify = tls_verify::chain;
+      } else if (value == "none") {
+        t.verify = tls_verify::none;
+      } else {
+        bad_url(url, "has verify=\"" + value + "\" (expected full, chain or none)");
+      }
+    } else {
+      bad_url(url, "has unknown parameter \"" + std::string(name) +
+                       "\" (known: ca, ca_dir, cert, key, sni, verify)");
+    }
+    if (amp == std::string_view::npos) break;
+    query.remove_prefix(amp + 1);
+  }
+}
+
+/// Splits the query (after the first `?` behind the userinfo) off `rest` and
+/// applies it to `t`; a query on a URL without TLS is refused.
+inline void take_tls_query(std::string_view& rest, tls_options& t, std::string_view url) {
+  const auto at = rest.rfind('@');
+  const auto q = rest.find('?', at == std::string_view::npos ? 0 : at + 1);
+  if (q == std::string_view::npos) return;
+  if (!t.enabled) bad_url(url, "has parameters after '?': TLS parameters need rediss://");
+  apply_tls_query(t, rest.substr(q + 1), url);
+  rest = rest.substr(0, q);
+}
+
 }  // namespace detail
 
 /// Parses `redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]` or
@@ -136,6 +227,9 @@ namespace detail {
 /// their defaults). An IPv6 HOST is written in brackets:
 /// `redis://[::1]:6379`. PORT is 1..65535. No percent-decoding. Error
 /// messages quote the URL with its password replaced by `***`.
+/// `rediss://` is `redis://` over TLS (options::tls), with optional
+/// parameters `?ca=FILE&ca_dir=DIR&cert=FILE&key=FILE&sni=NAME&verify=full|chain|none`
+/// (values without `&` or `@`); files are read when the store is made.
 /// @throws std::invalid_argument quoting the URL and the bad part
 [[nodiscard]] inline options parse_url(std::string_view url) {
   options o;
@@ -143,12 +237,16 @@ namespace detail {
   bool unix_path = false;
   if (url.starts_with("redis://")) {
     rest = url.substr(8);
+  } else if (url.starts_with("rediss://")) {
+    rest = url.substr(9);
+    o.tls.enabled = true;
   } else if (url.starts_with("unix://")) {
     rest = url.substr(7);
     unix_path = true;
   } else {
-    detail::bad_url(url, "must start with redis:// or unix://");
+    detail::bad_url(url, "must start with redis://, rediss:// or unix://");
   }
+  if (!unix_path) detail::take_tls_query(rest, o.tls, url);
   if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
     const std::string_view cred = rest.substr(0, at);
     rest = rest.substr(at + 1);

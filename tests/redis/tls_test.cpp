@@ -1,0 +1,352 @@
+// SPDX-License-Identifier: Apache-2.0
+// TLS (rediss://) against a real redis-server with --tls-port and
+// certificates made by the openssl CLI: verified success, each named failure
+// (unknown CA, hostname mismatch, expired certificate, missing client
+// certificate, handshake timeout, no TLS on the port), identical decisions
+// over TLS and plain TCP, reconnects after a restart, AUTH + SELECT, fork(),
+// and bad settings named in std::invalid_argument.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ratelimit/ratelimit.hpp"
+#include "ratelimit/redis.hpp"
+#include "redis_server.hpp"
+#include "support/fork_child.hpp"
+#include "tls_certs.hpp"
+
+namespace {
+
+using namespace ratelimit;
+using namespace std::chrono_literals;
+using std::chrono::microseconds;
+
+constexpr std::int64_t t0 = 1'732'950'000'000'000;
+
+class Tls : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    certs_ = new rltest::tls_certs();
+    server_ = new rltest::redis_server(certs_->server_args("server"), true);
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    delete certs_;
+    server_ = nullptr;
+    certs_ = nullptr;
+  }
+
+  /// Options for the TLS port of `s`, trusting our CA.
+  static redis::options tls_options(const rltest::redis_server& s, std::string_view what) {
+    redis::options o = s.options();
+    o.port = s.tls_port();
+    o.tls.enabled = true;
+    o.tls.ca_file = certs_->crt("ca");
+    o.prefix = rltest::unique_prefix(what);
+    return o;
+  }
+
+  /// The message of the exception `E` that a check through a store made
+  /// with `o` throws ("" when none is thrown).
+  template <class E>
+  static std::string check_error(const redis::options& o) {
+    redis::redis_store store(o);
+    const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
+    try {
+      (void)store.apply(cfg, "k", microseconds{t0}, 1);
+    } catch (const E& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  static inline rltest::tls_certs* certs_ = nullptr;
+  static inline rltest::redis_server* server_ = nullptr;
+};
+
+// Verifies a check over TLS with the certificate verified (by IP address and
+// by host name with SNI) is decided by Redis, on a TLS connection.
+TEST_F(Tls, VerifiedCheckSucceeds) {
+  const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
+  redis::options o = tls_options(*server_, "ok");
+  redis::redis_store store(o);
+  const decision d = store.apply(cfg, "k", microseconds{t0}, 1);
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.remaining, 4);
+  EXPECT_EQ(d.source, decision_source::store);
+  redis::connection c(o);
+  EXPECT_TRUE(c.tls());
+  o.host = "localhost";
+  redis::redis_store by_name(o);
+  EXPECT_EQ(by_name.apply(cfg, "k", microseconds{t0}, 1).remaining, 3);
+}
+
+// Verifies a pooled TLS connection serves check after check (the look at an
+// idle connection does not take TLS records for a close): the server accepts
+// exactly one connection for 50 checks.
+TEST_F(Tls, PooledConnectionIsReused) {
+  const auto accepted = [] {
+    const auto r = rltest::command(server_->options(), {"INFO", "stats"});
+    const std::string info(r->str, r->len);
+    const auto at = info.find("total_connections_received:");
+    return std::stol(info.substr(at + 27));
+  };
+  redis::options o = tls_options(*server_, "reuse");
+  o.pool_size = 1;
+  redis::redis_store store(o);
+  const gcra::config cfg("100/1s", bucket_options{.name = "g"});
+  const long before = accepted();
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_EQ(store.apply(cfg, "k", microseconds{t0}, 1).remaining, 99 - i);
+  }
+  EXPECT_EQ(accepted() - before, 2);  // the store's connection and this INFO's
+}
+
+// Verifies a server certificate from a CA the client does not trust fails
+// the connect with a tls_error saying "unknown CA" and OpenSSL's reason, and
+// that verify=none (an explicit opt-out) connects anyway.
+TEST_F(Tls, UnknownCaIsNamed) {
+  redis::options o = tls_options(*server_, "unknown-ca");
+  o.tls.ca_file = certs_->crt("other_ca");
+  const std::string what = check_error<redis::tls_error>(o);
+  EXPECT_NE(what.find("unknown CA"), std::string::npos) << what;
+  EXPECT_TRUE(what.find("(unable to get local issuer certificate)") != std::string::npos ||
+              what.find("(self-signed certificate in certificate chain)") != std::string::npos)
+      << what;
+  EXPECT_NE(what.find(std::to_string(o.port)), std::string::npos) << what;
+  o.tls.verify = redis::tls_verify::none;
+  EXPECT_EQ(check_error<store_error>(o), "");
+}
+
+// Verifies a name the certificate does not carry fails with "hostname
+// mismatch" naming it, and that verify=chain (names not checked) connects.
+TEST_F(Tls, HostnameMismatchIsNamed) {
+  redis::options o = tls_options(*server_, "mismatch");
+  o.tls.server_name = "wrong.example";
+  const std::string what = check_error<redis::tls_error>(o);
+  EXPECT_NE(what.find("hostname mismatch"), std::string::npos) << what;
+  EXPECT_NE(what.find("wrong.example"), std::string::npos) << what;
+  o.tls.verify = redis::tls_verify::chain;
+  EXPECT_EQ(check_error<store_error>(o), "");
+}
+
+// Verifies an expired server certificate fails with "certificate expired".
+TEST_F(Tls, ExpiredCertificateIsNamed) {
+  rltest::redis_server expired(certs_->server_args("expired"), true);
+  const std::string what = check_error<redis::tls_error>(tls_options(expired, "expired"));
+  EXPECT_NE(what.find("certificate expired"), std::string::npos) << what;
+}
+
+// Verifies that a server requiring client certificates refuses a client
+// without one (a tls_error saying so at connect) and admits one with a
+// certificate signed by its CA.
+TEST_F(Tls, MutualTlsNeedsTheClientCertificate) {
+  (void)rltest::command(server_->options(), {"CONFIG", "SET", "tls-auth-clients", "yes"});
+  redis::options o = tls_options(*server_, "mtls");
+  const std::string what = check_error<redis::tls_error>(o);
+  EXPECT_NE(what.find("asked for a client certificate"), std::string::npos) << what;
+  o.tls.cert_file = certs_->crt("client");
+  o.tls.key_file = certs_->key("client");
+  EXPECT_EQ(check_error<store_error>(o), "");
+  (void)rltest::command(server_->options(), {"CONFIG", "SET", "tls-auth-clients", "no"});
+}
+
+// Verifies a peer that accepts TCP but never answers the handshake fails the
+// connect with timeout_error within connect_timeout (no hang).
+TEST_F(Tls, HandshakeTimesOut) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 8), 0);  // the kernel completes TCP; nobody speaks TLS
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  redis::options o = tls_options(*server_, "silent");
+  o.port = ntohs(a.sin_port);
+  o.connect_timeout = 300ms;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string what = check_error<redis::timeout_error>(o);
+  const auto took = std::chrono::steady_clock::now() - start;
+  ::close(fd);
+  EXPECT_NE(what.find("TLS handshake"), std::string::npos) << what;
+  EXPECT_LT(took, 3s);
+}
+
+// Verifies TLS to a port without TLS (Redis waits for the rest of what it
+// takes for an inline command) fails within connect_timeout, not a hang.
+TEST_F(Tls, PlainPortIsNoTls) {
+  redis::options o = tls_options(*server_, "plain-port");
+  o.port = server_->port();
+  o.connect_timeout = 200ms;
+  const std::string what = check_error<redis::connection_error>(o);
+  EXPECT_NE(what.find("TLS handshake with 127.0.0.1:" + std::to_string(o.port)), std::string::npos)
+      << what;
+}
+
+// Verifies the same checks give the same decisions over TLS and plain TCP
+// (on the same server, under different prefixes), at the window's edges.
+TEST_F(Tls, DecidesAsPlainTcp) {
+  redis::options plain = server_->options();
+  plain.prefix = rltest::unique_prefix("plain");
+  redis::redis_store over_tcp(plain);
+  redis::redis_store over_tls(tls_options(*server_, "tls"));
+  const fixed_window::config fw("3/1s", window_options{.name = "fw"});
+  const gcra::config g("3/1s", bucket_options{.name = "g"});
+  const std::int64_t at[] = {0,         1,         2,         3,         999'999,
+                             1'000'000, 1'000'001, 1'333'333, 1'333'334, 2'500'000};
+  for (const std::int64_t dt : at) {
+    const microseconds now{t0 + dt};
+    EXPECT_EQ(over_tls.apply(fw, "k", now, 1), over_tcp.apply(fw, "k", now, 1)) << dt;
+    EXPECT_EQ(over_tls.apply(g, "k", now, 1), over_tcp.apply(g, "k", now, 1)) << dt;
+  }
+}
+
+// Verifies a restarted server is reached again over TLS with AUTH and SELECT
+// from a rediss:// URL, and the key lands in the database the URL names.
+TEST_F(Tls, RestartReconnectsWithAuthAndSelect) {
+  rltest::redis_server s(certs_->server_args("server"), true);
+  const auto set_password = [&] {
+    (void)rltest::command(s.options(), {"CONFIG", "SET", "requirepass", "s3cret"});
+  };
+  set_password();
+  redis::options o = redis::parse_url("rediss://:s3cret@localhost:" + std::to_string(s.tls_port()) +
+                                      "/3?ca=" + certs_->crt("ca"));
+  o.prefix = rltest::unique_prefix("restart");
+  redis::redis_store store(o);
+  const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
+  EXPECT_EQ(store.apply(cfg, "k", microseconds{t0}, 1).remaining, 4);
+  s.restart();
+  set_password();
+  const decision d = store.apply(cfg, "k", microseconds{t0}, 1);
+  EXPECT_EQ(d.source, decision_source::store);
+  EXPECT_EQ(d.remaining, 4);  // the restarted server is empty
+  redis::options plain = s.options();
+  plain.password = "s3cret";
+  plain.database = 3;
+  EXPECT_EQ(rltest::command(plain, {"DBSIZE"})->integer, 1);
+}
+
+// Verifies a child that destroys a TLS connection made by its parent sends
+// nothing on it (no close_notify): the parent's session keeps working.
+TEST_F(Tls, ForkChildLeavesTheParentsSession) {
+  auto c = std::make_unique<redis::connection>(tls_options(*server_, "fork"));
+  const std::string_view ping[] = {"PING"};
+  ASSERT_EQ(c->command(ping, 1, redis::deadline_clock::now() + 2s)->type, REDIS_REPLY_STATUS);
+  const rltest::child_end end = rltest::in_child([&] {
+    c.reset();
+    return 0;
+  });
+  EXPECT_FALSE(end.hung);
+  EXPECT_EQ(end.status, 0);
+  EXPECT_FALSE(c->peer_closed());
+  EXPECT_EQ(c->command(ping, 1, redis::deadline_clock::now() + 2s)->type, REDIS_REPLY_STATUS);
+}
+
+// Verifies bad TLS settings are named in std::invalid_argument when the store
+// is made: a missing CA file, a certificate without its key, a key that is
+// not the certificate's, a file that is no key, TLS over a unix socket.
+TEST_F(Tls, BadSettingsAreNamed) {
+  const auto error = [](const redis::options& o) -> std::string {
+    try {
+      redis::redis_store store(o);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  redis::options o = tls_options(*server_, "bad");
+  o.password = "s3cret";
+  o.tls.ca_file = certs_->dir() + "/missing.crt";
+  std::string what = error(o);
+  EXPECT_NE(what.find("CA file (ca) \"" + o.tls.ca_file + "\""), std::string::npos) << what;
+  EXPECT_NE(what.find("No such file"), std::string::npos) << what;
+  o.tls.ca_file = certs_->dir();
+  EXPECT_NE(error(o).find("is a directory"), std::string::npos);
+  o.tls.ca_file = certs_->crt("ca");
+  o.tls.cert_file = certs_->crt("client");
+  EXPECT_NE(error(o).find("go together"), std::string::npos);
+  o.tls.key_file = certs_->key("server");  // OpenSSL: "key values mismatch"
+  what = error(o);
+  EXPECT_NE(what.find("client key (key) \"" + o.tls.key_file + "\""), std::string::npos) << what;
+  o.tls.key_file = certs_->crt("ca");  // a certificate, no key
+  what = error(o);
+  EXPECT_NE(what.find("client key (key) \"" + o.tls.key_file + "\" is unusable"), std::string::npos)
+      << what;
+  EXPECT_EQ(what.find("s3cret"), std::string::npos) << what;
+  redis::options u;
+  u.unix_socket = "/tmp/redis.sock";
+  u.tls.enabled = true;
+  EXPECT_NE(error(u).find("unix socket"), std::string::npos);
+}
+
+// Verifies rediss:// and rediss-cluster:// parameters, and that bad ones are
+// named without echoing the password.
+TEST(TlsUrl, ParametersAndErrors) {
+  const redis::options o = redis::parse_url(
+      "rediss://u:p@h:6380/2?ca=/a.crt&ca_dir=/d&cert=/c.crt&key=/"
+      "c.key&sni=n.example&verify=chain");
+  EXPECT_TRUE(o.tls.enabled);
+  EXPECT_EQ(o.user, "u");
+  EXPECT_EQ(o.password, "p");
+  EXPECT_EQ(o.host, "h");
+  EXPECT_EQ(o.port, 6380);
+  EXPECT_EQ(o.database, 2);
+  EXPECT_EQ(o.tls.ca_file, "/a.crt");
+  EXPECT_EQ(o.tls.ca_dir, "/d");
+  EXPECT_EQ(o.tls.cert_file, "/c.crt");
+  EXPECT_EQ(o.tls.key_file, "/c.key");
+  EXPECT_EQ(o.tls.server_name, "n.example");
+  EXPECT_EQ(o.tls.verify, redis::tls_verify::chain);
+  const redis::options d = redis::parse_url("rediss://h");
+  EXPECT_TRUE(d.tls.enabled);
+  EXPECT_EQ(d.tls.verify, redis::tls_verify::full);
+  EXPECT_EQ(d.port, 6379);
+  EXPECT_FALSE(redis::parse_url("redis://h").tls.enabled);
+  EXPECT_EQ(redis::parse_url("rediss://:pa?ss@h?verify=none").password, "pa?ss");
+
+  const auto url_error = [](const std::string& url) -> std::string {
+    try {
+      (void)redis::parse_url(url);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  std::string what = url_error("rediss://u:s3cret@h?cafile=/x");
+  EXPECT_NE(what.find("unknown parameter \"cafile\""), std::string::npos) << what;
+  EXPECT_EQ(what.find("s3cret"), std::string::npos) << what;
+  EXPECT_NE(url_error("rediss://h?verify=maybe").find("verify=\"maybe\""), std::string::npos);
+  EXPECT_NE(url_error("rediss://h?ca=/a&ca=/b").find("\"ca\" twice"), std::string::npos);
+  EXPECT_NE(url_error("rediss://h?ca=").find("\"ca\" without a value"), std::string::npos);
+  EXPECT_NE(url_error("rediss://h?ca").find("\"ca\" without a value"), std::string::npos);
+  EXPECT_NE(url_error("redis://h?verify=none").find("need rediss://"), std::string::npos);
+
+  const redis::cluster_options c = redis::parse_cluster_url(
+      "rediss-cluster://u:pw@a:7000,b:7001?ca=/ca.crt&sni=c.example");
+  EXPECT_TRUE(c.node.tls.enabled);
+  EXPECT_EQ(c.node.tls.ca_file, "/ca.crt");
+  EXPECT_EQ(c.node.tls.server_name, "c.example");
+  ASSERT_EQ(c.seeds.size(), 2U);
+  EXPECT_EQ(c.seeds[1].port, 7001);
+  EXPECT_EQ(c.node.password, "pw");
+  EXPECT_FALSE(redis::parse_cluster_url("redis-cluster://a:7000").node.tls.enabled);
+  try {
+    (void)redis::parse_cluster_url("rediss-cluster://u:pw@a:7000?bogus=1");
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("\"bogus\""), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("pw"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
