@@ -521,6 +521,11 @@ class cluster_store {
         throw std::invalid_argument(
             "ratelimit: redis cluster: nodes are reached over TCP and have only database 0");
       }
+      if (!o.node.sentinel.master_name.empty() || !o.node.sentinel.sentinels.empty()) {
+        throw std::invalid_argument(
+            "ratelimit: redis cluster: Sentinel is for redis_store (a cluster fails over by "
+            "itself)");
+      }
       return o;
     }
 

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -459,8 +460,15 @@ class connection {
 /// Thread safety: all member functions may be called from any number of threads.
 class connection_pool {
  public:
-  explicit connection_pool(options o)
-      : options_(std::move(o)), size_(options_.pool_size == 0 ? 4 : options_.pool_size) {}
+  /// Opens each new connection in place of `connection(options)`, for
+  /// example to the master that Sentinel names (see sentinel.hpp). Called
+  /// without the pool's lock, from the thread that needs the connection.
+  using opener = std::function<std::unique_ptr<connection>(const options&)>;
+
+  explicit connection_pool(options o, opener open = {})
+      : options_(std::move(o)),
+        opener_(std::move(open)),
+        size_(options_.pool_size == 0 ? 4 : options_.pool_size) {}
 
   connection_pool(const connection_pool&) = delete;
   connection_pool& operator=(const connection_pool&) = delete;
@@ -502,7 +510,7 @@ class connection_pool {
         if (pool_ == nullptr || !conn_->closed_before_send()) throw;
       }
       const deadline start = deadline_clock::now();
-      auto fresh = std::make_unique<connection>(pool_->options_);  // same pool slot
+      auto fresh = pool_->open_connection();  // same pool slot
       const auto took = deadline_clock::now() - start;
       until += took;
       connect_time_ += took;
@@ -544,7 +552,7 @@ class connection_pool {
     lock.unlock();
     try {
       const deadline start = deadline_clock::now();
-      auto c = std::make_unique<connection>(options_);
+      auto c = open_connection();
       if (!config_checked_.load(std::memory_order_acquire)) check_config(*c, start);
       return lease(this, std::move(c), deadline_clock::now() - start);
     } catch (...) {
@@ -567,6 +575,10 @@ class connection_pool {
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
  private:
+  [[nodiscard]] std::unique_ptr<connection> open_connection() {
+    return opener_ ? opener_(options_) : std::make_unique<connection>(options_);
+  }
+
   /// Warns (once per pool) when the server may evict keys of any TTL: an
   /// evicted limiter key forgets what it counted, admitting too much. Runs
   /// within what is left of the connect's connect_timeout (skipped when
@@ -624,6 +636,7 @@ class connection_pool {
   }
 
   options options_;
+  opener opener_;
   std::size_t size_;
   std::mutex mutex_;
   std::condition_variable ready_;

@@ -46,6 +46,7 @@
 #include "ratelimit/redis/scripts/sliding_window_counter.hpp"
 #include "ratelimit/redis/scripts/sliding_window_log.hpp"
 #include "ratelimit/redis/scripts/token_bucket.hpp"
+#include "ratelimit/redis/sentinel.hpp"
 #include "ratelimit/store/memory_store.hpp"
 
 namespace ratelimit::redis {
@@ -750,7 +751,10 @@ class degrader {
 /// threads on one object or its copies.
 class redis_store {
  public:
-  /// Connects lazily: construction never touches the network.
+  /// Connects lazily: construction never touches the network. With
+  /// `o.sentinel` set, every connection goes to the master the sentinels name
+  /// (see sentinel_locator).
+  /// @throws std::invalid_argument for bad sentinel options (see sentinel_locator)
   explicit redis_store(options o = {})
       : shared_(new shared(std::move(o)), detail::delete_unless_forked<shared>{}) {}
 
@@ -923,7 +927,7 @@ class redis_store {
   struct shared {
     explicit shared(options o)
         : opts(std::move(o)),
-          pool(opts),
+          pool(opts, detail::sentinel_opener(opts)),
           breaker(opts),
           degrader(opts.on_failure, opts.fallback_divisor),
           command_timeout(opts.command_timeout.count() > 0 ? opts.command_timeout
@@ -1128,6 +1132,9 @@ class redis_store {
       failure = std::current_exception();
       count_error(failure);
       shared_->failed();
+      // Sentinel: the master may have moved (failover, demotion). Idle
+      // connections to it are dropped; the next ones ask the sentinels.
+      if (!shared_->opts.sentinel.master_name.empty()) shared_->pool.clear();
     } catch (...) {
       shared_->failed();
       throw;
