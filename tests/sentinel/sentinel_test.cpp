@@ -80,6 +80,24 @@ TEST(Sentinel, DiscoversTheMasterAndDecidesThere) {
   const std::string key = store.key_for(cfg, "k");
   EXPECT_EQ(rltest::command(at_port(g.master().port()), {"EXISTS", key})->integer, 1);
   store.ping();
+
+  // The locator itself: a sentinel that is down is skipped, and the one that
+  // led to the master is asked first from then on.
+  auto o = options_for(g.url(), redis::failure_policy::throw_error);
+  const int down = rltest::free_port();
+  o.sentinel.sentinels.insert(o.sentinel.sentinels.begin(),
+                              redis::sentinel_address{"127.0.0.1", down});
+  redis::sentinel_locator locator(o);
+  EXPECT_TRUE(locator.last_master().empty());
+  ASSERT_EQ(locator.sentinels().front().port, down);
+  const auto c = locator.connect(o);
+  EXPECT_EQ(c->where(), "127.0.0.1:" + std::to_string(g.master().port()));
+  EXPECT_EQ(locator.last_master(), c->where());
+  const auto order = locator.sentinels();
+  ASSERT_EQ(order.size(), 4u);
+  EXPECT_EQ(order[0].port, g.sentinel(0).port());
+  EXPECT_EQ(order[1].port, down);
+  EXPECT_EQ(order[2].port, g.sentinel(1).port());
 }
 
 // Verifies that a master name no sentinel knows is an error naming the name
@@ -91,7 +109,7 @@ TEST(Sentinel, UnknownMasterNameIsAClearError) {
   const std::string what = connection_error_of([&] { (void)store.apply(cfg, "k", now_us, 1); });
   ASSERT_FALSE(what.empty());
   EXPECT_NE(what.find("no master \"nosuchmaster\""), std::string::npos) << what;
-  for (int i = 0; i < 3; ++i) {
+  for (std::size_t i = 0; i < 3; ++i) {
     const std::string at = "sentinel 127.0.0.1:" + std::to_string(g.sentinel(i).port()) +
                            " knows no master named \"nosuchmaster\"";
     EXPECT_NE(what.find(at), std::string::npos) << what;
