@@ -323,4 +323,72 @@ TEST(SentinelFailover, KilledMasterUnderLoadFailsOverToTheReplica) {
   }
 }
 
+// Verifies a failover that Sentinel is asked for (SENTINEL FAILOVER) under
+// load. The old master stays up and, for some seconds, a master: only the
+// +switch-master announcement tells the store to leave it. The checks go on
+// without an exception, and once the sentinels name the replica the old
+// master gets no more checks.
+TEST(SentinelFailover, RequestedFailoverMovesTheChecksToTheReplica) {
+  rltest::sentinel_group g;
+  ASSERT_TRUE(g.wait_ready()) << "the sentinels did not find each other and the replica";
+  auto o = options_for(g.url(), redis::failure_policy::fail_closed);
+  redis::redis_store store(o);
+  const auto cfg = fixed_window::config("1000000/1min", window_options{.name = "load"});
+  std::atomic<bool> stop{false};
+  std::atomic<long long> switched_at{0};
+  std::atomic<int> by_store{0}, by_store_after{0}, errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&] {
+      while (!stop.load()) {
+        const auto start = clk::now();
+        try {
+          const decision d = store.apply(cfg, "shared", now_us, 1);
+          if (d.source == decision_source::store) {
+            ++by_store;
+            const long long sw = switched_at.load();
+            if (sw != 0 && start.time_since_epoch().count() > sw) ++by_store_after;
+          } else {
+            std::this_thread::sleep_for(1ms);
+          }
+        } catch (...) {
+          ++errors;
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(200ms);
+  const auto answer = rltest::command(g.sentinel(1).options(),
+                                      {"SENTINEL", "FAILOVER", "rlmaster"});
+  const bool asked = answer->type == REDIS_REPLY_STATUS && str(answer) == "OK";
+  const bool switched = asked && g.wait_master(g.replica().port(), 15s);
+  switched_at = clk::now().time_since_epoch().count();
+  const auto wait_from = clk::now();
+  while (switched && by_store_after.load() < 20 && clk::now() - wait_from < 10s) {
+    std::this_thread::sleep_for(10ms);
+  }
+  // The old master is still up: it must get no more checks now.
+  const auto old_master = at_port(g.master().port());
+  const auto evalsha_calls = [&] {
+    const std::string text = str(rltest::command(old_master, {"INFO", "commandstats"}));
+    const auto at = text.find("cmdstat_evalsha:calls=");
+    return at == std::string::npos ? -1 : std::stoll(text.substr(at + 22));
+  };
+  const long long calls_then = evalsha_calls();
+  const int store_then = by_store.load();
+  std::this_thread::sleep_for(300ms);
+  const long long calls_later = evalsha_calls();
+  const int store_later = by_store.load();
+  stop = true;
+  for (auto& th : threads) th.join();
+  ASSERT_TRUE(asked) << str(answer);
+  ASSERT_TRUE(switched) << "the sentinels did not promote the replica";
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_GE(by_store_after.load(), 20) << "store " << by_store;
+  EXPECT_GT(store_later, store_then + 20);
+  EXPECT_EQ(calls_later, calls_then) << "checks still went to the old master";
+  const auto new_master = at_port(g.replica().port());
+  EXPECT_GT(rltest::command(new_master, {"PTTL", store.key_for(cfg, "shared")})->integer, 0);
+}
+
 }  // namespace

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -478,17 +479,18 @@ class connection_pool {
   class lease {
    public:
     lease(connection_pool* pool, std::unique_ptr<connection> c,
-          deadline_clock::duration connect_time = {}) noexcept
-        : pool_(pool), conn_(std::move(c)), connect_time_(connect_time) {}
+          deadline_clock::duration connect_time = {}, std::uint64_t generation = 0) noexcept
+        : pool_(pool), conn_(std::move(c)), connect_time_(connect_time), generation_(generation) {}
     lease(lease&& o) noexcept
         : pool_(std::exchange(o.pool_, nullptr)),
           conn_(std::move(o.conn_)),
-          connect_time_(o.connect_time_) {}
+          connect_time_(o.connect_time_),
+          generation_(o.generation_) {}
     lease& operator=(lease&&) = delete;
     lease(const lease&) = delete;
     lease& operator=(const lease&) = delete;
     ~lease() {
-      if (pool_ != nullptr) pool_->give_back(std::move(conn_));
+      if (pool_ != nullptr) pool_->give_back(std::move(conn_), generation_);
     }
     [[nodiscard]] connection& operator*() const noexcept { return *conn_; }
     [[nodiscard]] connection* operator->() const noexcept { return conn_.get(); }
@@ -522,6 +524,7 @@ class connection_pool {
     connection_pool* pool_;
     std::unique_ptr<connection> conn_;
     deadline_clock::duration connect_time_;
+    std::uint64_t generation_;  ///< the pool's generation when it was lent (see renew)
   };
 
   /// Waits until `until` for a free connection, connecting a new one when
@@ -542,19 +545,21 @@ class connection_pool {
       if (idle_.empty()) break;
       std::unique_ptr<connection> c = std::move(idle_.back());
       idle_.pop_back();
+      const std::uint64_t generation = generation_;
       lock.unlock();
-      if (!c->peer_closed()) return lease(this, std::move(c));
+      if (!c->peer_closed()) return lease(this, std::move(c), {}, generation);
       c.reset();  // closes the socket outside the lock
       lock.lock();
       --open_;  // its slot is ours now: take another idle one or connect
     }
     ++open_;
+    const std::uint64_t generation = generation_;
     lock.unlock();
     try {
       const deadline start = deadline_clock::now();
       auto c = open_connection();
       if (!config_checked_.load(std::memory_order_acquire)) check_config(*c, start);
-      return lease(this, std::move(c), deadline_clock::now() - start);
+      return lease(this, std::move(c), deadline_clock::now() - start, generation);
     } catch (...) {
       lock.lock();
       --open_;
@@ -567,6 +572,16 @@ class connection_pool {
   /// Drops every idle connection (the next check reconnects).
   void clear() noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
+    open_ -= idle_.size();
+    idle_.clear();
+  }
+
+  /// Drops every idle connection now, and every lent one (or one being
+  /// made) when it comes back: no connection made before this call serves
+  /// another check (Sentinel: the master moved).
+  void renew() noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++generation_;
     open_ -= idle_.size();
     idle_.clear();
   }
@@ -619,10 +634,10 @@ class connection_pool {
     }
   }
 
-  void give_back(std::unique_ptr<connection> c) noexcept {
+  void give_back(std::unique_ptr<connection> c, std::uint64_t generation) noexcept {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (c == nullptr || c->broken()) {
+      if (c == nullptr || c->broken() || generation != generation_) {
         --open_;
       } else {
         try {
@@ -641,7 +656,8 @@ class connection_pool {
   std::mutex mutex_;
   std::condition_variable ready_;
   std::vector<std::unique_ptr<connection>> idle_;
-  std::size_t open_ = 0;  ///< connections in existence (idle or lent) or being made
+  std::size_t open_ = 0;          ///< connections in existence (idle or lent) or being made
+  std::uint64_t generation_ = 0;  ///< renew() calls; a connection lent before one is dropped
   std::atomic<bool> config_checked_{false};  ///< maxmemory-policy was read (see check_config)
 };
 

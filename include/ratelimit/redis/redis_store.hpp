@@ -927,7 +927,8 @@ class redis_store {
   struct shared {
     explicit shared(options o)
         : opts(std::move(o)),
-          pool(opts, detail::sentinel_opener(opts)),
+          sentinel(detail::make_sentinel_link(opts, [this] { pool.renew(); })),
+          pool(opts, detail::sentinel_opener(sentinel.get())),
           breaker(opts),
           degrader(opts.on_failure, opts.fallback_divisor),
           command_timeout(opts.command_timeout.count() > 0 ? opts.command_timeout
@@ -935,8 +936,12 @@ class redis_store {
           floor_ms(std::to_string(opts.caller_time_ttl_floor.count())) {}
     shared(const shared&) = delete;
     shared& operator=(const shared&) = delete;
-    /// The prober's probes use the pool, breaker and counters: stop it first.
-    ~shared() { prober.stop(); }
+    /// The prober's probes use the pool, breaker and counters, and the
+    /// sentinel watcher the pool: stop them first.
+    ~shared() {
+      prober.stop();
+      if (sentinel) sentinel->watcher->stop();
+    }
 
     /// Counts a failed round trip; when it opens the breaker, has it probed.
     void failed() noexcept {
@@ -954,6 +959,7 @@ class redis_store {
 
     const pid_t owner_pid = ::getpid();  ///< see detail::delete_unless_forked
     options opts;
+    std::unique_ptr<detail::sentinel_link> sentinel;  ///< null without Sentinel
     connection_pool pool;
     detail::breaker breaker;
     detail::degrader degrader;

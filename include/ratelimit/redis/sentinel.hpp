@@ -3,16 +3,24 @@
 // connection is opened, so that a store follows failovers.
 #pragma once
 
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
+#include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -218,6 +226,16 @@ class sentinel_locator {
     return master_;
   }
 
+  /// Moves the sentinel at `host`:`port` (when listed) to the front: it is
+  /// asked first from then on (it announced the latest failover).
+  void prefer(const std::string& host, int port) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = std::find_if(order_.begin(), order_.end(), [&](const sentinel_address& x) {
+      return x.host == host && x.port == port;
+    });
+    if (it != order_.end()) std::rotate(order_.begin(), it, it + 1);
+  }
+
   /// The sentinels in the order the next connect() asks them.
   [[nodiscard]] std::vector<sentinel_address> sentinels() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -230,15 +248,177 @@ class sentinel_locator {
   std::string master_;
 };
 
+/// Listens to `+switch-master` on one sentinel at a time (the first that
+/// accepts, in the locator's order; the next one when it goes away, after a
+/// pause of connect_timeout when none accepts) on a background thread, and
+/// calls `on_switch` when the sentinels announce a new master for the name:
+/// a master that lost its role but is still up (a failover Sentinel was asked
+/// for, or one that cut it off) would otherwise keep answering on pooled
+/// connections until Sentinel demotes it. The sentinel that announced the
+/// switch is asked first from then on.
+///
+/// Started by start() (the store calls it after its first connection to the
+/// master), stopped and joined by stop() or the destructor: at once when the
+/// thread waits for a message, else after the connect in progress (at most
+/// connect_timeout).
+///
+/// Thread safety: all member functions may be called from any number of threads.
+class sentinel_watcher {
+ public:
+  sentinel_watcher(options o, std::shared_ptr<sentinel_locator> locator,
+                   std::function<void()> on_switch)
+      : options_(std::move(o)), locator_(std::move(locator)), on_switch_(std::move(on_switch)) {}
+  sentinel_watcher(const sentinel_watcher&) = delete;
+  sentinel_watcher& operator=(const sentinel_watcher&) = delete;
+  ~sentinel_watcher() { stop(); }
+
+  /// Starts the thread once; later calls do nothing. Never throws: without a
+  /// thread (none could be made) the store still finds a new master when a
+  /// connection fails.
+  void start() noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (started_ || stopping_) return;
+    started_ = true;
+    try {
+      if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) return;
+      thread_ = std::thread([this] { run(); });
+    } catch (...) {
+    }
+  }
+
+  /// Stops and joins the thread.
+  void stop() noexcept {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) return;
+      stopping_ = true;
+      if (wake_[1] >= 0) {
+        const char byte = 1;
+        (void)!::write(wake_[1], &byte, 1);
+      }
+    }
+    if (thread_.joinable()) thread_.join();
+    for (int& fd : wake_) {
+      if (fd >= 0) ::close(fd);
+      fd = -1;
+    }
+  }
+
+  /// `+switch-master` messages for this master received so far.
+  [[nodiscard]] std::uint64_t switches() const noexcept {
+    return switches_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  /// Waits until `fd` is readable (true) or stop() was called (false),
+  /// `timeout_ms` at most (-1: no limit; a timeout returns false too).
+  bool wait_readable(int fd, int timeout_ms) const noexcept {
+    pollfd p[2] = {{wake_[0], POLLIN, 0}, {fd, POLLIN, 0}};
+    for (;;) {
+      const int r = ::poll(p, fd >= 0 ? 2 : 1, timeout_ms);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0 || (p[0].revents & POLLIN) != 0) return false;
+      return fd >= 0 && p[1].revents != 0;
+    }
+  }
+
+  [[nodiscard]] bool stopping() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stopping_;
+  }
+
+  void run() noexcept {
+    const auto timeout = options_.connect_timeout.count() > 0 ? options_.connect_timeout
+                                                              : std::chrono::milliseconds{200};
+    const std::string& name = options_.sentinel.master_name;
+    while (!stopping()) {
+      std::vector<sentinel_address> order;
+      try {
+        order = locator_->sentinels();
+      } catch (...) {
+      }
+      for (const sentinel_address& s : order) {
+        if (stopping()) return;
+        try {
+          options so;
+          so.host = s.host;
+          so.port = s.port;
+          so.user = options_.sentinel.user;
+          so.password = options_.sentinel.password;
+          so.connect_timeout = timeout;
+          so.resolver = options_.resolver;
+          connection c(so);
+          const std::string_view args[] = {"SUBSCRIBE", "+switch-master"};
+          const reply_ptr ok = c.command(args, 2, deadline_clock::now() + timeout);
+          if (ok->type != REDIS_REPLY_ARRAY) continue;
+          // Messages: ["message", "+switch-master", "<name> <old ip> <old port> <new ip> <new port>"].
+          while (wait_readable(c.native_handle(), -1)) {
+            const reply_ptr m = c.receive(deadline_clock::now() + timeout);
+            if (m->type != REDIS_REPLY_ARRAY || m->elements != 3 ||
+                m->element[2]->type != REDIS_REPLY_STRING) {
+              continue;
+            }
+            const std::string_view text(m->element[2]->str, m->element[2]->len);
+            if (!text.starts_with(name) || text.size() <= name.size() || text[name.size()] != ' ') {
+              continue;
+            }
+            switches_.fetch_add(1, std::memory_order_relaxed);
+            locator_->prefer(s.host, s.port);
+            if (on_switch_) on_switch_();
+          }
+          if (stopping()) return;
+        } catch (...) {
+          // The sentinel went away or refused: the next one.
+        }
+      }
+      // No sentinel accepts: wait a little before trying them all again.
+      (void)wait_readable(-1, static_cast<int>(timeout.count()));
+    }
+  }
+
+  options options_;
+  std::shared_ptr<sentinel_locator> locator_;
+  std::function<void()> on_switch_;
+  std::mutex mutex_;
+  bool started_ = false;
+  bool stopping_ = false;
+  int wake_[2] = {-1, -1};
+  std::thread thread_;
+  std::atomic<std::uint64_t> switches_{0};
+};
+
 namespace detail {
 
-/// The opener of a store's connection pool: through a sentinel_locator when
-/// `o.sentinel.master_name` is set, else none (connect to host and port).
+/// A store's Sentinel parts: the locator its connections ask, and the
+/// watcher of `+switch-master`.
+struct sentinel_link {
+  std::shared_ptr<sentinel_locator> locator;
+  std::unique_ptr<sentinel_watcher> watcher;
+};
+
+/// The Sentinel parts of a store made with `o`: none when `o.sentinel` is
+/// empty. `on_switch` is called (on the watcher's thread) when the sentinels
+/// announce a new master.
 /// @throws std::invalid_argument as sentinel_locator's constructor
-[[nodiscard]] inline connection_pool::opener sentinel_opener(const options& o) {
-  if (o.sentinel.master_name.empty() && o.sentinel.sentinels.empty()) return {};
-  auto locator = std::make_shared<sentinel_locator>(o);
-  return [locator](const options& opts) { return locator->connect(opts); };
+[[nodiscard]] inline std::unique_ptr<sentinel_link> make_sentinel_link(
+    const options& o, std::function<void()> on_switch) {
+  if (o.sentinel.master_name.empty() && o.sentinel.sentinels.empty()) return nullptr;
+  auto link = std::make_unique<sentinel_link>();
+  link->locator = std::make_shared<sentinel_locator>(o);
+  link->watcher = std::make_unique<sentinel_watcher>(o, link->locator, std::move(on_switch));
+  return link;
+}
+
+/// The opener of a store's connection pool: through the link's locator, and
+/// the watcher started after the first connection (none without a link:
+/// connect to host and port). The link must outlive the pool's use.
+[[nodiscard]] inline connection_pool::opener sentinel_opener(sentinel_link* link) {
+  if (link == nullptr) return {};
+  return [locator = link->locator, watcher = link->watcher.get()](const options& opts) {
+    auto c = locator->connect(opts);
+    watcher->start();
+    return c;
+  };
 }
 
 }  // namespace detail
