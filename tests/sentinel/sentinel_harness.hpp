@@ -44,8 +44,12 @@ inline std::string redis_sentinel_path() {
 /// writable), killed by PID when destroyed.
 class sentinel_process {
  public:
+  /// With `auth`, the master's default user has the password "mpw" and the
+  /// sentinel's default user "spw" (for the other sentinels), and an ACL user
+  /// "watch" with password "wpw" may run every command.
   sentinel_process(const std::filesystem::path& dir, int master_port, std::string_view name,
-                   int down_after_ms, int failover_timeout_ms) {
+                   int down_after_ms, int failover_timeout_ms, bool auth = false)
+      : auth_(auth) {
     for (int attempt = 0; attempt < 5; ++attempt) {
       port_ = free_port();
       const auto conf = dir / ("sentinel-" + std::to_string(port_) + ".conf");
@@ -57,6 +61,11 @@ class sentinel_process {
           << "sentinel down-after-milliseconds " << name << " " << down_after_ms << "\n"
           << "sentinel failover-timeout " << name << " " << failover_timeout_ms << "\n"
           << "sentinel parallel-syncs " << name << " 1\n";
+        if (auth) {
+          f << "sentinel auth-pass " << name
+            << " mpw\nrequirepass spw\nsentinel sentinel-pass spw\n"
+            << "user watch on >wpw +@all ~* &*\n";
+        }
       }
       pid_ = spawn({redis_sentinel_path(), conf.string()});
       if (wait_ping()) return;
@@ -80,6 +89,7 @@ class sentinel_process {
     ratelimit::redis::options o;
     o.port = port_;
     o.connect_timeout = std::chrono::milliseconds(1000);
+    if (auth_) o.password = "spw";
     return o;
   }
 
@@ -101,6 +111,7 @@ class sentinel_process {
     return false;
   }
 
+  bool auth_ = false;
   int port_ = 0;
   pid_t pid_ = -1;
 };
@@ -114,16 +125,24 @@ class sentinel_group {
  public:
   static constexpr std::string_view name = "rlmaster";
 
-  explicit sentinel_group(int down_after_ms = 400, int failover_timeout_ms = 2000)
+  /// With `auth`: the master has an ACL user "app" (password "apw") and its
+  /// default user the password "mpw"; for the sentinels see sentinel_process.
+  explicit sentinel_group(bool auth = false, int down_after_ms = 400,
+                          int failover_timeout_ms = 2000)
       : dir_(make_dir()),
         master_(std::make_unique<redis_server>(
             std::vector<std::string>{"--repl-diskless-sync-delay", "0", "--dir", dir_.string()})),
         replica_(std::make_unique<redis_server>(std::vector<std::string>{
-            "--repl-diskless-sync-delay", "0", "--dir", dir_.string(), "--replicaof", "127.0.0.1",
-            std::to_string(master_->port())})) {
+            "--repl-diskless-sync-delay", "0", "--dir", dir_.string(), "--masterauth", "mpw",
+            "--replicaof", "127.0.0.1", std::to_string(master_->port())})) {
+    if (auth) {
+      const auto o = master_->options();
+      command(o, {"ACL", "SETUSER", "app", "on", ">apw", "+@all", "~*", "&*"});
+      command(o, {"CONFIG", "SET", "requirepass", "mpw"});
+    }
     for (int i = 0; i < 3; ++i) {
-      sentinels_.push_back(std::make_unique<sentinel_process>(dir_, master_->port(), name,
-                                                              down_after_ms, failover_timeout_ms));
+      sentinels_.push_back(std::make_unique<sentinel_process>(
+          dir_, master_->port(), name, down_after_ms, failover_timeout_ms, auth));
     }
   }
   sentinel_group(const sentinel_group&) = delete;

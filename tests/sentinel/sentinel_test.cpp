@@ -100,6 +100,38 @@ TEST(Sentinel, DiscoversTheMasterAndDecidesThere) {
   EXPECT_EQ(order[2].port, g.sentinel(1).port());
 }
 
+// Verifies the two sets of credentials: an ACL user at the sentinels
+// (sentinel_user, sentinel_password) and another at the master (the
+// userinfo); a wrong password on either side is an error naming the user and
+// the server, never the password.
+TEST(Sentinel, AclUsersAtTheSentinelsAndAtTheMaster) {
+  rltest::sentinel_group g(true);
+  const std::string hosts = g.url().substr(std::string("redis-sentinel://").size());
+  const auto url = [&](const std::string& master_pw, const std::string& sentinel_pw) {
+    return "redis-sentinel://app:" + master_pw + "@" + hosts +
+           "?sentinel_user=watch&sentinel_password=" + sentinel_pw;
+  };
+  const auto cfg = fixed_window::config("3/1min", window_options{.name = "calls"});
+  redis::redis_store store(options_for(url("apw", "wpw"), redis::failure_policy::throw_error));
+  EXPECT_EQ(store.apply(cfg, "k", now_us, 1).source, decision_source::store);
+
+  redis::redis_store bad_sentinel(
+      options_for(url("apw", "wrong-s"), redis::failure_policy::throw_error));
+  const std::string s = connection_error_of([&] { (void)bad_sentinel.apply(cfg, "k", now_us, 1); });
+  EXPECT_NE(s.find("AUTH as user \"watch\" at 127.0.0.1:" + std::to_string(g.sentinel(0).port())),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(s.find("wrong-s"), std::string::npos) << s;
+
+  redis::redis_store bad_master(
+      options_for(url("wrong-m", "wpw"), redis::failure_policy::throw_error));
+  const std::string m = connection_error_of([&] { (void)bad_master.apply(cfg, "k", now_us, 1); });
+  EXPECT_NE(m.find("AUTH as user \"app\" at 127.0.0.1:" + std::to_string(g.master().port())),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(m.find("wrong-m"), std::string::npos) << m;
+}
+
 // Verifies that a master name no sentinel knows is an error naming the name
 // and every sentinel asked.
 TEST(Sentinel, UnknownMasterNameIsAClearError) {

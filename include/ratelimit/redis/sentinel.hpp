@@ -249,8 +249,9 @@ class sentinel_locator {
 };
 
 /// Listens to `+switch-master` on one sentinel at a time (the first that
-/// accepts, in the locator's order; the next one when it goes away, after a
-/// pause of connect_timeout when none accepts) on a background thread, and
+/// accepts, in the locator's order; the next one when it goes away, all of
+/// them again after a pause of 1 s, or connect_timeout if longer, when none
+/// accepts) on a background thread, and
 /// calls `on_switch` when the sentinels announce a new master for the name:
 /// a master that lost its role but is still up (a failover Sentinel was asked
 /// for, or one that cut it off) would otherwise keep answering on pooled
@@ -371,8 +372,8 @@ class sentinel_watcher {
           // The sentinel went away or refused: the next one.
         }
       }
-      // No sentinel accepts: wait a little before trying them all again.
-      (void)wait_readable(-1, static_cast<int>(timeout.count()));
+      // No sentinel accepts: wait before trying them all again.
+      (void)wait_readable(-1, static_cast<int>(std::max<long long>(timeout.count(), 1000)));
     }
   }
 
