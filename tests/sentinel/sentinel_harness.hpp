@@ -132,9 +132,7 @@ class sentinel_group {
       : dir_(make_dir()),
         master_(std::make_unique<redis_server>(
             std::vector<std::string>{"--repl-diskless-sync-delay", "0", "--dir", dir_.string()})),
-        replica_(std::make_unique<redis_server>(std::vector<std::string>{
-            "--repl-diskless-sync-delay", "0", "--dir", dir_.string(), "--masterauth", "mpw",
-            "--replicaof", "127.0.0.1", std::to_string(master_->port())})) {
+        replica_(std::make_unique<redis_server>(replica_args(auth))) {
     if (auth) {
       const auto o = master_->options();
       command(o, {"ACL", "SETUSER", "app", "on", ">apw", "+@all", "~*", "&*"});
@@ -225,6 +223,14 @@ class sentinel_group {
   }
 
  private:
+  std::vector<std::string> replica_args(bool auth) const {
+    std::vector<std::string> a = {
+        "--repl-diskless-sync-delay",   "0", "--dir", dir_.string(), "--replicaof", "127.0.0.1",
+        std::to_string(master_->port())};
+    if (auth) a.insert(a.end(), {"--masterauth", "mpw"});
+    return a;
+  }
+
   static std::filesystem::path make_dir() {
     std::string t = (std::filesystem::temp_directory_path() / "rl-sentinel-XXXXXX").string();
     if (::mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp failed");

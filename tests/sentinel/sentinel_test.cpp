@@ -399,7 +399,9 @@ TEST(SentinelFailover, RequestedFailoverMovesTheChecksToTheReplica) {
   while (switched && by_store_after.load() < 20 && clk::now() - wait_from < 10s) {
     std::this_thread::sleep_for(10ms);
   }
-  // The old master is still up: it must get no more checks now.
+  // The old master is still up: it must get no more checks now (the watcher
+  // hears of the switch within milliseconds; give it some).
+  std::this_thread::sleep_for(200ms);
   const auto old_master = at_port(g.master().port());
   const auto evalsha_calls = [&] {
     const std::string text = str(rltest::command(old_master, {"INFO", "commandstats"}));
