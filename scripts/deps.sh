@@ -7,7 +7,7 @@ packages=(
   cmake g++ clang clang-format-16 make
   libclang-rt-dev
   libgtest-dev libbenchmark-dev
-  redis-server redis-tools libhiredis-dev libssl-dev openssl
+  redis-server redis-sentinel redis-tools libhiredis-dev libssl-dev openssl
   sqlite3 libsqlite3-dev pkg-config
   libcpp-httplib-dev wrk sip-tester
 )

@@ -15,3 +15,4 @@
 #include "ratelimit/redis/scripts/sliding_window_counter.hpp"
 #include "ratelimit/redis/scripts/sliding_window_log.hpp"
 #include "ratelimit/redis/scripts/token_bucket.hpp"
+#include "ratelimit/redis/sentinel.hpp"

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// libFuzzer target: ratelimit::redis::parse_url and parse_cluster_url on arbitrary text.
+// libFuzzer target: ratelimit::redis::parse_url (redis://, unix://, redis-sentinel://) and
+// parse_cluster_url on arbitrary text.
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -48,6 +49,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       RATELIMIT_FUZZ_CHECK(whole_host(o.host), "text after an IPv6 literal left in the host");
       RATELIMIT_FUZZ_CHECK(valid_port(o.port), "accepted a port outside 1..65535");
     }
+    // redis-sentinel://: a master name, at least one sentinel, each a host and a port.
+    const rr::sentinel_options& s = o.sentinel;
+    RATELIMIT_FUZZ_CHECK(s.master_name.empty() == s.sentinels.empty(),
+                         "a master name without sentinels, or sentinels without one");
+    RATELIMIT_FUZZ_CHECK(s.sentinels.size() <= size, "more sentinels than URL bytes");
+    for (const rr::sentinel_address& a : s.sentinels) {
+      RATELIMIT_FUZZ_CHECK(!a.host.empty(), "a sentinel without a host");
+      RATELIMIT_FUZZ_CHECK(whole_host(a.host), "text after an IPv6 literal left in a sentinel");
+      RATELIMIT_FUZZ_CHECK(valid_port(a.port), "a sentinel port outside 1..65535");
+    }
+    RATELIMIT_FUZZ_CHECK(s.user.empty() || url.find(s.user) != std::string_view::npos,
+                         "a sentinel user that is not in the URL");
+    RATELIMIT_FUZZ_CHECK(s.password.empty() || url.find(s.password) != std::string_view::npos,
+                         "a sentinel password that is not in the URL");
   } catch (const std::invalid_argument& e) {
     RATELIMIT_FUZZ_CHECK(std::string_view(e.what()).starts_with("ratelimit: "),
                          "a rejection without the library's prefix");

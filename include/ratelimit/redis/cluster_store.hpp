@@ -528,6 +528,11 @@ class cluster_store {
             "ratelimit: redis cluster: nodes are reached over TCP and have only database 0");
       }
       if (o.node.tls.enabled) (void)detail::tls_context_for(o.node.tls);  // names a bad file
+      if (!o.node.sentinel.master_name.empty() || !o.node.sentinel.sentinels.empty()) {
+        throw std::invalid_argument(
+            "ratelimit: redis cluster: Sentinel is for redis_store (a cluster fails over by "
+            "itself)");
+      }
       return o;
     }
 

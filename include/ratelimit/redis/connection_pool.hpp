@@ -16,9 +16,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -467,10 +469,17 @@ class connection {
 /// Thread safety: all member functions may be called from any number of threads.
 class connection_pool {
  public:
+  /// Opens each new connection in place of `connection(options)`, for
+  /// example to the master that Sentinel names (see sentinel.hpp). Called
+  /// without the pool's lock, from the thread that needs the connection.
+  using opener = std::function<std::unique_ptr<connection>(const options&)>;
+
   /// @throws std::invalid_argument for TLS settings that cannot be used (a
   ///   file missing, unreadable or not understood; TLS over a unix socket)
-  explicit connection_pool(options o)
-      : options_(std::move(o)), size_(options_.pool_size == 0 ? 4 : options_.pool_size) {
+  explicit connection_pool(options o, opener open = {})
+      : options_(std::move(o)),
+        opener_(std::move(open)),
+        size_(options_.pool_size == 0 ? 4 : options_.pool_size) {
     if (options_.tls.enabled) {
       if (!options_.unix_socket.empty()) {
         throw std::invalid_argument("ratelimit: redis: TLS is for TCP; unix socket \"" +
@@ -488,17 +497,18 @@ class connection_pool {
   class lease {
    public:
     lease(connection_pool* pool, std::unique_ptr<connection> c,
-          deadline_clock::duration connect_time = {}) noexcept
-        : pool_(pool), conn_(std::move(c)), connect_time_(connect_time) {}
+          deadline_clock::duration connect_time = {}, std::uint64_t generation = 0) noexcept
+        : pool_(pool), conn_(std::move(c)), connect_time_(connect_time), generation_(generation) {}
     lease(lease&& o) noexcept
         : pool_(std::exchange(o.pool_, nullptr)),
           conn_(std::move(o.conn_)),
-          connect_time_(o.connect_time_) {}
+          connect_time_(o.connect_time_),
+          generation_(o.generation_) {}
     lease& operator=(lease&&) = delete;
     lease(const lease&) = delete;
     lease& operator=(const lease&) = delete;
     ~lease() {
-      if (pool_ != nullptr) pool_->give_back(std::move(conn_));
+      if (pool_ != nullptr) pool_->give_back(std::move(conn_), generation_);
     }
     [[nodiscard]] connection& operator*() const noexcept { return *conn_; }
     [[nodiscard]] connection* operator->() const noexcept { return conn_.get(); }
@@ -520,7 +530,7 @@ class connection_pool {
         if (pool_ == nullptr || !conn_->closed_before_send()) throw;
       }
       const deadline start = deadline_clock::now();
-      auto fresh = std::make_unique<connection>(pool_->options_);  // same pool slot
+      auto fresh = pool_->open_connection();  // same pool slot
       const auto took = deadline_clock::now() - start;
       until += took;
       connect_time_ += took;
@@ -532,6 +542,7 @@ class connection_pool {
     connection_pool* pool_;
     std::unique_ptr<connection> conn_;
     deadline_clock::duration connect_time_;
+    std::uint64_t generation_;  ///< the pool's generation when it was lent (see renew)
   };
 
   /// Waits until `until` for a free connection, connecting a new one when
@@ -552,19 +563,21 @@ class connection_pool {
       if (idle_.empty()) break;
       std::unique_ptr<connection> c = std::move(idle_.back());
       idle_.pop_back();
+      const std::uint64_t generation = generation_;
       lock.unlock();
-      if (!c->peer_closed()) return lease(this, std::move(c));
+      if (!c->peer_closed()) return lease(this, std::move(c), {}, generation);
       c.reset();  // closes the socket outside the lock
       lock.lock();
       --open_;  // its slot is ours now: take another idle one or connect
     }
     ++open_;
+    const std::uint64_t generation = generation_;
     lock.unlock();
     try {
       const deadline start = deadline_clock::now();
-      auto c = std::make_unique<connection>(options_);
+      auto c = open_connection();
       if (!config_checked_.load(std::memory_order_acquire)) check_config(*c, start);
-      return lease(this, std::move(c), deadline_clock::now() - start);
+      return lease(this, std::move(c), deadline_clock::now() - start, generation);
     } catch (...) {
       lock.lock();
       --open_;
@@ -581,10 +594,24 @@ class connection_pool {
     idle_.clear();
   }
 
+  /// Drops every idle connection now, and every lent one (or one being
+  /// made) when it comes back: no connection made before this call serves
+  /// another check (Sentinel: the master moved).
+  void renew() noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++generation_;
+    open_ -= idle_.size();
+    idle_.clear();
+  }
+
   [[nodiscard]] const options& get_options() const noexcept { return options_; }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
  private:
+  [[nodiscard]] std::unique_ptr<connection> open_connection() {
+    return opener_ ? opener_(options_) : std::make_unique<connection>(options_);
+  }
+
   /// Warns (once per pool) when the server may evict keys of any TTL: an
   /// evicted limiter key forgets what it counted, admitting too much. Runs
   /// within what is left of the connect's connect_timeout (skipped when
@@ -625,10 +652,10 @@ class connection_pool {
     }
   }
 
-  void give_back(std::unique_ptr<connection> c) noexcept {
+  void give_back(std::unique_ptr<connection> c, std::uint64_t generation) noexcept {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (c == nullptr || c->broken()) {
+      if (c == nullptr || c->broken() || generation != generation_) {
         --open_;
       } else {
         try {
@@ -642,11 +669,13 @@ class connection_pool {
   }
 
   options options_;
+  opener opener_;
   std::size_t size_;
   std::mutex mutex_;
   std::condition_variable ready_;
   std::vector<std::unique_ptr<connection>> idle_;
-  std::size_t open_ = 0;  ///< connections in existence (idle or lent) or being made
+  std::size_t open_ = 0;          ///< connections in existence (idle or lent) or being made
+  std::uint64_t generation_ = 0;  ///< renew() calls; a connection lent before one is dropped
   std::atomic<bool> config_checked_{false};  ///< maxmemory-policy was read (see check_config)
 };
 

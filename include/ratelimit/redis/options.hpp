@@ -55,6 +55,28 @@ struct tls_options {
   tls_verify verify = tls_verify::full;
 };
 
+/// One Sentinel's TCP address.
+struct sentinel_address {
+  std::string host = "127.0.0.1";
+  int port = 26379;
+};
+
+/// Redis Sentinel (see ratelimit/redis/sentinel.hpp): the store asks these
+/// sentinels in turn where the master named `master_name` is, each time it
+/// opens a connection. Used when `master_name` is not empty; `options::host`
+/// and `port` are then ignored, and user, password and database apply to the
+/// master. A redis_store only (the cluster store refuses it).
+struct sentinel_options {
+  /// Sentinels asked in turn (the one that answered moves to the front).
+  std::vector<sentinel_address> sentinels;
+  /// Name of the master as the sentinels monitor it; empty = no Sentinel.
+  std::string master_name;
+  /// ACL user for AUTH at the sentinels; empty = the default user.
+  std::string user;
+  /// Password for AUTH at the sentinels; empty = no AUTH there.
+  std::string password;
+};
+
 /// Where and how to reach Redis. An aggregate: every field has a default.
 struct options {
   /// Host name or address for TCP. Ignored when `unix_socket` is set.
@@ -118,14 +140,36 @@ struct options {
   /// made the connection; exceptions it throws are ignored. Empty = write the
   /// line to stderr.
   std::function<void(std::string_view)> on_warning;
+  /// Find the master through Redis Sentinel (see sentinel_options); default: not.
+  sentinel_options sentinel;
 };
 
 namespace detail {
 
 /// `url` as error messages quote it: the password of its userinfo (all of a
 /// userinfo without ':', which parse_url reads as a password) replaced by
-/// `***`, so that a bad URL does not leak a secret into logs.
-[[nodiscard]] inline std::string redacted_url(std::string_view url) {
+/// `***`, so that a bad URL does not leak a secret into logs. In a
+/// `redis-sentinel://` URL the value of `sentinel_password=` is hidden too (up
+/// to the next '&' or the end), before the userinfo is looked for.
+[[nodiscard]] inline std::string redacted_url(std::string_view in) {
+  std::string masked;
+  std::string_view url = in;
+  if (url.starts_with("redis-sentinel://")) {
+    constexpr std::string_view key = "sentinel_password=";
+    std::size_t from = 0;
+    while (from < url.size()) {
+      const auto k = url.find(key, from);
+      if (k == std::string_view::npos) break;
+      const auto v = k + key.size();
+      const auto amp = url.find('&', v);
+      masked.append(url.substr(from, v - from)).append("***");
+      from = amp == std::string_view::npos ? url.size() : amp;
+    }
+    if (from != 0) {
+      masked.append(url.substr(from));
+      url = masked;
+    }
+  }
   const auto scheme = url.find("://");
   const auto at = url.rfind('@');
   if (scheme == std::string_view::npos || at == std::string_view::npos || at < scheme + 3) {
@@ -222,6 +266,102 @@ inline void take_tls_query(std::string_view& rest, tls_options& t, std::string_v
 
 }  // namespace detail
 
+[[nodiscard]] inline options parse_url(std::string_view url);
+
+namespace detail {
+
+/// parse_url for `redis-sentinel://` (see there).
+[[nodiscard]] inline options parse_sentinel_url(std::string_view url) {
+  options o;
+  std::string_view rest = url.substr(std::string_view("redis-sentinel://").size());
+  if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
+    const std::string_view cred = rest.substr(0, at);
+    if (cred.find("sentinel_password=") != std::string_view::npos ||
+        cred.find("sentinel_user=") != std::string_view::npos) {
+      bad_url(url, "has an '@' in a query value (set options::sentinel in code instead)");
+    }
+    rest = rest.substr(at + 1);
+    if (const auto colon = cred.find(':'); colon != std::string_view::npos) {
+      o.user = std::string(cred.substr(0, colon));
+      o.password = std::string(cred.substr(colon + 1));
+    } else {
+      o.password = std::string(cred);
+    }
+  }
+  std::string_view query;
+  bool has_query = false;
+  if (const auto q = rest.find('?'); q != std::string_view::npos) {
+    query = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+    has_query = true;
+  }
+  const auto slash = rest.find('/');
+  if (slash == std::string_view::npos) bad_url(url, "has no /MASTER_NAME after the sentinels");
+  const std::string_view name = rest.substr(slash + 1);
+  if (name.empty()) bad_url(url, "has an empty MASTER_NAME");
+  if (name.find('/') != std::string_view::npos) {
+    bad_url(url,
+            "has a '/' in MASTER_NAME \"" + std::string(name) + "\" (use ?db=N for a database)");
+  }
+  o.sentinel.master_name = std::string(name);
+  std::string_view hosts = rest.substr(0, slash);
+  for (;;) {
+    const auto comma = hosts.find(',');
+    const std::string_view part = hosts.substr(0, comma);
+    if (part.empty()) bad_url(url, "needs HOST[:PORT] sentinels separated by commas");
+    options one;
+    try {
+      one = parse_url("redis://" + std::string(part));
+    } catch (const std::invalid_argument&) {
+      bad_url(url, "has a bad sentinel \"" + std::string(part) + "\"");
+    }
+    const bool has_port = part.starts_with('[') ? part.find("]:") != std::string_view::npos
+                                                : part.find(':') != std::string_view::npos;
+    if (one.database != 0 || part.find('/') != std::string_view::npos) {
+      bad_url(url, "has a bad sentinel \"" + std::string(part) + "\"");
+    }
+    o.sentinel.sentinels.push_back(sentinel_address{one.host, has_port ? one.port : 26379});
+    if (comma == std::string_view::npos) break;
+    hosts.remove_prefix(comma + 1);
+  }
+  bool seen_db = false;
+  bool seen_user = false;
+  bool seen_password = false;
+  while (has_query) {
+    const auto amp = query.find('&');
+    const std::string_view item = query.substr(0, amp);
+    const auto eq = item.find('=');
+    const std::string_view key = item.substr(0, eq);
+    const std::string_view value = eq == std::string_view::npos ? std::string_view()
+                                                                : item.substr(eq + 1);
+    if (eq == std::string_view::npos) {
+      bad_url(url, "has no '=' after parameter \"" + std::string(key) + "\"");
+    }
+    const auto once = [&](bool& seen) {
+      if (seen) bad_url(url, "sets \"" + std::string(key) + "\" twice");
+      seen = true;
+    };
+    if (key == "db") {
+      once(seen_db);
+      o.database = parse_url_int(value, url, "database", 0, 999'999'999);
+    } else if (key == "sentinel_user") {
+      once(seen_user);
+      o.sentinel.user = std::string(value);
+    } else if (key == "sentinel_password") {
+      once(seen_password);
+      o.sentinel.password = std::string(value);
+    } else {
+      bad_url(url, "has an unknown parameter \"" + std::string(key) +
+                       "\" (known: db, sentinel_user, sentinel_password)");
+    }
+    if (amp == std::string_view::npos) break;
+    query.remove_prefix(amp + 1);
+  }
+  return o;
+}
+
+}  // namespace detail
+
 /// Parses `redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]` or
 /// `unix://[[USER]:PASSWORD@]/PATH[?db=DB]` into options (other fields keep
 /// their defaults). An IPv6 HOST is written in brackets:
@@ -230,8 +370,18 @@ inline void take_tls_query(std::string_view& rest, tls_options& t, std::string_v
 /// `rediss://` is `redis://` over TLS (options::tls), with optional
 /// parameters `?ca=FILE&ca_dir=DIR&cert=FILE&key=FILE&sni=NAME&verify=full|chain|none`
 /// (values without `&` or `@`); files are read when the store is made.
+///
+/// Sentinel (ratelimit/redis/sentinel.hpp):
+/// `redis-sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER_NAME[?PARAMS]`
+/// lists the sentinels (PORT 26379 when omitted) and names the master; the
+/// userinfo is for the master (as in redis://), PARAMS are `&`-separated
+/// `db=DB`, `sentinel_user=USER` and `sentinel_password=PASSWORD` (AUTH at the
+/// sentinels), each at most once. The query starts at the first '?' after
+/// the last '@', so a query value cannot hold '@' (set options::sentinel in
+/// code for such a password).
 /// @throws std::invalid_argument quoting the URL and the bad part
 [[nodiscard]] inline options parse_url(std::string_view url) {
+  if (url.starts_with("redis-sentinel://")) return detail::parse_sentinel_url(url);
   options o;
   std::string_view rest;
   bool unix_path = false;
@@ -244,7 +394,7 @@ inline void take_tls_query(std::string_view& rest, tls_options& t, std::string_v
     rest = url.substr(7);
     unix_path = true;
   } else {
-    detail::bad_url(url, "must start with redis://, rediss:// or unix://");
+    detail::bad_url(url, "must start with redis://, rediss://, unix:// or redis-sentinel://");
   }
   if (!unix_path) detail::take_tls_query(rest, o.tls, url);
   if (const auto at = rest.rfind('@'); at != std::string_view::npos) {

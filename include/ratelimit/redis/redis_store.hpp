@@ -46,6 +46,7 @@
 #include "ratelimit/redis/scripts/sliding_window_counter.hpp"
 #include "ratelimit/redis/scripts/sliding_window_log.hpp"
 #include "ratelimit/redis/scripts/token_bucket.hpp"
+#include "ratelimit/redis/sentinel.hpp"
 #include "ratelimit/store/memory_store.hpp"
 
 namespace ratelimit::redis {
@@ -750,7 +751,10 @@ class degrader {
 /// threads on one object or its copies.
 class redis_store {
  public:
-  /// Connects lazily: construction never touches the network.
+  /// Connects lazily: construction never touches the network. With
+  /// `o.sentinel` set, every connection goes to the master the sentinels name
+  /// (see sentinel_locator).
+  /// @throws std::invalid_argument for bad sentinel options (see sentinel_locator)
   explicit redis_store(options o = {})
       : shared_(new shared(std::move(o)), detail::delete_unless_forked<shared>{}) {}
 
@@ -923,7 +927,8 @@ class redis_store {
   struct shared {
     explicit shared(options o)
         : opts(std::move(o)),
-          pool(opts),
+          sentinel(detail::make_sentinel_link(opts, [this] { pool.renew(); })),
+          pool(opts, detail::sentinel_opener(sentinel.get())),
           breaker(opts),
           degrader(opts.on_failure, opts.fallback_divisor),
           command_timeout(opts.command_timeout.count() > 0 ? opts.command_timeout
@@ -931,8 +936,12 @@ class redis_store {
           floor_ms(std::to_string(opts.caller_time_ttl_floor.count())) {}
     shared(const shared&) = delete;
     shared& operator=(const shared&) = delete;
-    /// The prober's probes use the pool, breaker and counters: stop it first.
-    ~shared() { prober.stop(); }
+    /// The prober's probes use the pool, breaker and counters, and the
+    /// sentinel watcher the pool: stop them first.
+    ~shared() {
+      prober.stop();
+      if (sentinel) sentinel->watcher->stop();
+    }
 
     /// Counts a failed round trip; when it opens the breaker, has it probed.
     void failed() noexcept {
@@ -950,6 +959,7 @@ class redis_store {
 
     const pid_t owner_pid = ::getpid();  ///< see detail::delete_unless_forked
     options opts;
+    std::unique_ptr<detail::sentinel_link> sentinel;  ///< null without Sentinel
     connection_pool pool;
     detail::breaker breaker;
     detail::degrader degrader;
@@ -1128,6 +1138,9 @@ class redis_store {
       failure = std::current_exception();
       count_error(failure);
       shared_->failed();
+      // Sentinel: the master may have moved (failover, demotion). Idle
+      // connections to it are dropped; the next ones ask the sentinels.
+      if (!shared_->opts.sentinel.master_name.empty()) shared_->pool.clear();
     } catch (...) {
       shared_->failed();
       throw;

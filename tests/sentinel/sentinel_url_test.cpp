@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: Apache-2.0
+// redis-sentinel:// URLs: sentinels, master name, the two sets of
+// credentials, bad values named, passwords never quoted; bad sentinel options
+// refused by the stores (no server needed).
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "ratelimit/redis.hpp"
+
+namespace {
+
+using namespace ratelimit;
+
+/// The message of the invalid_argument that parse_url throws for `url`.
+std::string url_error(const std::string& url) {
+  try {
+    (void)redis::parse_url(url);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << url << " was accepted";
+  return {};
+}
+
+TEST(SentinelUrl, SentinelsMasterAndBothCredentials) {
+  const auto o = redis::parse_url(
+      "redis-sentinel://app:pw@10.0.0.1:5000,[::1],s3.example/mymaster?db=3&sentinel_user=sen&"
+      "sentinel_password=spw");
+  ASSERT_EQ(o.sentinel.sentinels.size(), 3u);
+  EXPECT_EQ(o.sentinel.sentinels[0].host, "10.0.0.1");
+  EXPECT_EQ(o.sentinel.sentinels[0].port, 5000);
+  EXPECT_EQ(o.sentinel.sentinels[1].host, "::1");
+  EXPECT_EQ(o.sentinel.sentinels[1].port, 26379);
+  EXPECT_EQ(o.sentinel.sentinels[2].host, "s3.example");
+  EXPECT_EQ(o.sentinel.sentinels[2].port, 26379);
+  EXPECT_EQ(o.sentinel.master_name, "mymaster");
+  EXPECT_EQ(o.user, "app");  // the userinfo is for the master
+  EXPECT_EQ(o.password, "pw");
+  EXPECT_EQ(o.database, 3);
+  EXPECT_EQ(o.sentinel.user, "sen");
+  EXPECT_EQ(o.sentinel.password, "spw");
+
+  const auto plain = redis::parse_url("redis-sentinel://h/m");
+  EXPECT_EQ(plain.sentinel.sentinels.size(), 1u);
+  EXPECT_EQ(plain.sentinel.master_name, "m");
+  EXPECT_TRUE(plain.user.empty());
+  EXPECT_TRUE(plain.password.empty());
+  EXPECT_TRUE(plain.sentinel.password.empty());
+  EXPECT_EQ(plain.database, 0);
+  // A master password may hold '?', '/' and '@' as in redis:// (last '@').
+  const auto odd = redis::parse_url("redis-sentinel://:p?w/x@y@h:1/m");
+  EXPECT_EQ(odd.password, "p?w/x@y");
+  EXPECT_EQ(odd.sentinel.sentinels[0].port, 1);
+  // No Sentinel in plain URLs.
+  EXPECT_TRUE(redis::parse_url("redis://h").sentinel.master_name.empty());
+}
+
+TEST(SentinelUrl, BadValuesAreNamed) {
+  EXPECT_NE(url_error("redis-sentinel://h:1").find("no /MASTER_NAME"), std::string::npos);
+  EXPECT_NE(url_error("redis-sentinel://h:1/").find("empty MASTER_NAME"), std::string::npos);
+  EXPECT_NE(url_error("redis-sentinel://h/m/2").find("'/' in MASTER_NAME \"m/2\""),
+            std::string::npos);
+  EXPECT_NE(url_error("redis-sentinel://h:0/m").find("bad sentinel \"h:0\""), std::string::npos);
+  EXPECT_NE(url_error("redis-sentinel://a,h:x/m").find("bad sentinel \"h:x\""), std::string::npos);
+  EXPECT_NE(url_error("redis-sentinel://a,,b/m").find("separated by commas"), std::string::npos);
+  EXPECT_NE(url_error("redis-sentinel:///m").find("separated by commas"), std::string::npos);
+  EXPECT_NE(url_error("redis-sentinel://::1/m").find("bad sentinel \"::1\""), std::string::npos);
+  EXPECT_NE(url_error("redis-sentinel://h/m?db=x").find("database \"x\""), std::string::npos);
+  EXPECT_NE(url_error("redis-sentinel://h/m?tls=1").find("unknown parameter \"tls\""),
+            std::string::npos);
+  EXPECT_NE(url_error("redis-sentinel://h/m?db=1&db=2").find("\"db\" twice"), std::string::npos);
+  EXPECT_NE(url_error("redis-sentinel://h/m?db").find("no '=' after parameter \"db\""),
+            std::string::npos);
+  EXPECT_NE(url_error("redis-sentinel://h/m?").find("no '='"), std::string::npos);
+  EXPECT_NE(url_error("sentinel://h/m").find("must start with"), std::string::npos);
+}
+
+// Verifies that no message quotes either password, wherever the bad part is.
+TEST(SentinelUrl, MessagesDoNotQuoteEitherPassword) {
+  for (const std::string url :
+       {"redis-sentinel://u:s3cret@h:0/m", "redis-sentinel://u:s3cret@h/m?db=x",
+        "redis-sentinel://h/m?sentinel_password=s3cret&db=x",
+        "redis-sentinel://u:s3cret@h/m?sentinel_password=s3cret&sentinel_password=s3cret2",
+        "redis-sentinel://h/m?sentinel_password=s3@cret",
+        "redis-sentinel://h/m?sentinel_password=s3@cr&db=1",
+        "redis-sentinel://:s3cret@h/m?bogus=1&sentinel_password=s3cret"}) {
+    const std::string what = url_error(url);
+    EXPECT_EQ(what.find("s3"), std::string::npos) << what;
+    EXPECT_EQ(what.find("cret"), std::string::npos) << what;
+    EXPECT_NE(what.find("***"), std::string::npos) << what;
+  }
+}
+
+// Verifies that bad sentinel options are refused when a store is made, and
+// that the cluster store refuses Sentinel.
+TEST(SentinelOptions, RefusedByTheStores) {
+  redis::options o;
+  o.sentinel.master_name = "m";
+  EXPECT_THROW(redis::redis_store{o}, std::invalid_argument);  // no sentinel
+  o.sentinel.sentinels.push_back(redis::sentinel_address{"127.0.0.1", 0});
+  EXPECT_THROW(redis::redis_store{o}, std::invalid_argument);  // port 0
+  o.sentinel.sentinels[0].port = 26379;
+  o.unix_socket = "/tmp/x.sock";
+  EXPECT_THROW(redis::redis_store{o}, std::invalid_argument);
+  o.unix_socket.clear();
+  EXPECT_NO_THROW(redis::redis_store{o});  // construction never connects
+  redis::options no_name;
+  no_name.sentinel.sentinels.push_back(redis::sentinel_address{});
+  EXPECT_THROW(redis::redis_store{no_name}, std::invalid_argument);
+
+  redis::cluster_options c;
+  c.seeds.push_back(redis::node_address{});
+  c.node = o;
+  EXPECT_THROW(redis::cluster_store{c}, std::invalid_argument);
+}
+
+}  // namespace
