@@ -1,0 +1,192 @@
+// SPDX-License-Identifier: Apache-2.0
+// memory_store under threads: checks on held keys while another thread inserts, resets and
+// sweeps the same shards (growing and shrinking their tables); a forked child.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ratelimit/decision.hpp"
+#include "ratelimit/policy/fixed_window.hpp"
+#include "ratelimit/policy/gcra.hpp"
+#include "ratelimit/policy/sliding_window_log.hpp"
+#include "ratelimit/rate.hpp"
+#include "ratelimit/store/memory_store.hpp"
+#include "support/fork_child.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using ratelimit::access;
+using ratelimit::memory_store;
+using ratelimit::memory_store_options;
+using ratelimit::timestamp;
+
+// Checkers work at this time; the churning thread works far earlier, so
+// that its sweeps find its own keys idle and never the checkers' keys (a
+// state recorded at a later time is not idle at an earlier one).
+constexpr timestamp late = 1'000'000h;
+
+/// Inserts keys at `round` times 2 hours, sweeps them all away an hour
+/// later (the configs below have 1-hour windows, so every one of them is
+/// idle then; the sweep shrinks the tables again), and resets a few on the
+/// way, until `stop`; counts the rounds done in `rounds`.
+template <class Store, class Config>
+void churn(Store& store, const Config& cfg, const std::atomic<bool>& stop, std::atomic<int>& rounds,
+           int keys_per_round) {
+  for (int round = 0; !stop.load(std::memory_order_relaxed); ++round) {
+    const timestamp at = std::chrono::hours(2 * round);
+    for (int i = 0; i < keys_per_round; ++i) {
+      const std::string key = "churn-" + std::to_string(round) + "-" + std::to_string(i);
+      (void)store.apply(cfg, key, at, 1, access::consume);
+      if (i % 7 == 0) store.reset(cfg, key);
+    }
+    (void)store.sweep(cfg, at + 1h);
+    rounds.fetch_add(1);
+  }
+}
+
+/// Checker threads on their own keys and on keys they all share, with one
+/// more thread churning keys in the same shards: every key admits exactly
+/// its limit, and the store ends holding exactly the checkers' keys.
+template <class Store>
+void checkers_with_churn(const typename Store::config_type& cfg, std::size_t limit,
+                         memory_store_options options) {
+  Store store(options);
+  constexpr std::size_t threads = 3;
+  constexpr std::size_t own_keys = 40;
+  constexpr std::size_t shared_keys = 8;
+  const auto attempts = static_cast<int>(limit) + 10;
+  std::vector<std::size_t> own_admitted(threads, 0);
+  std::vector<std::atomic<std::size_t>> shared_admitted(shared_keys);
+  // Every key's first request comes before the churn: a new key's insertion
+  // reclaims idle keys at the checkers' time, after which the shard decides
+  // new keys at that time (the reclaimed_at rule), and the churn's keys
+  // would no longer be idle at its own sweeps.
+  for (std::size_t t = 0; t < threads; ++t) {
+    for (std::size_t k = 0; k < own_keys; ++k) {
+      const std::string key = "own-" + std::to_string(t) + "-" + std::to_string(k);
+      if (store.apply(cfg, key, late, 1, access::consume).allowed) ++own_admitted[t];
+    }
+  }
+  for (std::size_t k = 0; k < shared_keys; ++k) {
+    if (store.apply(cfg, "shared-" + std::to_string(k), late, 1, access::consume).allowed) {
+      shared_admitted[k].fetch_add(1);
+    }
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int> rounds{0};
+  std::thread churner([&] { churn(store, cfg, stop, rounds, 300); });
+  std::vector<std::thread> pool;
+  for (std::size_t t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      // Until the churn has grown and shrunk the tables many times.
+      for (int a = 0; a < attempts || rounds.load() < 30; ++a) {
+        for (std::size_t k = 0; k < own_keys; ++k) {
+          const std::string key = "own-" + std::to_string(t) + "-" + std::to_string(k);
+          if (store.apply(cfg, key, late, 1, access::consume).allowed) ++own_admitted[t];
+        }
+        for (std::size_t k = 0; k < shared_keys; ++k) {
+          const std::string key = "shared-" + std::to_string((k + t) % shared_keys);
+          if (store.apply(cfg, key, late, 1, access::consume).allowed) {
+            shared_admitted[(k + t) % shared_keys].fetch_add(1);
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  stop = true;
+  churner.join();
+  for (std::size_t t = 0; t < threads; ++t) EXPECT_EQ(own_admitted[t], limit * own_keys) << t;
+  for (std::size_t k = 0; k < shared_keys; ++k) EXPECT_EQ(shared_admitted[k].load(), limit) << k;
+  for (std::size_t t = 0; t < threads; ++t) {
+    for (std::size_t k = 0; k < own_keys; ++k) {
+      const std::string key = "own-" + std::to_string(t) + "-" + std::to_string(k);
+      EXPECT_FALSE(store.apply(cfg, key, late, 1, access::peek).allowed) << key;
+    }
+  }
+  // The churn's keys are idle before the checkers' time, which keys are not.
+  const std::size_t held = store.size();
+  EXPECT_EQ(store.sweep(cfg, late - 1h), held - (threads * own_keys + shared_keys));
+  // Every key is idle once its window is over, and the count agrees.
+  EXPECT_EQ(store.sweep(cfg, late + 2h), threads * own_keys + shared_keys);
+  EXPECT_EQ(store.size(), 0u);
+}
+
+// Verifies that checks on held keys, disjoint and shared, stay exact while
+// another thread grows, shrinks, resets and sweeps the same shards, for a
+// policy with an inline state, one with a heap-backed state (the log keeps
+// more than two entries on the heap) and the GCRA.
+TEST(MemoryStoreThreads, DisjointAndSharedKeysWhileAnotherThreadChurns) {
+  checkers_with_churn<memory_store<ratelimit::fixed_window>>(
+      ratelimit::fixed_window::config{ratelimit::rate{20, 1h}}, 20, {.shards = 4});
+  checkers_with_churn<memory_store<ratelimit::sliding_window_log>>(
+      ratelimit::sliding_window_log::config{ratelimit::rate{5, 1h}}, 5, {.shards = 2});
+  checkers_with_churn<memory_store<ratelimit::gcra>>(
+      ratelimit::gcra::config{ratelimit::rate{20, 1h}}, 20, {.shards = 1});
+}
+
+// Verifies atomicity on one key while its shard's table is rebuilt under it:
+// with one shard every churned key lands in the hot key's shard, so its node
+// is relinked by each growth and shrink. Exactly the limit is admitted.
+TEST(MemoryStoreThreads, OneKeyAdmitsExactlyTheLimitWhileItsShardChurns) {
+  const ratelimit::fixed_window::config cfg{ratelimit::rate{5000, 1h}};
+  memory_store<ratelimit::fixed_window> store({.shards = 1});
+  // Held before the churn starts (see checkers_with_churn).
+  std::atomic<std::size_t> admitted{store.apply(cfg, "hot", late, 1, access::consume).allowed ? 1U
+                                                                                              : 0U};
+  std::atomic<bool> stop{false};
+  std::atomic<int> rounds{0};
+  std::thread churner([&] { churn(store, cfg, stop, rounds, 500); });
+  std::vector<std::thread> pool;
+  for (int t = 0; t < 3; ++t) {
+    pool.emplace_back([&] {
+      std::size_t mine = 0;
+      for (int i = 0; i < 3000 || rounds.load() < 30; ++i) {
+        if (store.apply(cfg, "hot", late, 1, access::consume).allowed) ++mine;
+      }
+      admitted.fetch_add(mine);
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  stop = true;
+  churner.join();
+  EXPECT_EQ(admitted.load(), 5000u);
+  EXPECT_FALSE(store.apply(cfg, "hot", late, 1, access::peek).allowed);
+  EXPECT_EQ(store.state_of("hot").count, 5000);
+}
+
+// Verifies that the child of a fork made while no thread held a lock (the
+// threads that used the store have ended) checks, inserts, grows and sweeps
+// the copied store normally.
+TEST(MemoryStoreThreads, ForkedChildStillWorks) {
+  const ratelimit::fixed_window::config cfg{ratelimit::rate{3, 1s}};
+  memory_store<ratelimit::fixed_window> store({.shards = 2});
+  std::thread user([&] {
+    for (int i = 0; i < 100; ++i) {
+      (void)store.apply(cfg, "k" + std::to_string(i), 0s, 1, access::consume);
+    }
+  });
+  user.join();
+  const rltest::child_end end = rltest::in_child([&] {
+    if (store.apply(cfg, "k1", 0s, 1, access::consume).remaining != 1) return 1;
+    for (int i = 100; i < 2000; ++i) {
+      if (!store.apply(cfg, "k" + std::to_string(i), 0s, 1, access::consume).allowed) return 2;
+    }
+    if (store.size() != 2000) return 3;
+    if (store.sweep(cfg, 1s) != 2000) return 4;
+    return store.apply(cfg, "k1", 1s, 1, access::consume).remaining == 2 ? 0 : 5;
+  });
+  EXPECT_FALSE(end.hung);
+  EXPECT_EQ(end.status, 0);
+  // The parent's store is untouched by the child.
+  EXPECT_EQ(store.size(), 100u);
+  EXPECT_EQ(store.apply(cfg, "k1", 0s, 1, access::peek).remaining, 1);
+}
+
+}  // namespace
