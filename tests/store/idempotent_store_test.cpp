@@ -254,6 +254,36 @@ TEST(IdempotentStore, ThreadsWithDistinctIdsOnOneKeyConsumeEach) {
   EXPECT_EQ(lim.store().ids_of("k"), 4000U);
 }
 
+// A key the store does not hold is decided at the shard's last reclaim when
+// that is later than the check (memory_store's reclaim rule), but its id's
+// retention still runs from the check's own time, as in the limiter's table
+// and on Redis: a retry at exactly t + retention is a new request.
+TEST(IdempotentStore, AnIdsRetentionRunsFromItsCheckAfterAReclaim) {
+  const fixed_window::config cfg{"10/s"};
+  limiter<fixed_window> table{cfg, memory_store<fixed_window>{{.shards = 1}}};
+  keyed_limiter<fixed_window> node{cfg, idempotent_store<fixed_window>{{.shards = 1}}};
+  const timestamp t0{10'000'000};
+  (void)table.try_acquire("old", t0);
+  (void)node.try_acquire("old", t0);
+  // A new key at t1 reclaims "old" (idle since t0 + 1 s): the shard's mark is t1.
+  const timestamp t1{20'000'000};
+  (void)table.try_acquire("new", t1);
+  (void)node.try_acquire("new", t1);
+  ASSERT_EQ(node.store().size(), 1U);
+  // A check stamped half a retention before t1 (out of order, within the rules).
+  const timestamp early = t1 - microseconds{500'000};
+  const decision first = node.try_acquire("k", request_id{"x"}, early);
+  EXPECT_EQ(rltest::describe_id(first),
+            rltest::describe_id(table.try_acquire("k", request_id{"x"}, early)));
+  const timestamp end = early + node.retention();
+  EXPECT_TRUE(node.try_acquire("k", request_id{"x"}, end - microseconds{1}).repeat);
+  EXPECT_TRUE(table.try_acquire("k", request_id{"x"}, end - microseconds{1}).repeat);
+  const decision again = node.try_acquire("k", request_id{"x"}, end);
+  EXPECT_FALSE(again.repeat);
+  EXPECT_EQ(rltest::describe_id(again),
+            rltest::describe_id(table.try_acquire("k", request_id{"x"}, end)));
+}
+
 /// A fresh idempotent_store per key, called as the Redis stores are, so
 /// that compare_id_traces holds it to the limiter's table and to
 /// limiter<P, idempotent_store<P>> (one store per key: see the helper).

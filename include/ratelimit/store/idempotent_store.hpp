@@ -78,8 +78,8 @@ class idempotent_store {
   decision apply_once(const config_type& cfg, std::string_view key, request_id id,
                       std::chrono::microseconds retention, timestamp now, units cost, access a) {
     const fingerprint f = fingerprint_of(id.bytes);
-    return store_.apply(typename wrapped::config(cfg, f.a, f.b, retention, max_per_key_), key, now,
-                        cost, a);
+    return store_.apply(typename wrapped::config(cfg, f.a, f.b, retention, max_per_key_, now), key,
+                        now, cost, a);
   }
 
   /// Forgets `key`'s policy state, keeping its ids (a retry of a request
