@@ -315,7 +315,8 @@ void shared_store_trace(const typename P::config& cfg, std::uint64_t seed, bool 
     t = std::max(t, latest - (r - 1));
     latest = std::max(latest, t);
     const std::string key = "k" + std::to_string(rltest::id_uniform(rng, 0, 20));
-    const request_id id{"i" + std::to_string(rltest::id_uniform(rng, 0, 30))};
+    const std::string id_bytes = "i" + std::to_string(rltest::id_uniform(rng, 0, 30));
+    const request_id id{id_bytes};
     const units cost = rltest::id_uniform(rng, 0, 5) == 0
                            ? rltest::id_uniform(rng, 1, cfg.limit() + 2)
                            : 1;
