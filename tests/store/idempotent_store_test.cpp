@@ -254,6 +254,38 @@ TEST(IdempotentStore, ThreadsWithDistinctIdsOnOneKeyConsumeEach) {
   EXPECT_EQ(lim.store().ids_of("k"), 4000U);
 }
 
+// Retries of a few ids on a few keys from several threads, while another
+// thread sweeps, another resets keys and another peeks: each (key, id) is
+// decided once (a sweep never drops a key holding a live id, a reset keeps
+// the ids).
+TEST(IdempotentStore, RetriesWhileSweepsResetsAndPeeksRunConsumeOncePerId) {
+  keyed_limiter<gcra> lim{gcra::config{"100000/s"},
+                          idempotent_store<gcra>{{.shards = 2}, {.max_ids_per_key = 16}}};
+  const timestamp t0{1'000'000};
+  std::atomic<int> firsts{0};
+  std::vector<std::thread> pool;
+  for (int th = 0; th < 6; ++th) {
+    pool.emplace_back([&, th] {
+      for (int j = 0; j < 3000; ++j) {
+        const std::string key = "k" + std::to_string(j % 7);
+        const std::string id = "i" + std::to_string(j % 5);
+        if (th == 5) {
+          if (j % 50 == 0) (void)lim.store().sweep(lim.config(), t0 + microseconds{j % 3});
+        } else if (th == 4) {
+          if (j % 97 == 0) lim.reset(key);
+        } else if (th == 3) {
+          (void)lim.peek(key, request_id{id}, t0);
+        } else if (!lim.try_acquire(key, request_id{id}, t0 + microseconds{j % 3}).repeat) {
+          firsts.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  EXPECT_EQ(firsts.load(), 7 * 5);
+  EXPECT_EQ(lim.store().size(), 7U);
+}
+
 // A key the store does not hold is decided at the shard's last reclaim when
 // that is later than the check (memory_store's reclaim rule), but its id's
 // retention still runs from the check's own time, as in the limiter's table
