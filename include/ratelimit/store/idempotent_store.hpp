@@ -120,8 +120,7 @@ class idempotent_store {
     return n;
   }
 
-  /// A fresh secret key per store; without a random source, from the
-  /// store's address and the time.
+  /// An id's 128-bit fingerprint (96 bits of it are kept).
   struct fingerprint {
     std::uint64_t a;
     std::uint64_t b;
@@ -148,6 +147,8 @@ class idempotent_store {
     return {a, s.v0 ^ s.v1 ^ s.v2 ^ s.v3};
   }
 
+  /// A fresh secret key per store; without a random source, from the
+  /// store's address and the time.
   static detail::siphash_key make_seed(const void* self) noexcept {
     try {
       std::random_device rd;
