@@ -122,10 +122,14 @@ class limiter {
     return run_once_at(key, id, now, cost, access::peek);
   }
 
-  /// Sets how long request ids are remembered (and, in process, how many):
-  /// the in-process id table is made anew, so ids seen so far are forgotten.
-  /// Not to be called concurrently with checks.
-  /// @throws std::invalid_argument for a bad retention or stripe count
+  /// Sets how long request ids are remembered (and, with the id table, how
+  /// many). With a store that does not keep ids (memory_store) the limiter's
+  /// id table is made anew, so ids seen so far are forgotten; a store that
+  /// keeps them (idempotent_store, the Redis stores) keeps every id it holds
+  /// until the end of retention it was recorded with, and ignores `max_ids`
+  /// and `stripes`. Not to be called concurrently with checks.
+  /// @throws std::invalid_argument for a bad retention, or a bad stripe count
+  ///   when the limiter keeps the id table
   void set_idempotency(const idempotency_options& o) {
     retention_ = detail::retention_for(cfg_, o);
     if constexpr (!stores_ids) ids_ = std::make_unique<detail::id_table>(o);

@@ -229,6 +229,46 @@ TEST(RedisRequestId, IdsShapedLikeKeySuffixesAreDistinctRequests) {
   }
 }
 
+// A retention set later applies to ids recorded from then on; ids already
+// held keep the end of retention they were recorded with, on Redis as in
+// idempotent_store (the limiter's own table forgets them instead).
+TEST(RedisRequestId, RetentionChangesKeepHeldIdsAsIdempotentStoreDoes) {
+  const fixed_window::config cfg{"100/s", window_options{.name = "rc"}};
+  limiter<fixed_window, redis::redis_store> on_redis{cfg, redis::redis_store{fresh("retain")}};
+  limiter<fixed_window, idempotent_store<fixed_window>> in_node{cfg};
+  const timestamp t0{5'000'000};
+  struct step {
+    std::int64_t at;
+    const char* id;
+    std::int64_t retention;  ///< set before the check when > 0
+    bool reset;
+    bool repeat;  ///< expected
+  };
+  const step steps[] = {
+      {0, "r", 250, false, false},  {249, "r", 0, false, true},     {250, "r", 1000, false, false},
+      {300, "s", 0, false, false},  {1249, "r", 0, false, true},    {1250, "r", 0, false, false},
+      {1299, "s", 0, false, true},  {1300, "s", 100, false, false}, {1350, "s", 0, false, true},
+      {1399, "s", 0, true, true},   {1400, "s", 0, false, false},   {2249, "r", 0, false, true},
+      {2250, "r", 0, false, false},
+  };
+  for (const step& e : steps) {
+    if (e.retention > 0) {
+      on_redis.set_idempotency({.retention = microseconds{e.retention}});
+      in_node.set_idempotency({.retention = microseconds{e.retention}});
+    }
+    if (e.reset) {
+      on_redis.reset("k");
+      in_node.reset("k");
+    }
+    const timestamp at = t0 + microseconds{e.at};
+    const decision node = in_node.try_acquire("k", request_id{e.id}, at);
+    EXPECT_EQ(node.repeat, e.repeat) << "at t0 + " << e.at << " id " << e.id;
+    ASSERT_EQ(rltest::describe_id(node),
+              rltest::describe_id(on_redis.try_acquire("k", request_id{e.id}, at)))
+        << "at t0 + " << e.at << " id " << e.id;
+  }
+}
+
 TEST(RedisRequestId, BadRetentionIsRefused) {
   redis::redis_store store(fresh("bad"));
   const gcra::config cfg{"5/s", bucket_options{.name = "ids"}};

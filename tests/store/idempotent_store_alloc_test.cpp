@@ -130,4 +130,25 @@ TEST(IdempotentStoreAlloc, AFailedPolicyStepRecordsNoId) {
   EXPECT_EQ(lim.peek("k", t0 + microseconds{20}).remaining, 1000 - 12 - 1);
 }
 
+// A peek steps a copy of the key's state, heap block included: when that
+// copy cannot be made the peek throws and the key is as it was.
+TEST(IdempotentStoreAlloc, AFailedPeekCopyChangesNothing) {
+  limiter<fixed_window, idempotent_store<fixed_window>> lim{fixed_window::config{"100/min"}};
+  const timestamp t0{60'000'000};
+  for (int i = 1; i <= 5; ++i) (void)lim.try_acquire("k", request_id{std::to_string(i)}, t0);
+  const auto before = lim.store().memory().state_of("k");
+  int failures = 0;
+  decision seen;
+  fail_each_allocation([&] { seen = lim.peek("k", request_id{"6"}, t0); },
+                       [&] {
+                         ++failures;
+                         EXPECT_TRUE(lim.store().memory().state_of("k") == before);
+                       });
+  EXPECT_GE(failures, 1);
+  EXPECT_FALSE(seen.repeat);
+  EXPECT_EQ(seen.remaining, 100 - 6);
+  EXPECT_TRUE(lim.store().memory().state_of("k") == before);
+  expect_ids(lim, "k", 1, 5, t0);
+}
+
 }  // namespace

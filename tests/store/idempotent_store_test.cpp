@@ -254,6 +254,152 @@ TEST(IdempotentStore, ThreadsWithDistinctIdsOnOneKeyConsumeEach) {
   EXPECT_EQ(lim.store().ids_of("k"), 4000U);
 }
 
+// Retries of a few ids on a few keys from several threads, while another
+// thread sweeps, another resets keys and another peeks: each (key, id) is
+// decided once (a sweep never drops a key holding a live id, a reset keeps
+// the ids).
+TEST(IdempotentStore, RetriesWhileSweepsResetsAndPeeksRunConsumeOncePerId) {
+  keyed_limiter<gcra> lim{gcra::config{"100000/s"},
+                          idempotent_store<gcra>{{.shards = 2}, {.max_ids_per_key = 16}}};
+  const timestamp t0{1'000'000};
+  std::atomic<int> firsts{0};
+  std::vector<std::thread> pool;
+  for (int th = 0; th < 6; ++th) {
+    pool.emplace_back([&, th] {
+      for (int j = 0; j < 3000; ++j) {
+        const std::string key = "k" + std::to_string(j % 7);
+        const std::string id = "i" + std::to_string(j % 5);
+        if (th == 5) {
+          if (j % 50 == 0) (void)lim.store().sweep(lim.config(), t0 + microseconds{j % 3});
+        } else if (th == 4) {
+          if (j % 97 == 0) lim.reset(key);
+        } else if (th == 3) {
+          (void)lim.peek(key, request_id{id}, t0);
+        } else if (!lim.try_acquire(key, request_id{id}, t0 + microseconds{j % 3}).repeat) {
+          firsts.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  EXPECT_EQ(firsts.load(), 7 * 5);
+  EXPECT_EQ(lim.store().size(), 7U);
+}
+
+// A key the store does not hold is decided at the shard's last reclaim when
+// that is later than the check (memory_store's reclaim rule), but its id's
+// retention still runs from the check's own time, as in the limiter's table
+// and on Redis: a retry at exactly t + retention is a new request.
+TEST(IdempotentStore, AnIdsRetentionRunsFromItsCheckAfterAReclaim) {
+  const fixed_window::config cfg{"10/s"};
+  limiter<fixed_window> table{cfg, memory_store<fixed_window>{{.shards = 1}}};
+  keyed_limiter<fixed_window> node{cfg, idempotent_store<fixed_window>{{.shards = 1}}};
+  const timestamp t0{10'000'000};
+  (void)table.try_acquire("old", t0);
+  (void)node.try_acquire("old", t0);
+  // A new key at t1 reclaims "old" (idle since t0 + 1 s): the shard's mark is t1.
+  const timestamp t1{20'000'000};
+  (void)table.try_acquire("new", t1);
+  (void)node.try_acquire("new", t1);
+  ASSERT_EQ(node.store().size(), 1U);
+  // A check stamped half a retention before t1 (out of order, within the rules).
+  const timestamp early = t1 - microseconds{500'000};
+  const decision first = node.try_acquire("k", request_id{"x"}, early);
+  EXPECT_EQ(rltest::describe_id(first),
+            rltest::describe_id(table.try_acquire("k", request_id{"x"}, early)));
+  const timestamp end = early + node.retention();
+  EXPECT_TRUE(node.try_acquire("k", request_id{"x"}, end - microseconds{1}).repeat);
+  EXPECT_TRUE(table.try_acquire("k", request_id{"x"}, end - microseconds{1}).repeat);
+  const decision again = node.try_acquire("k", request_id{"x"}, end);
+  EXPECT_FALSE(again.repeat);
+  EXPECT_EQ(rltest::describe_id(again),
+            rltest::describe_id(table.try_acquire("k", request_id{"x"}, end)));
+}
+
+/// One limiter over memory_store<P> (ids in the table) and one over
+/// idempotent_store<P>, each holding every key of a random trace (ids shared
+/// between keys, peeks, resets, plain checks, sweeps). With times in order
+/// every decision is equal field for field. With times running back by less
+/// than a retention, whether a check is a repeat is still equal; the other
+/// fields of a new request may differ, since each store decides a key it no
+/// longer holds at its shard's last reclaim, and keys holding ids are
+/// reclaimed later.
+template <class P>
+void shared_store_trace(const typename P::config& cfg, std::uint64_t seed, bool in_order) {
+  std::mt19937_64 rng(seed);
+  limiter<P> table{cfg};
+  keyed_limiter<P> node{cfg, idempotent_store<P>{{}, {.max_ids_per_key = 4096}}};
+  const std::int64_t w = detail::natural_period_us(cfg);
+  const std::int64_t r = rltest::id_uniform(rng, 1, 3) * std::max<std::int64_t>(1, w / 2);
+  table.set_idempotency({.retention = microseconds{r}});
+  node.set_idempotency({.retention = microseconds{r}});
+  std::int64_t t = 100'000'000'000'000;
+  std::int64_t latest = t;
+  for (int i = 0; i < 1500; ++i) {
+    switch (rltest::id_uniform(rng, 0, in_order ? 4 : 5)) {
+      case 0: break;
+      case 1: t += rltest::id_uniform(rng, 0, 3); break;
+      case 2: t += rltest::id_uniform(rng, 0, w / 4 + 1); break;
+      case 3: t += r - rltest::id_uniform(rng, -1, 1); break;
+      case 4: t += 1; break;
+      default: t -= rltest::id_uniform(rng, 0, r - 1);
+    }
+    t = std::max(t, latest - (r - 1));
+    latest = std::max(latest, t);
+    const std::string key = "k" + std::to_string(rltest::id_uniform(rng, 0, 20));
+    const std::string id_bytes = "i" + std::to_string(rltest::id_uniform(rng, 0, 30));
+    const request_id id{id_bytes};
+    const units cost = rltest::id_uniform(rng, 0, 5) == 0
+                           ? rltest::id_uniform(rng, 1, cfg.limit() + 2)
+                           : 1;
+    const timestamp now{t};
+    decision a;
+    decision b;
+    switch (rltest::id_uniform(rng, 0, 19)) {
+      case 0:
+        table.reset(key);
+        node.reset(key);
+        continue;
+      case 1:
+        if (in_order) {
+          (void)table.store().sweep(cfg, now);
+          (void)node.store().sweep(cfg, now);
+        }
+        continue;
+      case 2:
+        a = table.peek(key, id, now, cost);
+        b = node.peek(key, id, now, cost);
+        break;
+      case 3:
+        a = table.try_acquire(key, now, cost);
+        b = node.try_acquire(key, now, cost);
+        break;
+      default: a = table.try_acquire(key, id, now, cost); b = node.try_acquire(key, id, now, cost);
+    }
+    if (in_order) {
+      ASSERT_EQ(rltest::describe_id(b), rltest::describe_id(a))
+          << P::name << " seed " << seed << " event " << i << " t=" << t;
+    } else {
+      ASSERT_EQ(b.repeat, a.repeat) << P::name << " seed " << seed << " event " << i << " t=" << t;
+    }
+  }
+}
+
+TEST(IdempotentStoreDifferential, OneStoreForEveryKeyMatchesTheLimitersIdTable) {
+  for (std::uint64_t seed = 0; seed < 24; ++seed) {
+    std::mt19937_64 rng(seed * 104729u + 5u);
+    const bool in_order = seed % 2 == 0;
+    shared_store_trace<fixed_window>(rltest::random_id_config<fixed_window>(rng), seed, in_order);
+    shared_store_trace<sliding_window_log>(rltest::random_id_config<sliding_window_log>(rng), seed,
+                                           in_order);
+    shared_store_trace<sliding_window_counter>(
+        rltest::random_id_config<sliding_window_counter>(rng), seed, in_order);
+    shared_store_trace<token_bucket>(rltest::random_id_config<token_bucket>(rng), seed, in_order);
+    shared_store_trace<gcra>(rltest::random_id_config<gcra>(rng), seed, in_order);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
 /// A fresh idempotent_store per key, called as the Redis stores are, so
 /// that compare_id_traces holds it to the limiter's table and to
 /// limiter<P, idempotent_store<P>> (one store per key: see the helper).

@@ -48,14 +48,18 @@ struct idempotent {
     using policy_type = idempotent;
     /// A plain check or a reset of `base`.
     config(const base_config& base, id_op op) noexcept : base_(&base), op_(op) {}
-    /// A check with an id whose fingerprint is (fa, fb); fb's low 32 bits are kept.
+    /// A check with an id whose fingerprint is (fa, fb); fb's low 32 bits are
+    /// kept. `stamped` is the check's own time, from which the id's retention
+    /// runs: a store may decide a key it does not hold at a later time (see
+    /// memory_store's reclaim rule), but the id was still sent at `stamped`.
     config(const base_config& base, std::uint64_t fa, std::uint64_t fb,
-           std::chrono::microseconds retention, std::size_t max_per_key) noexcept
+           std::chrono::microseconds retention, std::size_t max_per_key, timestamp stamped) noexcept
         : base_(&base),
           op_(id_op::once),
           fa_(fa),
           fb_(fb),
           retention_(retention.count()),
+          stamped_(stamped.count()),
           max_per_key_(static_cast<std::uint32_t>(max_per_key)) {}
     [[nodiscard]] units limit() const noexcept { return base_->limit(); }
     [[nodiscard]] const base_config& base() const noexcept { return *base_; }
@@ -63,6 +67,7 @@ struct idempotent {
     [[nodiscard]] std::uint64_t fa() const noexcept { return fa_; }
     [[nodiscard]] std::uint32_t fb() const noexcept { return static_cast<std::uint32_t>(fb_); }
     [[nodiscard]] std::int64_t retention_us() const noexcept { return retention_; }
+    [[nodiscard]] std::int64_t stamped_us() const noexcept { return stamped_; }
     [[nodiscard]] std::size_t max_per_key() const noexcept { return max_per_key_; }
 
    private:
@@ -71,6 +76,7 @@ struct idempotent {
     std::uint64_t fa_ = 0;
     std::uint64_t fb_ = 0;
     std::int64_t retention_ = 0;
+    std::int64_t stamped_ = 0;
     std::uint32_t max_per_key_ = 0;
   };
 
@@ -303,10 +309,15 @@ struct idempotent {
     }
     // A new request: the same id after its retention (its record is
     // rewritten) or an id the key does not hold.
+    // Its retention runs from the check's own time, which is `now` except
+    // for a key the store did not hold, decided at the store's last
+    // reclaim if that was later (memory_store's reclaim rule): the id was
+    // sent at its stamp, and its retention ends as for the other stores.
     const std::int64_t r = c.retention_us();
     const std::size_t place = held != s.ids() ? held : s.place_for(t, c.max_per_key());
     const decision d = base_step<Forced>(c, s, now, cost);
-    const std::int64_t until = t > max_time_us - r ? max_time_us : t + r;
+    const std::int64_t from = std::min(t, c.stamped_us());
+    const std::int64_t until = from > max_time_us - r ? max_time_us : from + r;
     s.write(place, c.fa(), c.fb(), until, r, d);
     return d;
   }

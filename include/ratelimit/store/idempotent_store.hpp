@@ -78,8 +78,8 @@ class idempotent_store {
   decision apply_once(const config_type& cfg, std::string_view key, request_id id,
                       std::chrono::microseconds retention, timestamp now, units cost, access a) {
     const fingerprint f = fingerprint_of(id.bytes);
-    return store_.apply(typename wrapped::config(cfg, f.a, f.b, retention, max_per_key_), key, now,
-                        cost, a);
+    return store_.apply(typename wrapped::config(cfg, f.a, f.b, retention, max_per_key_, now), key,
+                        now, cost, a);
   }
 
   /// Forgets `key`'s policy state, keeping its ids (a retry of a request
@@ -120,8 +120,7 @@ class idempotent_store {
     return n;
   }
 
-  /// A fresh secret key per store; without a random source, from the
-  /// store's address and the time.
+  /// An id's 128-bit fingerprint (96 bits of it are kept).
   struct fingerprint {
     std::uint64_t a;
     std::uint64_t b;
@@ -148,6 +147,8 @@ class idempotent_store {
     return {a, s.v0 ^ s.v1 ^ s.v2 ^ s.v3};
   }
 
+  /// A fresh secret key per store; without a random source, from the
+  /// store's address and the time.
   static detail::siphash_key make_seed(const void* self) noexcept {
     try {
       std::random_device rd;
