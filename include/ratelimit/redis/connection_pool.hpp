@@ -273,6 +273,10 @@ class connection {
   /// True when the connection runs over TLS.
   [[nodiscard]] bool tls() const noexcept { return stream_.tls(); }
 
+  /// The socket (or TLS session) itself, for the multiplexer, which drives it
+  /// without blocking from its own I/O thread after the connect and login.
+  [[nodiscard]] transport& stream() noexcept { return stream_; }
+
   /// True when the server has closed this idle connection (for example after
   /// its `timeout`, or CLIENT KILL) or sent something unasked for; checked
   /// without sending, in a few microseconds. Such a connection must be dropped.
