@@ -6,10 +6,13 @@
 // benchmarks/redis/run.sh starts a throwaway one and compares with redis-benchmark.
 #include <benchmark/benchmark.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <iostream>
+#include <semaphore>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -83,6 +86,72 @@ void BM_Gcra_RedisStore_Pool(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
 }
 
+/// A store whose single checks share `conns` multiplexed connections.
+redis::redis_store& mux_store(std::size_t conns) {
+  static redis::redis_store one = [] {
+    redis::options o = bench_options(1);
+    o.multiplex = 1;
+    return redis::redis_store(o);
+  }();
+  static redis::redis_store two = [] {
+    redis::options o = bench_options(1);
+    o.multiplex = 2;
+    return redis::redis_store(o);
+  }();
+  return conns == 1 ? one : two;
+}
+
+// Blocking single checks from N threads through the multiplexer (arg: connections).
+void BM_Gcra_RedisStore_Mux(benchmark::State& state) {
+  redis::redis_store store = mux_store(static_cast<std::size_t>(state.range(0)));
+  const auto cfg = bench_config<gcra>();
+  const auto& keys = phones();
+  std::size_t i = static_cast<std::size_t>(state.thread_index()) * 997;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(
+        store.apply(cfg, keys[i++ % keys.size()], store_time, 1, access::consume));
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+}
+
+// One thread, blocking single checks through one multiplexed connection.
+void BM_Gcra_RedisStore_MuxSequential(benchmark::State& state) {
+  redis::options o = bench_options(1);
+  o.multiplex = 1;
+  redis::redis_store store(o);
+  const auto cfg = bench_config<gcra>();
+  const auto& keys = phones();
+  std::size_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(
+        store.apply(cfg, keys[i++ % keys.size()], store_time, 1, access::consume));
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+}
+
+// One thread keeping 256 async checks in flight (arg: connections).
+void BM_Gcra_RedisStore_Async256(benchmark::State& state) {
+  redis::options o = bench_options(1);
+  o.multiplex = static_cast<std::size_t>(state.range(0));
+  redis::redis_store store(o);
+  const auto cfg = bench_config<gcra>();
+  const auto& keys = phones();
+  std::counting_semaphore<256> slots(256);
+  std::atomic<std::int64_t> failed{0};
+  std::size_t i = 0;
+  for (auto _ : state) {
+    slots.acquire();
+    store.async_apply(cfg, keys[i++ % keys.size()], store_time, 1, access::consume,
+                      [&](decision, std::exception_ptr e) {
+                        if (e) failed.fetch_add(1, std::memory_order_relaxed);
+                        slots.release();
+                      });
+  }
+  for (int k = 0; k < 256; ++k) slots.acquire();  // every check completed
+  if (failed.load() != 0) state.SkipWithError("async checks failed");
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+}
+
 template <class P>
 void batched(benchmark::State& state) {
   redis::redis_store store = shared_pool();
@@ -126,6 +195,14 @@ BENCHMARK(BM_SlidingCounter_RedisStore_Sequential)->UseRealTime();
 BENCHMARK(BM_TokenBucket_RedisStore_Sequential)->UseRealTime();
 BENCHMARK(BM_Gcra_RedisStore_Sequential)->UseRealTime();
 BENCHMARK(BM_Gcra_RedisStore_Pool)->ThreadRange(1, 16)->UseRealTime();
+BENCHMARK(BM_Gcra_RedisStore_MuxSequential)->UseRealTime();
+BENCHMARK(BM_Gcra_RedisStore_Mux)
+    ->ArgName("conns")
+    ->Arg(1)
+    ->Arg(2)
+    ->ThreadRange(1, 16)
+    ->UseRealTime();
+BENCHMARK(BM_Gcra_RedisStore_Async256)->ArgName("conns")->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(BM_Gcra_RedisStore_Batch100)->ThreadRange(1, 4)->UseRealTime();
 BENCHMARK(BM_FixedWindow_RedisStore_Batch100)->ThreadRange(1, 4)->UseRealTime();
 

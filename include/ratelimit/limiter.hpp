@@ -11,6 +11,7 @@
 #include <string_view>
 #include <utility>
 
+#include "ratelimit/awaitable.hpp"
 #include "ratelimit/clock/steady_clock.hpp"
 #include "ratelimit/concepts.hpp"
 #include "ratelimit/decision.hpp"
@@ -123,6 +124,12 @@ class limiter {
     requires std::invocable<Handler&, decision, std::exception_ptr>
   void async_try_acquire(std::string_view key, Handler handler) {
     async_try_acquire(key, units{1}, std::move(handler));
+  }
+  /// The C++20 coroutine form: `decision d = co_await l.async_try_acquire(key);`
+  /// (see acquire_awaitable: resumes on the store's I/O thread, or without
+  /// suspending for in-process stores; errors are thrown from the co_await).
+  [[nodiscard]] acquire_awaitable<limiter> async_try_acquire(std::string_view key, units cost = 1) {
+    return acquire_awaitable<limiter>(*this, key, cost);
   }
   /// As above, decided at `now` (microseconds since the clock's epoch).
   template <class Handler>

@@ -10,8 +10,10 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <coroutine>
 #include <exception>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -315,6 +317,67 @@ TEST(RedisMultiplex, LimiterAsyncOverBothStores) {
       local.async_try_acquire("k", units{0}, [&](decision, std::exception_ptr) { ++calls; }),
       std::invalid_argument);
   EXPECT_EQ(calls, 0);
+}
+
+}  // namespace
+
+namespace {
+
+/// A minimal coroutine type for the test: runs eagerly, never suspends at the
+/// start or the end.
+struct task {
+  struct promise_type {
+    task get_return_object() noexcept { return {}; }
+    std::suspend_never initial_suspend() noexcept { return {}; }
+    std::suspend_never final_suspend() noexcept { return {}; }
+    void return_void() noexcept {}
+    void unhandled_exception() noexcept { std::terminate(); }
+  };
+};
+
+template <class L>
+task acquire_twice(L& l, outcomes& out) {
+  for (std::size_t i = 0; i < 2; ++i) {
+    try {
+      const ratelimit::decision d = co_await l.async_try_acquire("k");
+      out.handler(i)(d, nullptr);
+    } catch (...) {
+      out.handler(i)(ratelimit::decision{}, std::current_exception());
+    }
+  }
+}
+
+// Verifies `co_await limiter.async_try_acquire(key)` over Redis (resumed on
+// the I/O thread) and in process (no suspension), and that bad input is
+// thrown from the co_await.
+TEST(RedisMultiplex, CoAwaitOverBothStores) {
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("mux-coawait");
+  const fixed_window::config cfg("1/1h", window_options{.name = "t"});
+  limiter<fixed_window, redis::redis_store, redis::server_clock> remote(cfg, redis::redis_store(o));
+  limiter<fixed_window> local(cfg);
+  outcomes a(2), b(2);
+  acquire_twice(remote, a);
+  acquire_twice(local, b);
+  ASSERT_TRUE(a.wait());
+  ASSERT_TRUE(b.wait(0ms));  // completed inline
+  for (outcomes* out : {&a, &b}) {
+    EXPECT_FALSE(out->errors[0]);
+    EXPECT_FALSE(out->errors[1]);
+    EXPECT_TRUE(out->decisions[0].allowed);
+    EXPECT_FALSE(out->decisions[1].allowed);
+  }
+  outcomes bad(1);
+  [](auto& l, outcomes& out) -> task {
+    try {
+      (void)co_await l.async_try_acquire("");
+      out.handler(0)(ratelimit::decision{}, nullptr);
+    } catch (...) {
+      out.handler(0)(ratelimit::decision{}, std::current_exception());
+    }
+  }(remote, bad);
+  ASSERT_TRUE(bad.wait(0ms));
+  EXPECT_TRUE(holds<std::invalid_argument>(bad.errors[0]));
 }
 
 }  // namespace
