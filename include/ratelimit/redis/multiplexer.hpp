@@ -200,6 +200,7 @@ class multiplexer {
     std::string out;              ///< bytes of the write in progress
     std::size_t written = 0;      ///< of `out`
     std::size_t batch_first = 0;  ///< index in inflight of the first job of `out`
+    bool readable = true;         ///< poll() saw input (or an error) since the last read
   };
 
   static void finish(std::unique_ptr<mux_job> j, reply_ptr r, std::exception_ptr e) noexcept {
@@ -236,6 +237,7 @@ class multiplexer {
     const deadline start = deadline_clock::now();
     try {
       l.conn = std::make_unique<connection>(options_);
+      l.readable = true;
       l.reader.reset(redisReaderCreate());
       if (l.reader == nullptr) throw connection_error("ratelimit: redis: cannot allocate a reader");
     } catch (...) {
@@ -360,11 +362,14 @@ class multiplexer {
     io_thread_id_.store(std::this_thread::get_id(), std::memory_order_release);
     std::vector<pollfd> fds;
     std::vector<lane*> polled;
+    bool woken = true;
     for (;;) {
       // Drained before the lock: a wake-up written after it is for jobs
       // that this round may not see, and must end the next poll.
-      std::uint64_t drained = 0;
-      (void)!::read(wake_fd_, &drained, sizeof drained);
+      if (woken) {
+        std::uint64_t drained = 0;
+        (void)!::read(wake_fd_, &drained, sizeof drained);
+      }
       {
         std::lock_guard<std::mutex> lock(mutex_);
         if (stopping_) return;
@@ -396,7 +401,10 @@ class multiplexer {
           continue;
         }
         if (!write(l)) continue;
-        if (!read(l)) continue;
+        if (l.readable) {
+          l.readable = false;
+          if (!read(l)) continue;
+        }
         if (!write(l)) continue;  // replies completed jobs that may have queued more
         short ev = POLLIN;        // also to see an idle connection closed by the server
         if (l.written < l.out.size()) ev |= POLLOUT;
@@ -416,7 +424,15 @@ class multiplexer {
       bool queued_left = false;
       for (lane& l : lanes_) queued_left = queued_left || (!l.queued.empty() && l.conn == nullptr);
       if (queued_left) timeout_ms = 0;
-      (void)::poll(fds.data(), fds.size(), timeout_ms);
+      if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
+        woken = true;  // EINTR: look at everything again
+        for (lane* l : polled) l->readable = true;
+        continue;
+      }
+      woken = fds[0].revents != 0;
+      for (std::size_t k = 1; k < fds.size(); ++k) {
+        if (fds[k].revents != 0) polled[k - 1]->readable = true;
+      }
     }
   }
 
