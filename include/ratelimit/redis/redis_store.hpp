@@ -1021,16 +1021,19 @@ class redis_store {
     units cost;
     access a;
     Handler handler;
-    std::vector<std::string> keys;
-    std::string time_arg;
-    std::string cost_arg;
-    std::vector<std::string> policy_args;
     bool reloaded = false;
 
+    /// The command: EVALSHA, or EVAL with the script's text.
     void build(bool with_text) {
       using P = typename Config::policy_type;
+      const std::vector<std::string> keys = detail::redis_keys(s->opts.prefix, cfg, key);
+      std::vector<std::string> policy_args;
+      script_for<P>::append_args(cfg, policy_args);
+      const std::string time_arg = now ? std::to_string(now->count()) : std::string();
+      const std::string cost_arg = std::to_string(cost);
       const std::string_view floor = now ? std::string_view(s->floor_ms) : std::string_view("0");
       bytes.clear();
+      bytes.reserve(with_text ? script_for<P>::text.size() + 256 : 256);
       detail::append_eval<P>(bytes, with_text, keys, time_arg, cost_arg, a, policy_args, floor);
     }
 
@@ -1110,7 +1113,6 @@ class redis_store {
   template <class Config, class Handler>
   void start_check(const Config& cfg, std::string_view key, std::optional<timestamp> now,
                    units cost, access a, Handler&& handler) {
-    using P = typename Config::policy_type;
     detail::check_same_process(shared_->owner_pid);
     shared& st = *shared_;
     if (st.breaker.enter() == detail::breaker::verdict::refuse) {
@@ -1132,10 +1134,6 @@ class redis_store {
     }
     using job_t = check_job<Config, std::decay_t<Handler>>;
     auto job = std::make_unique<job_t>(&st, cfg, key, now, cost, a, std::move(handler));
-    job->keys = detail::redis_keys(st.opts.prefix, cfg, key);
-    job->time_arg = now ? std::to_string(now->count()) : std::string();
-    job->cost_arg = std::to_string(cost);
-    script_for<P>::append_args(cfg, job->policy_args);
     job->build(false);
     job->until = deadline_clock::now() + st.command_timeout;
     std::unique_ptr<mux_job> base(std::move(job));
