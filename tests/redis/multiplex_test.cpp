@@ -248,6 +248,30 @@ TEST(RedisMultiplex, DestructionWithChecksInFlightGivesEachAnError) {
   }
 }
 
+// Verifies that multiplexed connections give the maxmemory-policy warning
+// once per store, as pooled ones do, also after their connection was killed.
+TEST(RedisMultiplex, EvictionPolicyWarnsOncePerStore) {
+  rltest::redis_server server({"--maxmemory-policy", "allkeys-lru"});
+  redis::options o = own(server, "mux-warn");
+  o.multiplex = 1;
+  std::mutex m;
+  std::vector<std::string> lines;
+  o.on_warning = [&](std::string_view line) {
+    std::lock_guard<std::mutex> lock(m);
+    lines.emplace_back(line);
+  };
+  redis::redis_store store(o);
+  const gcra::config cfg("10/1h", bucket_options{.name = "t"});
+  for (int round = 0; round < 3; ++round) {
+    EXPECT_EQ(store.apply(cfg, "k", store_time, 1).source, decision_source::store);
+    (void)rltest::command(server.options(), {"CLIENT", "KILL", "TYPE", "normal"});
+    std::this_thread::sleep_for(50ms);
+  }
+  std::lock_guard<std::mutex> lock(m);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("allkeys-lru"), std::string::npos) << lines[0];
+}
+
 // Verifies NOSCRIPT through the multiplexer: after SCRIPT FLUSH the check is
 // sent again with EVAL (the script did not run) and decided once.
 TEST(RedisMultiplex, NoscriptIsResentOnce) {

@@ -586,6 +586,14 @@ class connection_pool {
     }
   }
 
+  /// Reads the server's maxmemory-policy on `c`, a connection made outside
+  /// the pool (by the multiplexer), unless some connection did already; as
+  /// acquire() does for the pool's own (see options::on_warning).
+  /// @throws connection_error when `c` broke meanwhile
+  void check_new_connection(connection& c, deadline start) {
+    if (!config_checked_.load(std::memory_order_acquire)) check_config(c, start);
+  }
+
   /// Drops every idle connection (the next check reconnects).
   void clear() noexcept {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -82,7 +83,8 @@ class multiplexer_stopped : public connection_error {
 ///   before any byte of it was accepted (the server had closed the
 ///   connection) sent nothing: its jobs are queued again.
 /// - Connections are made lazily on the I/O thread (a connect that waits
-///   for its connect_timeout stalls the other connections meanwhile).
+///   for its connect_timeout stalls the other connections meanwhile); the
+///   connect hook runs there too.
 /// - Destruction (or stop()) fails every job not yet completed with
 ///   multiplexer_stopped.
 /// - fork(): the I/O thread does not exist in a child. A multiplexer
@@ -94,9 +96,16 @@ class multiplexer_stopped : public connection_error {
 /// thread (from complete()).
 class multiplexer {
  public:
+  /// Called on the I/O thread with each new connection and when its connect
+  /// began, before any job uses it (the store reads maxmemory-policy there).
+  /// Throwing fails the connect.
+  using connect_hook = std::function<void(connection&, deadline)>;
+
   /// @param connections connections to share (0 = 1)
-  multiplexer(options o, std::size_t connections)
-      : options_(std::move(o)), lanes_(connections == 0 ? 1 : connections) {
+  multiplexer(options o, std::size_t connections, connect_hook on_connect = {})
+      : options_(std::move(o)),
+        lanes_(connections == 0 ? 1 : connections),
+        on_connect_(std::move(on_connect)) {
     wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) throw connection_error("ratelimit: redis: cannot make an eventfd");
   }
@@ -238,6 +247,7 @@ class multiplexer {
     try {
       l.conn = std::make_unique<connection>(options_);
       l.readable = true;
+      if (on_connect_) on_connect_(*l.conn, start);
       l.reader.reset(redisReaderCreate());
       if (l.reader == nullptr) throw connection_error("ratelimit: redis: cannot allocate a reader");
     } catch (...) {
@@ -438,6 +448,7 @@ class multiplexer {
 
   options options_;
   std::vector<lane> lanes_;
+  connect_hook on_connect_;
   std::mutex mutex_;
   bool stopping_ = false;
   std::size_t next_lane_ = 0;

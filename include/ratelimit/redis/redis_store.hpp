@@ -1001,9 +1001,12 @@ class redis_store {
     detail::counters stats;
     std::chrono::milliseconds command_timeout;
     std::string floor_ms;
-    multiplexer mux{opts, opts.multiplex};  ///< I/O thread started on first use
-    std::atomic<bool> stopping{false};      ///< the store is being destroyed
-    detail::prober prober;                  ///< last: destroyed (joined) first
+    /// I/O thread started on first use; its connections read maxmemory-policy
+    /// as the pool's do (one warning per store).
+    multiplexer mux{opts, opts.multiplex,
+                    [this](connection& c, deadline start) { pool.check_new_connection(c, start); }};
+    std::atomic<bool> stopping{false};  ///< the store is being destroyed
+    detail::prober prober;              ///< last: destroyed (joined) first
   };
 
   /// One single check through the multiplexer: EVALSHA, then EVAL once
