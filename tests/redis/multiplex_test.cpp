@@ -272,6 +272,27 @@ TEST(RedisMultiplex, EvictionPolicyWarnsOncePerStore) {
   EXPECT_NE(lines[0].find("allkeys-lru"), std::string::npos) << lines[0];
 }
 
+// Verifies that a hostile connection count is refused when the store is
+// made, naming it, and that 256 is accepted.
+TEST(RedisMultiplex, TooManyConnectionsAreRefused) {
+  redis::options o = rltest::shared_redis();
+  o.multiplex = 257;
+  try {
+    redis::redis_store store(o);
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("multiplex 257"), std::string::npos) << e.what();
+  }
+  o.multiplex = std::size_t(-1);
+  EXPECT_THROW(redis::redis_store{o}, std::invalid_argument);
+  o.multiplex = 256;
+  o.prefix = rltest::unique_prefix("mux-256");
+  redis::redis_store store(o);
+  EXPECT_EQ(
+      store.apply(gcra::config("1/1h", bucket_options{.name = "t"}), "k", store_time, 1).source,
+      decision_source::store);
+}
+
 // Verifies NOSCRIPT through the multiplexer: after SCRIPT FLUSH the check is
 // sent again with EVAL (the script did not run) and decided once.
 TEST(RedisMultiplex, NoscriptIsResentOnce) {

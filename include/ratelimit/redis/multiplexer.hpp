@@ -15,11 +15,13 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -101,13 +103,24 @@ class multiplexer {
   /// Throwing fails the connect.
   using connect_hook = std::function<void(connection&, deadline)>;
 
+  /// Makes nothing yet: the eventfd and the I/O thread come with the first
+  /// submit(), connections when jobs need them.
   /// @param connections connections to share (0 = 1)
+  /// @throws std::invalid_argument for more than max_connections
   multiplexer(options o, std::size_t connections, connect_hook on_connect = {})
-      : options_(std::move(o)),
-        lanes_(connections == 0 ? 1 : connections),
-        on_connect_(std::move(on_connect)) {
-    wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (wake_fd_ < 0) throw connection_error("ratelimit: redis: cannot make an eventfd");
+      : options_(std::move(o)), lanes_(checked(connections)), on_connect_(std::move(on_connect)) {}
+
+  /// Most connections one multiplexer shares.
+  static constexpr std::size_t max_connections = 256;
+
+  /// @throws std::invalid_argument when `connections` exceeds max_connections
+  static std::size_t checked(std::size_t connections) {
+    if (connections > max_connections) {
+      throw std::invalid_argument("ratelimit: redis: multiplex " + std::to_string(connections) +
+                                  " is more than " + std::to_string(max_connections) +
+                                  " connections");
+    }
+    return connections == 0 ? 1 : connections;
   }
 
   multiplexer(const multiplexer&) = delete;
@@ -122,7 +135,7 @@ class multiplexer {
       return;
     }
     stop();
-    ::close(wake_fd_);
+    if (wake_fd_ >= 0) ::close(wake_fd_);
   }
 
   /// Queues `job` (its bytes and deadline set); starts the I/O thread on
@@ -136,6 +149,13 @@ class multiplexer {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_) return false;
       if (thread_ == nullptr) {
+        if (wake_fd_ < 0) {
+          wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+          if (wake_fd_ < 0) {
+            throw connection_error(std::string("ratelimit: redis: cannot make an eventfd: ") +
+                                   std::strerror(errno));
+          }
+        }
         thread_ = std::make_unique<std::thread>([this] { run(); });
       }
       lane& l = lanes_[next_lane_ % lanes_.size()];

@@ -85,6 +85,7 @@ struct options {
   /// checks use the pool (one connection per check in flight). Async checks
   /// (redis_store::async_apply) always go through the multiplexer, with
   /// max(1, multiplex) connections. Batches, apply_once, reset and ping use the pool.
+  /// At most 256 (more throws std::invalid_argument when the store is made).
   std::size_t multiplex = 0;
   /// Prefix of every Redis key: `<prefix>{<user key>}:<policy>`; may be empty.
   std::string prefix = "rl:";
