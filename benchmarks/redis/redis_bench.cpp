@@ -1,16 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
 // Checks per second of the Redis store: sequential, pooled threads, batched;
-// plus `--memory` (MEMORY USAGE per key) and `--print-script POLICY`.
+// plus `--memory` (MEMORY USAGE per key), `--print-script POLICY` and
+// `--latency` (async checks: p50/p99 at 50% and 90% of the maximum).
 //
 // The server comes from $RATELIMIT_BENCH_REDIS_URL (default redis://127.0.0.1:6379);
 // benchmarks/redis/run.sh starts a throwaway one and compares with redis-benchmark.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <iostream>
+#include <semaphore>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -83,6 +90,72 @@ void BM_Gcra_RedisStore_Pool(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
 }
 
+/// A store whose single checks share `conns` multiplexed connections.
+redis::redis_store& mux_store(std::size_t conns) {
+  static redis::redis_store one = [] {
+    redis::options o = bench_options(1);
+    o.multiplex = 1;
+    return redis::redis_store(o);
+  }();
+  static redis::redis_store two = [] {
+    redis::options o = bench_options(1);
+    o.multiplex = 2;
+    return redis::redis_store(o);
+  }();
+  return conns == 1 ? one : two;
+}
+
+// Blocking single checks from N threads through the multiplexer (arg: connections).
+void BM_Gcra_RedisStore_Mux(benchmark::State& state) {
+  redis::redis_store store = mux_store(static_cast<std::size_t>(state.range(0)));
+  const auto cfg = bench_config<gcra>();
+  const auto& keys = phones();
+  std::size_t i = static_cast<std::size_t>(state.thread_index()) * 997;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(
+        store.apply(cfg, keys[i++ % keys.size()], store_time, 1, access::consume));
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+}
+
+// One thread, blocking single checks through one multiplexed connection.
+void BM_Gcra_RedisStore_MuxSequential(benchmark::State& state) {
+  redis::options o = bench_options(1);
+  o.multiplex = 1;
+  redis::redis_store store(o);
+  const auto cfg = bench_config<gcra>();
+  const auto& keys = phones();
+  std::size_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(
+        store.apply(cfg, keys[i++ % keys.size()], store_time, 1, access::consume));
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+}
+
+// One thread keeping 256 async checks in flight (arg: connections).
+void BM_Gcra_RedisStore_Async256(benchmark::State& state) {
+  redis::options o = bench_options(1);
+  o.multiplex = static_cast<std::size_t>(state.range(0));
+  redis::redis_store store(o);
+  const auto cfg = bench_config<gcra>();
+  const auto& keys = phones();
+  std::counting_semaphore<256> slots(256);
+  std::atomic<std::int64_t> failed{0};
+  std::size_t i = 0;
+  for (auto _ : state) {
+    slots.acquire();
+    store.async_apply(cfg, keys[i++ % keys.size()], store_time, 1, access::consume,
+                      [&](decision, std::exception_ptr e) {
+                        if (e) failed.fetch_add(1, std::memory_order_relaxed);
+                        slots.release();
+                      });
+  }
+  for (int k = 0; k < 256; ++k) slots.acquire();  // every check completed
+  if (failed.load() != 0) state.SkipWithError("async checks failed");
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+}
+
 template <class P>
 void batched(benchmark::State& state) {
   redis::redis_store store = shared_pool();
@@ -126,6 +199,14 @@ BENCHMARK(BM_SlidingCounter_RedisStore_Sequential)->UseRealTime();
 BENCHMARK(BM_TokenBucket_RedisStore_Sequential)->UseRealTime();
 BENCHMARK(BM_Gcra_RedisStore_Sequential)->UseRealTime();
 BENCHMARK(BM_Gcra_RedisStore_Pool)->ThreadRange(1, 16)->UseRealTime();
+BENCHMARK(BM_Gcra_RedisStore_MuxSequential)->UseRealTime();
+BENCHMARK(BM_Gcra_RedisStore_Mux)
+    ->ArgName("conns")
+    ->Arg(1)
+    ->Arg(2)
+    ->ThreadRange(1, 16)
+    ->UseRealTime();
+BENCHMARK(BM_Gcra_RedisStore_Async256)->ArgName("conns")->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(BM_Gcra_RedisStore_Batch100)->ThreadRange(1, 4)->UseRealTime();
 BENCHMARK(BM_FixedWindow_RedisStore_Batch100)->ThreadRange(1, 4)->UseRealTime();
 
@@ -170,7 +251,65 @@ void memory_of_leases(const redis::options& o, int live) {
 
 }  // namespace
 
+/// `--latency`: async checks through one multiplexed connection. First the
+/// most checks/s one thread reaches with 256 in flight (2 s), then an open
+/// loop at 50% and 90% of it (3 s each; a check is due at its scheduled time,
+/// so a late start counts in its latency): p50 and p99 from the due time to
+/// the handler.
+int latency() {
+  redis::options o = bench_options(1);
+  o.multiplex = 1;
+  redis::redis_store store(o);
+  const auto cfg = bench_config<gcra>();
+  const auto& keys = phones();
+  using clk = std::chrono::steady_clock;
+  double max_rate = 0;
+  {
+    std::counting_semaphore<256> slots(256);
+    std::size_t i = 0;
+    const auto start = clk::now();
+    while (clk::now() - start < std::chrono::seconds(2)) {
+      slots.acquire();
+      store.async_apply(cfg, keys[i++ % keys.size()], store_time, 1, access::consume,
+                        [&](decision, std::exception_ptr) { slots.release(); });
+    }
+    for (int k = 0; k < 256; ++k) slots.acquire();
+    max_rate = static_cast<double>(i) / std::chrono::duration<double>(clk::now() - start).count();
+  }
+  std::printf("max %.0f checks/s (one thread, 256 in flight)\n", max_rate);
+  for (const double share : {0.5, 0.9}) {
+    const double rate = max_rate * share;
+    const auto n = static_cast<std::size_t>(rate * 3);
+    std::vector<std::int64_t> took(n, -1);
+    std::atomic<std::size_t> done{0};
+    std::atomic<std::size_t> failed{0};
+    const auto start = clk::now();
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto due = start + std::chrono::nanoseconds(
+                                   static_cast<std::int64_t>(1e9 * static_cast<double>(i) / rate));
+      // Sleep rather than spin: on 2 cores a spinning thread would take the
+      // I/O thread's and the server's time. Checks due meanwhile go out together.
+      if (clk::now() < due) std::this_thread::sleep_until(due);
+      store.async_apply(
+          cfg, keys[i % keys.size()], store_time, 1, access::consume,
+          [&, i, due](decision, std::exception_ptr e) {
+            took[i] =
+                std::chrono::duration_cast<std::chrono::microseconds>(clk::now() - due).count();
+            if (e) failed.fetch_add(1);
+            done.fetch_add(1, std::memory_order_release);
+          });
+    }
+    while (done.load(std::memory_order_acquire) != n) std::this_thread::yield();
+    std::sort(took.begin(), took.end());
+    std::printf("%.0f%% of max (%.0f checks/s): p50 %lld us, p99 %lld us, %zu failed\n",
+                share * 100, rate, static_cast<long long>(took[n / 2]),
+                static_cast<long long>(took[n * 99 / 100]), failed.load());
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "--latency") == 0) return latency();
   if (argc >= 2 && std::strcmp(argv[1], "--memory") == 0) {
     const auto o = bench_options(1);
     redis::redis_store store(o);

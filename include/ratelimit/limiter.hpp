@@ -4,11 +4,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <concepts>
 #include <cstddef>
+#include <exception>
 #include <memory>
 #include <string_view>
 #include <utility>
 
+#include "ratelimit/awaitable.hpp"
 #include "ratelimit/clock/steady_clock.hpp"
 #include "ratelimit/concepts.hpp"
 #include "ratelimit/decision.hpp"
@@ -88,6 +91,59 @@ class limiter {
     requires store_for<Store, P>
   {
     return run_at(key, now, cost, access::peek);
+  }
+
+  /// try_acquire without blocking: `handler(decision, std::exception_ptr)` is
+  /// called exactly once, with the decision (null exception_ptr) or the
+  /// error try_acquire would throw. A store with `async_apply` (the Redis
+  /// store) calls it on its I/O thread; any other store decides inline, so
+  /// the handler runs before this returns and code is written once for both.
+  /// @throws std::invalid_argument for a bad key or cost (the handler is then not called)
+  template <class Handler>
+    requires std::invocable<Handler&, decision, std::exception_ptr>
+  void async_try_acquire(std::string_view key, units cost, Handler handler) {
+    detail::check_key(key);
+    detail::check_cost(cost);
+    const access a = shadow() ? access::force : access::consume;
+    if constexpr (store_clock<Clock> && requires {
+                    store_.async_apply(cfg_, key, store_time, cost, a, std::move(handler));
+                  }) {
+      async_through_store(key, store_time, cost, a, std::move(handler));
+    } else if constexpr (!store_clock<Clock> && requires {
+                           store_.async_apply(cfg_, key, timestamp{}, cost, a, std::move(handler));
+                         }) {
+      const timestamp t = now();
+      detail::check_time(t);
+      async_through_store(key, t, cost, a, std::move(handler));
+    } else {
+      async_inline([&] { return run(key, cost, a); }, a, handler);
+    }
+  }
+  /// As above, cost 1.
+  template <class Handler>
+    requires std::invocable<Handler&, decision, std::exception_ptr>
+  void async_try_acquire(std::string_view key, Handler handler) {
+    async_try_acquire(key, units{1}, std::move(handler));
+  }
+  /// The C++20 coroutine form: `decision d = co_await l.async_try_acquire(key);`
+  /// (see acquire_awaitable: resumes on the store's I/O thread, or without
+  /// suspending for in-process stores; errors are thrown from the co_await).
+  [[nodiscard]] acquire_awaitable<limiter> async_try_acquire(std::string_view key, units cost = 1) {
+    return acquire_awaitable<limiter>(*this, key, cost);
+  }
+  /// As above, decided at `now` (microseconds since the clock's epoch).
+  template <class Handler>
+    requires std::invocable<Handler&, decision, std::exception_ptr> && store_for<Store, P>
+  void async_try_acquire(std::string_view key, timestamp now, units cost, Handler handler) {
+    detail::check_key(key);
+    detail::check_cost(cost);
+    detail::check_time(now);
+    const access a = shadow() ? access::force : access::consume;
+    if constexpr (requires { store_.async_apply(cfg_, key, now, cost, a, std::move(handler)); }) {
+      async_through_store(key, now, cost, a, std::move(handler));
+    } else {
+      async_inline([&] { return run_at(key, now, cost, a); }, a, handler);
+    }
   }
 
   /// Idempotent check: when `id` was decided for `key` within its retention,
@@ -211,6 +267,31 @@ class limiter {
     detail::check_cost(cost);
     detail::check_time(now);
     return store_.apply(cfg_, key, now, cost, a);
+  }
+
+  template <class Time, class Handler>
+  void async_through_store(std::string_view key, Time t, units cost, access a, Handler handler) {
+    if (a == access::force) {
+      store_.async_apply(cfg_, key, t, cost, a,
+                         [h = std::move(handler)](decision d, std::exception_ptr e) mutable {
+                           h(e ? d : detail::shadowed(d), std::move(e));
+                         });
+    } else {
+      store_.async_apply(cfg_, key, t, cost, a, std::move(handler));
+    }
+  }
+
+  template <class Decide, class Handler>
+  static void async_inline(Decide&& decide, access a, Handler& handler) {
+    decision d;
+    std::exception_ptr e;
+    try {
+      d = decide();
+      if (a == access::force) d = detail::shadowed(d);
+    } catch (...) {
+      e = std::current_exception();
+    }
+    handler(d, std::move(e));
   }
 
   /// The store keeps request ids itself (Redis: in the check's script).

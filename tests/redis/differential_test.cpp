@@ -4,9 +4,12 @@
 // memory_store return identical decisions, every field, every policy.
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <map>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <string>
@@ -152,6 +155,10 @@ TYPED_TEST(RedisDifferential, MatchesMemoryStoreOnRandomTraces) {
   redis::options o = rltest::shared_redis();
   o.prefix = rltest::unique_prefix(P::name);
   redis::redis_store store(o);
+  // Async checks pipelined on one multiplexed connection (same key space).
+  redis::options mo = o;
+  mo.multiplex = 1;
+  redis::redis_store async_store(mo);
   const int traces = traces_per_policy();
   std::int64_t checks = 0;
   for (int seed = 0; seed < traces; ++seed) {
@@ -159,6 +166,7 @@ TYPED_TEST(RedisDifferential, MatchesMemoryStoreOnRandomTraces) {
     const auto cfg = random_config<P>(rng);
     const auto trace = random_trace<P>(rng, cfg);
     const bool batched = seed % 2 == 1;
+    const bool async = seed % 4 == 2;
     // One memory_store per key: a store's sweep of another idle key could
     // otherwise forget state that a request stamped earlier still sees.
     std::map<std::string, memory_store<P>> memory;
@@ -179,6 +187,39 @@ TYPED_TEST(RedisDifferential, MatchesMemoryStoreOnRandomTraces) {
       if (e.kind == event::reset) {
         store.reset(cfg, e.key);
         ++i;
+      } else if (async) {
+        // Every event up to the next reset in flight at once, in order.
+        std::mutex m;
+        std::condition_variable cv;
+        std::size_t left = 0;
+        std::vector<std::exception_ptr> errors(trace.size());
+        std::vector<int> calls(trace.size(), 0);
+        const std::size_t first = i;
+        while (i < trace.size() && trace[i].kind != event::reset) ++i;
+        {
+          std::lock_guard<std::mutex> lock(m);
+          left = i - first;
+        }
+        for (std::size_t j = first; j < i; ++j) {
+          async_store.async_apply(cfg, trace[j].key, microseconds{trace[j].t}, trace[j].cost,
+                                  access_of(trace[j].kind),
+                                  [&, j](decision d, std::exception_ptr err) {
+                                    std::lock_guard<std::mutex> lock(m);
+                                    got[j] = d;
+                                    errors[j] = err;
+                                    ++calls[j];
+                                    --left;
+                                    cv.notify_one();
+                                  });
+        }
+        {
+          std::unique_lock<std::mutex> lock(m);
+          cv.wait(lock, [&] { return left == 0; });
+        }
+        for (std::size_t j = first; j < i; ++j) {
+          ASSERT_EQ(calls[j], 1) << "event " << j;
+          ASSERT_FALSE(errors[j]) << "event " << j;
+        }
       } else if (!batched) {
         got[i] = store.apply(cfg, e.key, microseconds{e.t}, e.cost, access_of(e.kind));
         ++i;
@@ -203,7 +244,8 @@ TYPED_TEST(RedisDifferential, MatchesMemoryStoreOnRandomTraces) {
           << P::name << " seed " << seed << " event " << j << " t=" << trace[j].t
           << " cost=" << trace[j].cost << " peek=" << (trace[j].kind == event::peek)
           << " force=" << (trace[j].kind == event::force) << " limit=" << cfg.limit()
-          << " period=" << period_of(cfg.get_rate()) << (batched ? " (batched)" : "");
+          << " period=" << period_of(cfg.get_rate())
+          << (batched ? " (batched)" : (async ? " (async)" : ""));
       ASSERT_EQ(got[j], expected[j]);
     }
     // Start every trace from empty keys.
@@ -212,6 +254,9 @@ TYPED_TEST(RedisDifferential, MatchesMemoryStoreOnRandomTraces) {
   const redis::store_stats s = store.stats();
   EXPECT_EQ(s.errors, 0u);
   EXPECT_EQ(s.fail_open + s.fail_closed + s.fallback, 0u);
+  const redis::store_stats as = async_store.stats();
+  EXPECT_GT(as.store, 0u);
+  EXPECT_EQ(as.errors, 0u);
   this->RecordProperty("checks", static_cast<int>(checks));
 }
 

@@ -276,6 +276,10 @@ class connection {
   /// True when the connection runs over TLS.
   [[nodiscard]] bool tls() const noexcept { return stream_.tls(); }
 
+  /// The socket (or TLS session) itself, for the multiplexer, which drives it
+  /// without blocking from its own I/O thread after the connect and login.
+  [[nodiscard]] transport& stream() noexcept { return stream_; }
+
   /// True when the server has closed this idle connection (for example after
   /// its `timeout`, or CLIENT KILL) or sent something unasked for; checked
   /// without sending, in a few microseconds. Such a connection must be dropped.
@@ -585,6 +589,14 @@ class connection_pool {
       ready_.notify_one();
       throw;
     }
+  }
+
+  /// Reads the server's maxmemory-policy on `c`, a connection made outside
+  /// the pool (by the multiplexer), unless some connection did already; as
+  /// acquire() does for the pool's own (see options::on_warning).
+  /// @throws connection_error when `c` broke meanwhile
+  void check_new_connection(connection& c, deadline start) {
+    if (!config_checked_.load(std::memory_order_acquire)) check_config(c, start);
   }
 
   /// Drops every idle connection (the next check reconnects).

@@ -102,6 +102,13 @@ struct options {
   std::chrono::milliseconds command_timeout{100};
   /// Connections in the pool (each serves one thread at a time); 0 = 4.
   std::size_t pool_size = 4;
+  /// Connections shared by all checks through the multiplexer (see
+  /// multiplexer.hpp and README "Multiplexing and async checks"); 0 = single
+  /// checks use the pool (one connection per check in flight). Async checks
+  /// (redis_store::async_apply) always go through the multiplexer, with
+  /// max(1, multiplex) connections. Batches, apply_once, reset and ping use the pool.
+  /// At most 256 (more throws std::invalid_argument when the store is made).
+  std::size_t multiplex = 0;
   /// Prefix of every Redis key: `<prefix>{<user key>}:<policy>`; may be empty.
   std::string prefix = "rl:";
   /// What a check does when Redis fails (see failure_policy).

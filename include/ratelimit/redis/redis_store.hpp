@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <concepts>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -36,6 +37,7 @@
 #include "ratelimit/redis/cluster/hash_slot.hpp"
 #include "ratelimit/redis/connection_pool.hpp"
 #include "ratelimit/redis/errors.hpp"
+#include "ratelimit/redis/multiplexer.hpp"
 #include "ratelimit/redis/options.hpp"
 #include "ratelimit/redis/scripts/compound.hpp"
 #include "ratelimit/redis/scripts/fixed_window.hpp"
@@ -792,6 +794,43 @@ class redis_store {
     return run(cfg, key, std::optional<timestamp>{}, cost, a);
   }
 
+  /// Applies `Config::policy_type` to `key` at `now` without blocking: the
+  /// check goes through the store's multiplexer (options::multiplex
+  /// connections, at least one) and `handler(decision, std::exception_ptr)`
+  /// is called exactly once: with the decision and a null exception_ptr, or
+  /// with the error that the sync apply() would throw (store_error
+  /// subclasses only under failure_policy::throw_error; the failure policy
+  /// decides every other failure, as for apply()). It runs on the store's
+  /// I/O thread; inline on the calling thread when the check is decided
+  /// without I/O (circuit breaker open); and, when the store's last copy is
+  /// destroyed with the check in flight, on the destroying thread with a
+  /// multiplexer_stopped error (no failure policy: the store is gone). A
+  /// handler must not block on this store (a sync apply() there throws
+  /// std::logic_error) and should not throw (what it throws is ignored).
+  /// @throws std::invalid_argument for a bad key, cost or time (before
+  ///   anything starts; the handler is then not called)
+  template <class Config, class Handler>
+    requires policy<typename Config::policy_type> &&
+             std::invocable<Handler&, decision, std::exception_ptr>
+  void async_apply(const Config& cfg, std::string_view key, timestamp now, units cost, access a,
+                   Handler handler) {
+    detail::check_named(cfg);
+    check_input(key, cost);
+    check_script_time(now);
+    start_check(cfg, key, std::optional<timestamp>{now}, cost, a, std::move(handler));
+  }
+
+  /// As above, at the Redis server's TIME.
+  template <class Config, class Handler>
+    requires policy<typename Config::policy_type> &&
+             std::invocable<Handler&, decision, std::exception_ptr>
+  void async_apply(const Config& cfg, std::string_view key, store_time_t, units cost, access a,
+                   Handler handler) {
+    detail::check_named(cfg);
+    check_input(key, cost);
+    start_check(cfg, key, std::optional<timestamp>{}, cost, a, std::move(handler));
+  }
+
   /// Idempotent check (limiter::try_acquire with a request_id): the id and
   /// the policy are one script (scripts/request_id.hpp). A degraded decision
   /// records no id.
@@ -927,7 +966,11 @@ class redis_store {
   struct shared {
     explicit shared(options o)
         : opts(std::move(o)),
-          sentinel(detail::make_sentinel_link(opts, [this] { pool.renew(); })),
+          sentinel(detail::make_sentinel_link(opts,
+                                              [this] {
+                                                pool.renew();
+                                                mux.renew();
+                                              })),
           pool(opts, detail::sentinel_opener(sentinel.get())),
           breaker(opts),
           degrader(opts.on_failure, opts.fallback_divisor),
@@ -936,9 +979,12 @@ class redis_store {
           floor_ms(std::to_string(opts.caller_time_ttl_floor.count())) {}
     shared(const shared&) = delete;
     shared& operator=(const shared&) = delete;
-    /// The prober's probes use the pool, breaker and counters, and the
-    /// sentinel watcher the pool: stop them first.
+    /// The multiplexer's completions and the prober's probes use the pool,
+    /// breaker and counters, and the sentinel watcher the pool: stop them
+    /// first. Checks still in flight get multiplexer_stopped.
     ~shared() {
+      stopping.store(true, std::memory_order_release);
+      mux.stop();
       prober.stop();
       if (sentinel) sentinel->watcher->stop();
     }
@@ -966,8 +1012,179 @@ class redis_store {
     detail::counters stats;
     std::chrono::milliseconds command_timeout;
     std::string floor_ms;
-    detail::prober prober;  ///< last: destroyed (joined) first
+    /// I/O thread started on first use; its connections read maxmemory-policy
+    /// as the pool's do (one warning per store).
+    multiplexer mux{opts, opts.multiplex,
+                    [this](connection& c, deadline start) { pool.check_new_connection(c, start); },
+                    detail::sentinel_opener(sentinel.get())};
+    std::atomic<bool> stopping{false};  ///< the store is being destroyed
+    detail::prober prober;              ///< last: destroyed (joined) first
   };
+
+  /// One single check through the multiplexer: EVALSHA, then EVAL once
+  /// after NOSCRIPT (the script did not run), never resent otherwise.
+  template <class Config, class Handler>
+  struct check_job final : mux_job {
+    check_job(shared* st, const Config& c, std::string_view k, std::optional<timestamp> t, units n,
+              access acc, Handler&& h)
+        : s(st), cfg(c), key(k), now(t), cost(n), a(acc), handler(std::move(h)) {}
+
+    shared* s;
+    Config cfg;
+    std::string key;
+    std::optional<timestamp> now;
+    units cost;
+    access a;
+    Handler handler;
+    bool reloaded = false;
+
+    /// The command: EVALSHA, or EVAL with the script's text.
+    void build(bool with_text) {
+      using P = typename Config::policy_type;
+      const std::vector<std::string> keys = detail::redis_keys(s->opts.prefix, cfg, key);
+      std::vector<std::string> policy_args;
+      script_for<P>::append_args(cfg, policy_args);
+      const std::string time_arg = now ? std::to_string(now->count()) : std::string();
+      const std::string cost_arg = std::to_string(cost);
+      const std::string_view floor = now ? std::string_view(s->floor_ms) : std::string_view("0");
+      bytes.clear();
+      bytes.reserve(with_text ? script_for<P>::text.size() + 256 : 256);
+      detail::append_eval<P>(bytes, with_text, keys, time_arg, cost_arg, a, policy_args, floor);
+    }
+
+    void deliver(const decision& d, std::exception_ptr e) noexcept {
+      try {
+        handler(d, std::move(e));
+      } catch (...) {
+      }
+    }
+
+    void degrade_and_deliver(const std::exception_ptr& e) noexcept {
+      decision d;
+      try {
+        d = s->degrader.degrade(s->stats, cfg, key, now, cost, a, e);
+      } catch (...) {
+        deliver(decision{}, std::current_exception());
+        return;
+      }
+      deliver(d, nullptr);
+    }
+
+    void complete(std::unique_ptr<mux_job> self, reply_ptr r,
+                  std::exception_ptr error) noexcept override {
+      if (error) {
+        if (s->stopping.load(std::memory_order_acquire)) {
+          deliver(decision{}, error);
+          return;
+        }
+        detail::count_error(s->stats, error);
+        s->failed();
+        degrade_and_deliver(error);
+        return;
+      }
+      if (detail::is_noscript(*r)) {
+        if (!reloaded) {
+          // NOSCRIPT: the script did not run, so sending it again is safe.
+          reloaded = true;
+          s->stats.script_reloads.fetch_add(1, std::memory_order_relaxed);
+          try {
+            build(true);
+            if (s->mux.submit(self)) return;
+            error = std::make_exception_ptr(
+                multiplexer_stopped("ratelimit: redis: the store is being destroyed"));
+            deliver(decision{}, error);
+            return;
+          } catch (...) {
+            error = std::current_exception();
+          }
+        } else {
+          error = std::make_exception_ptr(
+              script_error("ratelimit: redis: NOSCRIPT again after EVAL"));
+        }
+        s->breaker.success();
+        detail::count_error(s->stats, error);
+        degrade_and_deliver(error);
+        return;
+      }
+      decision d;
+      try {
+        d = detail::parse_reply(cfg, *r);
+      } catch (...) {
+        s->breaker.success();
+        error = std::current_exception();
+        detail::count_error(s->stats, error);
+        degrade_and_deliver(error);
+        return;
+      }
+      s->breaker.success();
+      s->stats.store.fetch_add(1, std::memory_order_relaxed);
+      deliver(d, nullptr);
+    }
+  };
+
+  /// Starts one check on the multiplexer (or decides it at once when the
+  /// breaker is open). `handler(decision, std::exception_ptr)` gets the
+  /// outcome exactly once.
+  template <class Config, class Handler>
+  void start_check(const Config& cfg, std::string_view key, std::optional<timestamp> now,
+                   units cost, access a, Handler&& handler) {
+    detail::check_same_process(shared_->owner_pid);
+    shared& st = *shared_;
+    if (st.breaker.enter() == detail::breaker::verdict::refuse) {
+      st.stats.short_circuited.fetch_add(1, std::memory_order_relaxed);
+      const auto err = std::make_exception_ptr(
+          connection_error("ratelimit: redis: circuit breaker open (Redis failed recently)"));
+      decision d;
+      std::exception_ptr e;
+      try {
+        d = degrade(cfg, key, now, cost, a, err);
+      } catch (...) {
+        e = std::current_exception();
+      }
+      try {
+        handler(d, std::move(e));
+      } catch (...) {
+      }
+      return;
+    }
+    using job_t = check_job<Config, std::decay_t<Handler>>;
+    auto job = std::make_unique<job_t>(&st, cfg, key, now, cost, a, std::move(handler));
+    job->build(false);
+    job->until = deadline_clock::now() + st.command_timeout;
+    std::unique_ptr<mux_job> base(std::move(job));
+    if (!st.mux.submit(base)) {
+      throw multiplexer_stopped("ratelimit: redis: the store is being destroyed");
+    }
+  }
+
+  /// A single check through the multiplexer, waited for on this thread.
+  template <class Config>
+  decision run_multiplexed(const Config& cfg, std::string_view key, std::optional<timestamp> now,
+                           units cost, access a) {
+    if (shared_->mux.on_io_thread()) {
+      throw std::logic_error(
+          "ratelimit: redis: a blocking check on the store's I/O thread (inside an async "
+          "handler) would wait for itself; use async_apply there");
+    }
+    struct waiter {
+      std::mutex m;
+      std::condition_variable cv;
+      bool done = false;
+      decision d;
+      std::exception_ptr e;
+    } w;
+    start_check(cfg, key, now, cost, a, [&w](decision d, std::exception_ptr e) {
+      std::lock_guard<std::mutex> lock(w.m);
+      w.d = d;
+      w.e = std::move(e);
+      w.done = true;
+      w.cv.notify_one();  // under the lock: `w` lives until the waiter sees `done`
+    });
+    std::unique_lock<std::mutex> lock(w.m);
+    w.cv.wait(lock, [&] { return w.done; });
+    if (w.e) std::rethrow_exception(w.e);
+    return w.d;
+  }
 
   /// A key's reply slot in one round trip.
   struct pending {
@@ -1014,6 +1231,7 @@ class redis_store {
   template <class Config>
   decision run(const Config& cfg, std::string_view key, std::optional<timestamp> now, units cost,
                access a) {
+    if (shared_->opts.multiplex > 0) return run_multiplexed(cfg, key, now, cost, a);
     return run_batch_impl(
                cfg, std::span<const std::string_view>(&key, 1), std::span<const units>(&cost, 1),
                now ? std::span<const timestamp>(&*now, 1) : std::span<const timestamp>(), a)

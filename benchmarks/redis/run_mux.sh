@@ -1,0 +1,46 @@
+#!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
+# Multiplexed and async checks against redis-benchmark EVALSHA of the same GCRA
+# script, in ROUNDS alternating rounds (each round measures the baseline right
+# before our rows, so that load from other processes hits both alike); prints
+# each round's ratios and their medians.
+# Usage: benchmarks/redis/run_mux.sh [BUILD_DIR] (ROUNDS=5 MIN_TIME=1 N=200000)
+# (BUILD_DIR configured with -DRATELIMIT_REDIS=ON -DRATELIMIT_BUILD_BENCHMARKS=ON).
+set -eu
+BUILD=${1:-build}
+BENCH="$BUILD/benchmarks/redis/ratelimit_redis_bench"
+[ -x "$BENCH" ] || { echo "build $BENCH first (cmake --build $BUILD --target ratelimit_redis_bench)" >&2; exit 2; }
+command -v redis-server >/dev/null || { echo "redis-server not found: apt-get install redis-server" >&2; exit 2; }
+PORT=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
+redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --logfile '' >/dev/null 2>&1 &
+PID=$!
+OUT=$(mktemp)
+trap 'kill "$PID" 2>/dev/null || true; rm -f "$OUT"' EXIT INT TERM
+i=0; until redis-cli -p "$PORT" ping >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 100 ] || exit 1; sleep 0.05; done
+export RATELIMIT_BENCH_REDIS_URL="redis://127.0.0.1:$PORT"
+N=${N:-200000}
+ROUNDS=${ROUNDS:-5}
+MIN_TIME=${MIN_TIME:-1}
+SHA=$(redis-cli -p "$PORT" SCRIPT LOAD "$("$BENCH" --print-script gcra)")
+RB() { redis-benchmark -p "$PORT" -n "$N" -r 10000 --csv "$@" EVALSHA "$SHA" 1 "bench:{+1555__rand_int__}:gcra:bench" "" 1 0 0 90000000 10 | tail -1 | cut -d, -f2 | tr -d '"'; }
+ours() { "$BENCH" --benchmark_filter="$1" --benchmark_min_time="$MIN_TIME" --benchmark_format=csv 2>/dev/null | grep '^"BM_' | cut -d, -f1,7 | tr -d '"'; }
+echo "== host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/')"
+r=1
+while [ "$r" -le "$ROUNDS" ]; do
+  C1=$(RB -c 1 -P 1)
+  ours 'Gcra_RedisStore_(Mux)?Sequential' | while IFS=, read -r name ips; do
+    echo "$r,$name,$ips,$C1"; done >> "$OUT"
+  C50=$(RB -c 50 -P 16)
+  ours 'Gcra_RedisStore_(Pool|Mux/conns:[12])/real_time/threads:16|Gcra_RedisStore_Async256' | while IFS=, read -r name ips; do
+    echo "$r,$name,$ips,$C50"; done >> "$OUT"
+  echo "round $r: redis-benchmark -c1 -P1 $C1/s, -c50 -P16 $C50/s"
+  r=$((r+1))
+done
+echo "== ratio to redis-benchmark in the same round (-c1 -P1 for sequential rows, -c50 -P16 otherwise): per round, median"
+sort -t, -k2,2 -k1,1n "$OUT" | awk -F, '
+  { key=$2; ratio[key]=ratio[key] sprintf(" %.2f", $3/$4); ips[key]=ips[key] sprintf(" %.0f", $3) }
+  END { for (k in ratio) {
+          n=split(ratio[k], a, " ");
+          for (i=2; i<=n; i++) { v=a[i]; j=i-1; while (j>0 && a[j]+0>v+0) { a[j+1]=a[j]; j-- } a[j+1]=v }
+          m=a[int((n+1)/2)];
+          printf "%-46s median %.2fx  rounds:%s  (checks/s:%s)\n", k, m, ratio[k], ips[k] } }' | sort

@@ -1,0 +1,428 @@
+// SPDX-License-Identifier: Apache-2.0
+// Multiplexed connections and async checks on a real redis-server: exact
+// admission across threads and processes, a connection killed mid-pipeline,
+// timeouts, destruction with checks in flight, and the limiter's async API
+// over both stores.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <coroutine>
+#include <exception>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ratelimit/ratelimit.hpp"
+#include "ratelimit/redis/redis_store.hpp"
+#include "redis_server.hpp"
+
+namespace {
+
+using namespace ratelimit;
+using namespace std::chrono_literals;
+
+/// Outcomes of async checks, each slot written by exactly one handler call.
+struct outcomes {
+  explicit outcomes(std::size_t n) : calls(n, 0), decisions(n), errors(n), left(n) {}
+
+  auto handler(std::size_t i) {
+    return [this, i](decision d, std::exception_ptr e) {
+      std::lock_guard<std::mutex> lock(m);
+      ++calls[i];
+      decisions[i] = d;
+      errors[i] = std::move(e);
+      if (left > 0) --left;
+      cv.notify_all();
+    };
+  }
+
+  /// Waits until every handler ran once (false when `limit` passed first).
+  bool wait(std::chrono::milliseconds limit = 10s) {
+    std::unique_lock<std::mutex> lock(m);
+    return cv.wait_for(lock, limit, [&] { return left == 0; });
+  }
+
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<int> calls;
+  std::vector<decision> decisions;
+  std::vector<std::exception_ptr> errors;
+  std::size_t left;
+};
+
+template <class E>
+bool holds(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const E&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+/// Lets the I/O thread write what was submitted (the server holds it: CLIENT PAUSE).
+void let_write() {
+  std::this_thread::sleep_for(200ms);
+}
+
+/// A server of this test's own (CLIENT PAUSE and KILL would disturb others).
+redis::options own(rltest::redis_server& server, std::string_view what) {
+  redis::options o = server.options();
+  o.prefix = rltest::unique_prefix(what);
+  return o;
+}
+
+/// Admissions of 16 threads x `per_thread` multiplexed checks on one key.
+long run_threads(const redis::options& o, const fixed_window::config& cfg, int per_thread) {
+  redis::redis_store store(o);
+  std::atomic<long> admitted{0};
+  std::vector<std::thread> pool;
+  for (int i = 0; i < 16; ++i) {
+    pool.emplace_back([&] {
+      for (int j = 0; j < per_thread; ++j) {
+        if (store.apply(cfg, "+15551234567", store_time, 1, access::consume).allowed) ++admitted;
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  return store.stats().store == static_cast<std::uint64_t>(16 * per_thread) ? admitted.load() : -1;
+}
+
+// Verifies atomicity through shared connections: 16 threads x 2 processes,
+// 1280 checks on one key, admit exactly the limit; every check was decided by
+// Redis.
+TEST(RedisMultiplex, SixteenThreadsTwoProcessesAdmitExactlyTheLimit) {
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("mux-conc");
+  o.multiplex = 2;
+  const fixed_window::config cfg("100/1h", window_options{.name = "t"});
+  std::vector<std::pair<pid_t, int>> children;
+  for (int p = 0; p < 2; ++p) {
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(fds[0]);
+      long n = -1;
+      try {
+        n = run_threads(o, cfg, 40);
+      } catch (...) {
+      }
+      (void)!::write(fds[1], &n, sizeof n);
+      ::_exit(0);
+    }
+    ::close(fds[1]);
+    children.emplace_back(pid, fds[0]);
+  }
+  long total = 0;
+  for (auto [pid, fd] : children) {
+    long n = -1;
+    EXPECT_EQ(::read(fd, &n, sizeof n), static_cast<ssize_t>(sizeof n));
+    EXPECT_GE(n, 0) << "a child process failed, or a check was not decided by Redis";
+    total += n;
+    ::close(fd);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+  }
+  EXPECT_EQ(total, 100);
+}
+
+// Verifies that a connection killed with checks written on it fails exactly
+// those checks, each once, through the failure policy (fail_closed), counts
+// one failed round trip each, and that the next checks are decided by Redis
+// on a new connection. The checks are held in the server by CLIENT PAUSE
+// WRITE (EVALSHA waits) while CLIENT KILL drops their connection.
+TEST(RedisMultiplex, ConnectionKilledMidPipelineFailsExactlyTheChecksInFlight) {
+  rltest::redis_server server;
+  redis::options o = own(server, "mux-kill");
+  o.multiplex = 1;
+  o.command_timeout = 5000ms;
+  o.on_failure = redis::failure_policy::fail_closed;
+  o.breaker_threshold = 1000;
+  redis::redis_store store(o);
+  const fixed_window::config cfg("1000/1h", window_options{.name = "t"});
+  ASSERT_TRUE(store.apply(cfg, "warm", store_time, 1).allowed);  // connection made, script cached
+
+  constexpr std::size_t n = 20;
+  outcomes out(n);
+  (void)rltest::command(o, {"CLIENT", "PAUSE", "3000", "WRITE"});
+  for (std::size_t i = 0; i < n; ++i) {
+    store.async_apply(cfg, "k" + std::to_string(i), store_time, 1, access::consume, out.handler(i));
+  }
+  // Wait until the server holds them (they were written).
+  let_write();
+  (void)rltest::command(o, {"CLIENT", "KILL", "TYPE", "normal"});
+  ASSERT_TRUE(out.wait());
+  (void)rltest::command(o, {"CLIENT", "UNPAUSE"});
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(out.calls[i], 1) << i;
+    EXPECT_FALSE(out.errors[i]) << i;
+    EXPECT_FALSE(out.decisions[i].allowed) << i;
+    EXPECT_EQ(out.decisions[i].source, decision_source::fail_closed) << i;
+  }
+  const redis::store_stats s = store.stats();
+  EXPECT_EQ(s.fail_closed, n);
+  EXPECT_EQ(s.errors, n);
+  EXPECT_EQ(s.store, 1u);
+  // The next checks are decided by Redis; the killed checks never ran.
+  for (std::size_t i = 0; i < n; ++i) {
+    const decision d = store.apply(cfg, "k" + std::to_string(i), store_time, 1);
+    EXPECT_EQ(d.source, decision_source::store) << i;
+    EXPECT_EQ(d.remaining, 999u) << i;
+  }
+  std::this_thread::sleep_for(50ms);
+  for (std::size_t i = 0; i < n; ++i) EXPECT_EQ(out.calls[i], 1) << i;
+}
+
+// Verifies that checks held past their deadline complete exactly once each,
+// within their deadline, with the error (failure_policy::throw_error), and
+// that checks after the server answers again succeed.
+TEST(RedisMultiplex, TimedOutChecksCompleteOnceWithTimeoutError) {
+  rltest::redis_server server;
+  redis::options o = own(server, "mux-timeout");
+  o.multiplex = 1;
+  o.command_timeout = 100ms;
+  o.breaker_threshold = 1000;
+  redis::redis_store store(o);
+  const gcra::config cfg("10/s", bucket_options{.name = "t"});
+  ASSERT_TRUE(store.apply(cfg, "warm", store_time, 1).allowed);
+  constexpr std::size_t n = 10;
+  outcomes out(n);
+  (void)rltest::command(o, {"CLIENT", "PAUSE", "400", "WRITE"});
+  const auto start = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < n; ++i) {
+    store.async_apply(cfg, "k", store_time, 1, access::consume, out.handler(i));
+  }
+  ASSERT_TRUE(out.wait());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 350ms);
+  // The first to time out drops the connection: each other check written on
+  // it fails too, with timeout_error if its own deadline passed, else
+  // connection_error.
+  std::size_t timeouts = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(out.calls[i], 1);
+    EXPECT_TRUE(holds<redis::connection_error>(out.errors[i])) << i;
+    timeouts += holds<redis::timeout_error>(out.errors[i]) ? 1 : 0;
+  }
+  EXPECT_GE(timeouts, 1u);
+  EXPECT_EQ(store.stats().timeouts, timeouts);
+  EXPECT_EQ(store.stats().errors, n);
+  std::this_thread::sleep_for(400ms);
+  EXPECT_EQ(store.apply(cfg, "k2", store_time, 1).source, decision_source::store);
+  for (std::size_t i = 0; i < n; ++i) EXPECT_EQ(out.calls[i], 1);
+}
+
+// Verifies the documented rule for destruction: checks in flight when the
+// store's last copy is destroyed each get multiplexer_stopped exactly once
+// (no failure policy), on the destroying thread, before the destructor returns.
+TEST(RedisMultiplex, DestructionWithChecksInFlightGivesEachAnError) {
+  rltest::redis_server server;
+  redis::options o = own(server, "mux-destroy");
+  o.command_timeout = 5000ms;
+  o.on_failure = redis::failure_policy::fail_open;
+  constexpr std::size_t n = 16;
+  outcomes out(n);
+  {
+    redis::redis_store store(o);
+    const fixed_window::config cfg("10/s", window_options{.name = "t"});
+    ASSERT_TRUE(store.apply(cfg, "warm", store_time, 1).allowed);
+    (void)rltest::command(o, {"CLIENT", "PAUSE", "2000", "WRITE"});
+    for (std::size_t i = 0; i < n; ++i) {
+      store.async_apply(cfg, "k", store_time, 1, access::consume, out.handler(i));
+    }
+    let_write();
+  }
+  (void)rltest::command(o, {"CLIENT", "UNPAUSE"});
+  std::lock_guard<std::mutex> lock(out.m);
+  EXPECT_EQ(out.left, 0u);
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(out.calls[i], 1) << i;
+    EXPECT_TRUE(holds<redis::multiplexer_stopped>(out.errors[i])) << i;
+  }
+}
+
+// Verifies that multiplexed connections give the maxmemory-policy warning
+// once per store, as pooled ones do, also after their connection was killed.
+TEST(RedisMultiplex, EvictionPolicyWarnsOncePerStore) {
+  rltest::redis_server server({"--maxmemory-policy", "allkeys-lru"});
+  redis::options o = own(server, "mux-warn");
+  o.multiplex = 1;
+  std::mutex m;
+  std::vector<std::string> lines;
+  o.on_warning = [&](std::string_view line) {
+    std::lock_guard<std::mutex> lock(m);
+    lines.emplace_back(line);
+  };
+  redis::redis_store store(o);
+  const gcra::config cfg("10/1h", bucket_options{.name = "t"});
+  for (int round = 0; round < 3; ++round) {
+    EXPECT_EQ(store.apply(cfg, "k", store_time, 1).source, decision_source::store);
+    (void)rltest::command(server.options(), {"CLIENT", "KILL", "TYPE", "normal"});
+    std::this_thread::sleep_for(50ms);
+  }
+  std::lock_guard<std::mutex> lock(m);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("allkeys-lru"), std::string::npos) << lines[0];
+}
+
+// Verifies that a hostile connection count is refused when the store is
+// made, naming it, and that 256 is accepted.
+TEST(RedisMultiplex, TooManyConnectionsAreRefused) {
+  redis::options o = rltest::shared_redis();
+  o.multiplex = 257;
+  try {
+    redis::redis_store store(o);
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("multiplex 257"), std::string::npos) << e.what();
+  }
+  o.multiplex = std::size_t(-1);
+  EXPECT_THROW(redis::redis_store{o}, std::invalid_argument);
+  o.multiplex = 256;
+  o.prefix = rltest::unique_prefix("mux-256");
+  redis::redis_store store(o);
+  EXPECT_EQ(
+      store.apply(gcra::config("1/1h", bucket_options{.name = "t"}), "k", store_time, 1).source,
+      decision_source::store);
+}
+
+// Verifies NOSCRIPT through the multiplexer: after SCRIPT FLUSH the check is
+// sent again with EVAL (the script did not run) and decided once.
+TEST(RedisMultiplex, NoscriptIsResentOnce) {
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("mux-noscript");
+  o.multiplex = 1;
+  redis::redis_store store(o);
+  const fixed_window::config cfg("3/1h", window_options{.name = "t"});
+  ASSERT_EQ(store.apply(cfg, "k", store_time, 1).remaining, 2u);
+  (void)rltest::command(o, {"SCRIPT", "FLUSH"});
+  const decision d = store.apply(cfg, "k", store_time, 1);
+  EXPECT_EQ(d.source, decision_source::store);
+  EXPECT_EQ(d.remaining, 1u);
+  EXPECT_EQ(store.stats().script_reloads, 1u);
+}
+
+// Verifies that a blocking check inside an async handler (on the I/O
+// thread) throws std::logic_error instead of waiting for itself.
+TEST(RedisMultiplex, BlockingCheckOnTheIoThreadThrows) {
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("mux-self");
+  o.multiplex = 1;
+  redis::redis_store store(o);
+  const fixed_window::config cfg("3/1h", window_options{.name = "t"});
+  outcomes out(1);
+  std::atomic<bool> threw{false};
+  store.async_apply(cfg, "k", store_time, 1, access::consume,
+                    [&](decision d, std::exception_ptr e) {
+                      try {
+                        (void)store.apply(cfg, "k", store_time, 1);
+                      } catch (const std::logic_error&) {
+                        threw = true;
+                      }
+                      out.handler(0)(d, std::move(e));
+                    });
+  ASSERT_TRUE(out.wait());
+  EXPECT_TRUE(threw.load());
+}
+
+// Verifies limiter::async_try_acquire over both stores: Redis completes on
+// the I/O thread, memory_store inline before the call returns; both give the
+// decisions of try_acquire; bad input throws and calls no handler.
+TEST(RedisMultiplex, LimiterAsyncOverBothStores) {
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("mux-limiter");
+  const fixed_window::config cfg("2/1h", window_options{.name = "t"});
+  limiter<fixed_window, redis::redis_store, redis::server_clock> remote(cfg, redis::redis_store(o));
+  limiter<fixed_window> local(cfg);
+  for (int round = 0; round < 3; ++round) {
+    outcomes out(2);
+    remote.async_try_acquire("k", out.handler(0));
+    bool inline_done = false;
+    local.async_try_acquire("k", [&](decision d, std::exception_ptr e) {
+      out.handler(1)(d, std::move(e));
+      inline_done = true;
+    });
+    EXPECT_TRUE(inline_done);
+    ASSERT_TRUE(out.wait());
+    EXPECT_EQ(out.decisions[0].allowed, round < 2);
+    EXPECT_EQ(out.decisions[1].allowed, round < 2);
+    EXPECT_EQ(out.decisions[0].remaining, out.decisions[1].remaining);
+  }
+  int calls = 0;
+  EXPECT_THROW(remote.async_try_acquire("", [&](decision, std::exception_ptr) { ++calls; }),
+               std::invalid_argument);
+  EXPECT_THROW(
+      local.async_try_acquire("k", units{0}, [&](decision, std::exception_ptr) { ++calls; }),
+      std::invalid_argument);
+  EXPECT_EQ(calls, 0);
+}
+
+}  // namespace
+
+namespace {
+
+/// A minimal coroutine type for the test: runs eagerly, never suspends at the
+/// start or the end.
+struct task {
+  struct promise_type {
+    task get_return_object() noexcept { return {}; }
+    std::suspend_never initial_suspend() noexcept { return {}; }
+    std::suspend_never final_suspend() noexcept { return {}; }
+    void return_void() noexcept {}
+    void unhandled_exception() noexcept { std::terminate(); }
+  };
+};
+
+template <class L>
+task acquire_twice(L& l, outcomes& out) {
+  for (std::size_t i = 0; i < 2; ++i) {
+    try {
+      const ratelimit::decision d = co_await l.async_try_acquire("k");
+      out.handler(i)(d, nullptr);
+    } catch (...) {
+      out.handler(i)(ratelimit::decision{}, std::current_exception());
+    }
+  }
+}
+
+// Verifies `co_await limiter.async_try_acquire(key)` over Redis (resumed on
+// the I/O thread) and in process (no suspension), and that bad input is
+// thrown from the co_await.
+TEST(RedisMultiplex, CoAwaitOverBothStores) {
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("mux-coawait");
+  const fixed_window::config cfg("1/1h", window_options{.name = "t"});
+  limiter<fixed_window, redis::redis_store, redis::server_clock> remote(cfg, redis::redis_store(o));
+  limiter<fixed_window> local(cfg);
+  outcomes a(2), b(2);
+  acquire_twice(remote, a);
+  acquire_twice(local, b);
+  ASSERT_TRUE(a.wait());
+  ASSERT_TRUE(b.wait(0ms));  // completed inline
+  for (outcomes* out : {&a, &b}) {
+    EXPECT_FALSE(out->errors[0]);
+    EXPECT_FALSE(out->errors[1]);
+    EXPECT_TRUE(out->decisions[0].allowed);
+    EXPECT_FALSE(out->decisions[1].allowed);
+  }
+  outcomes bad(1);
+  [](auto& l, outcomes& out) -> task {
+    try {
+      (void)co_await l.async_try_acquire("");
+      out.handler(0)(ratelimit::decision{}, nullptr);
+    } catch (...) {
+      out.handler(0)(ratelimit::decision{}, std::current_exception());
+    }
+  }(remote, bad);
+  ASSERT_TRUE(bad.wait(0ms));
+  EXPECT_TRUE(holds<std::invalid_argument>(bad.errors[0]));
+}
+
+}  // namespace
