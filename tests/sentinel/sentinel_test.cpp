@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -80,6 +81,29 @@ TEST(Sentinel, DiscoversTheMasterAndDecidesThere) {
   const std::string key = store.key_for(cfg, "k");
   EXPECT_EQ(rltest::command(at_port(g.master().port()), {"EXISTS", key})->integer, 1);
   store.ping();
+
+  // Multiplexed and async checks open their connections through the
+  // sentinels too (not to options::host, which a Sentinel URL leaves at its
+  // default).
+  auto mo = options_for(g.url(), redis::failure_policy::throw_error);
+  mo.multiplex = 2;
+  redis::redis_store multiplexed(mo);
+  EXPECT_EQ(multiplexed.apply(cfg, "m", now_us, 1).source, decision_source::store);
+  std::promise<decision> async_result;
+  multiplexed.async_apply(cfg, "a", now_us, 1, access::consume,
+                          [&](decision d, std::exception_ptr e) {
+                            if (e) {
+                              async_result.set_exception(e);
+                            } else {
+                              async_result.set_value(d);
+                            }
+                          });
+  EXPECT_EQ(async_result.get_future().get().source, decision_source::store);
+  for (const char* k : {"m", "a"}) {
+    EXPECT_EQ(
+        rltest::command(at_port(g.master().port()), {"EXISTS", store.key_for(cfg, k)})->integer, 1)
+        << k;
+  }
 
   // The locator itself: a sentinel that is down is skipped, and the one that
   // led to the master is asked first from then on.
@@ -360,10 +384,11 @@ TEST(SentinelFailover, KilledMasterUnderLoadFailsOverToTheReplica) {
 // +switch-master announcement tells the store to leave it. The checks go on
 // without an exception, and once the sentinels name the replica the old
 // master gets no more checks.
-TEST(SentinelFailover, RequestedFailoverMovesTheChecksToTheReplica) {
+void requested_failover_moves_the_checks(std::size_t multiplex) {
   rltest::sentinel_group g;
   ASSERT_TRUE(g.wait_ready()) << "the sentinels did not find each other and the replica";
   auto o = options_for(g.url(), redis::failure_policy::fail_closed);
+  o.multiplex = multiplex;
   redis::redis_store store(o);
   const auto cfg = fixed_window::config("1000000/1min", window_options{.name = "load"});
   std::atomic<bool> stop{false};
@@ -423,6 +448,17 @@ TEST(SentinelFailover, RequestedFailoverMovesTheChecksToTheReplica) {
   EXPECT_EQ(calls_later, calls_then) << "checks still went to the old master";
   const auto new_master = at_port(g.replica().port());
   EXPECT_GT(rltest::command(new_master, {"PTTL", store.key_for(cfg, "shared")})->integer, 0);
+}
+
+TEST(SentinelFailover, RequestedFailoverMovesTheChecksToTheReplica) {
+  requested_failover_moves_the_checks(0);
+}
+
+// The same with checks multiplexed on two shared connections: the
+// announcement retires them, so no check is written to the old master once
+// the ones in flight have their answers.
+TEST(SentinelFailover, RequestedFailoverMovesMultiplexedChecksToTheReplica) {
+  requested_failover_moves_the_checks(2);
 }
 
 }  // namespace

@@ -245,10 +245,10 @@ class multiplexer {
     std::deque<std::unique_ptr<mux_job>> inflight;   ///< written, or being written, in order
     std::unique_ptr<connection> conn;
     std::unique_ptr<redisReader, reader_deleter> reader;
-    std::string out;              ///< bytes of the write in progress
-    std::size_t written = 0;      ///< of `out`
-    std::size_t batch_first = 0;  ///< index in inflight of the first job of `out`
-    bool readable = true;         ///< poll() saw input (or an error) since the last read
+    std::string out;               ///< bytes of the write in progress
+    std::size_t written = 0;       ///< of `out`
+    std::size_t batch_first = 0;   ///< index in inflight of the first job of `out`
+    bool readable = true;          ///< poll() saw input (or an error) since the last read
     std::uint64_t generation = 0;  ///< generation_ when `conn` was opened
   };
 
