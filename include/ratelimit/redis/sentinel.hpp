@@ -45,6 +45,18 @@ namespace detail {
   return what;
 }
 
+/// What a server said, as a message quotes it: at most `most` bytes (then
+/// `...`), each byte outside printable ASCII shown as `?`, so that a hostile
+/// or broken server cannot fill a message (or a log line) with megabytes or
+/// control characters.
+[[nodiscard]] inline std::string shown(std::string_view said, std::size_t most = 120) {
+  std::string out;
+  out.reserve(std::min(said.size(), most) + 3);
+  for (const char c : said.substr(0, most)) out += c >= ' ' && c <= '~' ? c : '?';
+  if (said.size() > most) out += "...";
+  return out;
+}
+
 /// True when a sentinel's answer is a plausible host: 1..253 characters,
 /// letters, digits and `.-_:%` only (a name, an IPv4 or IPv6 address).
 [[nodiscard]] inline bool plausible_host(std::string_view h) noexcept {
@@ -156,7 +168,7 @@ class sentinel_locator {
           continue;
         }
         if (r->type == REDIS_REPLY_ERROR) {
-          note("sentinel " + at + " answered \"" + std::string(r->str, r->len) + "\"");
+          note("sentinel " + at + " answered \"" + detail::shown({r->str, r->len}) + "\"");
           continue;
         }
         if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
@@ -172,7 +184,7 @@ class sentinel_locator {
           continue;
         }
       } catch (const store_error& e) {
-        note("sentinel " + at + ": " + std::string(detail::nested(e.what())));
+        note("sentinel " + at + ": " + detail::shown(detail::nested(e.what()), 400));
         continue;
       }
       const std::string master = detail::address_text(host, port);
@@ -192,9 +204,9 @@ class sentinel_locator {
         std::string role;
         if (r->type == REDIS_REPLY_ARRAY && r->elements >= 1 &&
             r->element[0]->type == REDIS_REPLY_STRING) {
-          role.assign(r->element[0]->str, r->element[0]->len);
+          role = detail::shown({r->element[0]->str, r->element[0]->len});
         } else if (r->type == REDIS_REPLY_ERROR) {
-          role = "server that answers ROLE with \"" + std::string(r->str, r->len) + "\"";
+          role = "server that answers ROLE with \"" + detail::shown({r->str, r->len}) + "\"";
         } else {
           role = "server with a malformed ROLE answer";
         }
@@ -213,7 +225,7 @@ class sentinel_locator {
       } catch (const store_error& e) {
         refused.push_back(master);
         note("master \"" + name + "\" at " + master + " named by sentinel " + at + ": " +
-             std::string(detail::nested(e.what())));
+             detail::shown(detail::nested(e.what()), 400));
       }
     }
     throw connection_error("ratelimit: redis: sentinel: no master \"" + name +
@@ -350,9 +362,12 @@ class sentinel_watcher {
           so.connect_timeout = timeout;
           so.resolver = options_.resolver;
           so.tls = options_.tls;
+          // The connect (with AUTH) and SUBSCRIBE's answer share one
+          // connect_timeout: stop() waits for no more than that.
+          const deadline until = deadline_clock::now() + timeout;
           connection c(so);
           const std::string_view args[] = {"SUBSCRIBE", "+switch-master"};
-          const reply_ptr ok = c.command(args, 2, deadline_clock::now() + timeout);
+          const reply_ptr ok = c.command(args, 2, until);
           if (ok->type != REDIS_REPLY_ARRAY) continue;
           // Messages: ["message", "+switch-master", "<name> <old ip> <old port> <new ip> <new port>"].
           while (wait_readable(c.native_handle(), -1)) {

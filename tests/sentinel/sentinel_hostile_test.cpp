@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: Apache-2.0
+// Sentinel discovery and the +switch-master watcher against hostile peers: a
+// "sentinel" or "master" that is a plain TCP socket answering garbage, late
+// or never (servers that no real Redis would imitate), and TLS options
+// against a plain server.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ratelimit/redis.hpp"
+#include "redis/redis_server.hpp"
+
+namespace {
+
+using namespace ratelimit;
+using namespace std::chrono_literals;
+using clk = std::chrono::steady_clock;
+
+/// A TCP server on 127.0.0.1 that answers the n-th read of each connection
+/// with `script[n]` after `script[n].first`; once the script is used up it
+/// stays silent (never closes) until destroyed.
+class fake_server {
+ public:
+  using step = std::pair<std::chrono::milliseconds, std::string>;
+  explicit fake_server(std::vector<step> script) : script_(std::move(script)) {
+    listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(listen_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(listen_, 16) != 0 ||
+        ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      throw std::runtime_error("fake_server: cannot listen");
+    }
+    port_ = ntohs(a.sin_port);
+    accepter_ = std::thread([this] { accept_loop(); });
+  }
+  fake_server(const fake_server&) = delete;
+  fake_server& operator=(const fake_server&) = delete;
+  ~fake_server() {
+    stop_ = true;
+    accepter_.join();
+    for (auto& t : serving_) t.join();
+    ::close(listen_);
+  }
+  [[nodiscard]] int port() const noexcept { return port_; }
+  [[nodiscard]] int connections() const noexcept { return accepted_.load(); }
+
+ private:
+  void accept_loop() {
+    pollfd p{listen_, POLLIN, 0};
+    while (!stop_) {
+      if (::poll(&p, 1, 10) != 1) continue;
+      const int fd = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      ++accepted_;
+      serving_.emplace_back([this, fd] { serve(fd); });
+    }
+  }
+  void serve(int fd) {
+    std::size_t next = 0;
+    pollfd p{fd, POLLIN, 0};
+    char buf[4096];
+    while (!stop_) {
+      if (::poll(&p, 1, 10) != 1) continue;
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n <= 0) break;
+      if (next >= script_.size()) continue;
+      const step& s = script_[next++];
+      const auto until = clk::now() + s.first;
+      while (!stop_ && clk::now() < until) std::this_thread::sleep_for(2ms);
+      if (!s.second.empty()) (void)!::write(fd, s.second.data(), s.second.size());
+    }
+    ::close(fd);
+  }
+
+  std::vector<step> script_;
+  int listen_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> accepted_{0};
+  std::thread accepter_;
+  std::vector<std::thread> serving_;
+};
+
+redis::options sentinel_options(std::vector<int> ports, std::chrono::milliseconds timeout) {
+  redis::options o;
+  o.sentinel.master_name = "m";
+  for (const int p : ports) o.sentinel.sentinels.push_back({"127.0.0.1", p});
+  o.connect_timeout = timeout;
+  return o;
+}
+
+std::string bulk(const std::string& s) {
+  return "$" + std::to_string(s.size()) + "\r\n" + s + "\r\n";
+}
+
+/// What connect() throws as connection_error, and how long it took.
+std::pair<std::string, clk::duration> connect_error(const redis::options& o) {
+  redis::sentinel_locator locator(o);
+  const auto start = clk::now();
+  try {
+    (void)locator.connect(o);
+  } catch (const redis::connection_error& e) {
+    return {e.what(), clk::now() - start};
+  }
+  return {"(connected)", clk::now() - start};
+}
+
+}  // namespace
+
+// Verifies that a sentinel answering garbage (wrong types, a port 0, a host
+// with forbidden bytes, a huge or endless array, a huge error text) is
+// skipped with a bounded error naming it, never a crash, within the bound.
+TEST(SentinelHostile, GarbageAnswersAreSkipped) {
+  const std::string huge_error = "-ERR " + std::string(100'000, 'x') + "\r\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {":1\r\n", "gave no address"},
+      {"+OK\r\n", "gave no address"},
+      {"*2\r\n:1\r\n:2\r\n", "gave no address"},
+      {"*2\r\n*0\r\n*0\r\n", "gave no address"},
+      {"*3\r\n" + bulk("127.0.0.1") + bulk("1") + bulk("2"), "gave no address"},
+      {"*2\r\n" + bulk("127.0.0.1") + bulk("0"), "malformed address"},
+      {"*2\r\n" + bulk("127.0.0.1") + bulk("65536"), "malformed address"},
+      {"*2\r\n" + bulk("127.0.0.1") + bulk("-1"), "malformed address"},
+      {"*2\r\n" + bulk("a b\r\nc") + bulk("6379"), "malformed address"},
+      {"*2\r\n" + bulk(std::string(254, 'a')) + bulk("6379"), "malformed address"},
+      {"*-1\r\n", "knows no master named \"m\""},
+      {"*100000000\r\n", "sentinel 127.0.0.1:"},  // never completed: a timeout
+      {huge_error, "answered \"ERR xxx"},
+  };
+  for (const auto& [answer, expected] : cases) {
+    fake_server s({{0ms, answer}});
+    const auto [what, took] = connect_error(sentinel_options({s.port()}, 200ms));
+    SCOPED_TRACE(answer.substr(0, 40));
+    EXPECT_NE(what.find("no master \"m\" reached through the sentinels 127.0.0.1:" +
+                        std::to_string(s.port())),
+              std::string::npos)
+        << what.substr(0, 300);
+    EXPECT_NE(what.find(expected), std::string::npos) << what.substr(0, 300);
+    // A message quotes a bounded part of what a server said.
+    EXPECT_LT(what.size(), 1000u);
+    EXPECT_LT(took, 2 * 200ms + 300ms);
+  }
+}
+
+// Verifies that a master that answers ROLE with something odd is refused,
+// naming what it said (bounded), and that the next sentinel is asked.
+TEST(SentinelHostile, OddRoleAnswersAreRefused) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"*0\r\n", "malformed ROLE answer"},
+      {"+master\r\n", "malformed ROLE answer"},
+      {"*1\r\n:1\r\n", "malformed ROLE answer"},
+      {"*1\r\n" + bulk("slave"), "is a replica (ROLE)"},
+      {"*1\r\n" + bulk("sentinel"), "is a sentinel (ROLE)"},
+      {"*1\r\n" + bulk("MASTER"), "is a MASTER (ROLE)"},
+      {"-NOPERM no\r\n", "answers ROLE with \"NOPERM no\""},
+      {"-LOADING wait\r\n", "cannot serve checks now: LOADING wait"},
+      {"*1\r\n" + bulk(std::string(100'000, 'r')), "is a rrrr"},
+  };
+  for (const auto& [answer, expected] : cases) {
+    fake_server master({{0ms, answer}});
+    fake_server sentinel({{0ms, "*2\r\n" + bulk("127.0.0.1") + bulk(std::to_string(master.port()))}});
+    const auto [what, took] = connect_error(sentinel_options({sentinel.port()}, 200ms));
+    SCOPED_TRACE(answer.substr(0, 40));
+    EXPECT_NE(what.find("master \"m\" at 127.0.0.1:" + std::to_string(master.port())),
+              std::string::npos)
+        << what.substr(0, 300);
+    EXPECT_NE(what.find(expected), std::string::npos) << what.substr(0, 300);
+    EXPECT_LT(what.size(), 1000u);
+    EXPECT_LT(took, 2 * 200ms + 300ms);
+  }
+}
+
+// Verifies the documented bound on stopping the watcher while it subscribes:
+// a sentinel that answers AUTH just within connect_timeout and never answers
+// SUBSCRIBE holds stop() for at most about connect_timeout.
+TEST(SentinelHostile, WatcherStopsWithinConnectTimeoutWhileSubscribing) {
+  fake_server s({{350ms, "+OK\r\n"}});  // AUTH late; SUBSCRIBE: nothing
+  redis::options o = sentinel_options({s.port()}, 400ms);
+  o.sentinel.password = "spw";
+  auto locator = std::make_shared<redis::sentinel_locator>(o);
+  redis::sentinel_watcher w(o, locator, [] {});
+  w.start();
+  const auto until = clk::now() + 2s;
+  while (s.connections() == 0 && clk::now() < until) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(s.connections(), 1);
+  const auto start = clk::now();
+  w.stop();
+  const auto took = clk::now() - start;
+  // The connect (AUTH) ends at ~350 ms; SUBSCRIBE must not get 400 ms more.
+  EXPECT_LT(took, 400ms + 150ms) << std::chrono::duration_cast<std::chrono::milliseconds>(took).count();
+  EXPECT_EQ(w.switches(), 0u);
+}
