@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis.hpp"
 #include "redis/redis_server.hpp"
 
@@ -28,11 +29,13 @@ using clk = std::chrono::steady_clock;
 
 /// A TCP server on 127.0.0.1 that answers the n-th read of each connection
 /// with `script[n]` after `script[n].first`; once the script is used up it
-/// stays silent (never closes) until destroyed.
+/// writes `pushes` unasked (each after its delay), then stays silent (never
+/// closes) until destroyed.
 class fake_server {
  public:
   using step = std::pair<std::chrono::milliseconds, std::string>;
-  explicit fake_server(std::vector<step> script) : script_(std::move(script)) {
+  explicit fake_server(std::vector<step> script, std::vector<step> pushes = {})
+      : script_(std::move(script)), pushes_(std::move(pushes)) {
     listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -69,9 +72,16 @@ class fake_server {
   }
   void serve(int fd) {
     std::size_t next = 0;
+    std::size_t pushed = 0;
     pollfd p{fd, POLLIN, 0};
     char buf[4096];
     while (!stop_) {
+      if (next >= script_.size() && pushed < pushes_.size()) {
+        const step& s = pushes_[pushed++];
+        std::this_thread::sleep_for(s.first);
+        (void)!::write(fd, s.second.data(), s.second.size());
+        continue;
+      }
       if (::poll(&p, 1, 10) != 1) continue;
       const ssize_t n = ::read(fd, buf, sizeof buf);
       if (n <= 0) break;
@@ -85,6 +95,7 @@ class fake_server {
   }
 
   std::vector<step> script_;
+  std::vector<step> pushes_;
   int listen_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};
@@ -170,7 +181,8 @@ TEST(SentinelHostile, OddRoleAnswersAreRefused) {
   };
   for (const auto& [answer, expected] : cases) {
     fake_server master({{0ms, answer}});
-    fake_server sentinel({{0ms, "*2\r\n" + bulk("127.0.0.1") + bulk(std::to_string(master.port()))}});
+    fake_server sentinel(
+        {{0ms, "*2\r\n" + bulk("127.0.0.1") + bulk(std::to_string(master.port()))}});
     const auto [what, took] = connect_error(sentinel_options({sentinel.port()}, 200ms));
     SCOPED_TRACE(answer.substr(0, 40));
     EXPECT_NE(what.find("master \"m\" at 127.0.0.1:" + std::to_string(master.port())),
@@ -199,6 +211,77 @@ TEST(SentinelHostile, WatcherStopsWithinConnectTimeoutWhileSubscribing) {
   w.stop();
   const auto took = clk::now() - start;
   // The connect (AUTH) ends at ~350 ms; SUBSCRIBE must not get 400 ms more.
-  EXPECT_LT(took, 400ms + 150ms) << std::chrono::duration_cast<std::chrono::milliseconds>(took).count();
+  EXPECT_LT(took, 400ms + 150ms)
+      << std::chrono::duration_cast<std::chrono::milliseconds>(took).count();
   EXPECT_EQ(w.switches(), 0u);
+}
+
+// Verifies that TLS options (which reach the sentinels too) against a plain
+// sentinel give an error naming the sentinel and TLS, and no password.
+TEST(SentinelHostile, TlsOptionsAgainstAPlainSentinelIsAClearError) {
+  rltest::redis_server plain;  // answers as a plain sentinel would: no TLS
+  redis::options o = sentinel_options({plain.port()}, 300ms);
+  o.tls.enabled = true;
+  o.tls.verify = redis::tls_verify::none;
+  o.password = "master-secret";
+  o.sentinel.password = "sentinel-secret";
+  const auto [what, took] = connect_error(o);
+  EXPECT_NE(what.find("sentinel 127.0.0.1:" + std::to_string(plain.port())), std::string::npos)
+      << what;
+  EXPECT_NE(what.find("TLS"), std::string::npos) << what;
+  EXPECT_EQ(what.find("secret"), std::string::npos) << what;
+  EXPECT_LT(took, 300ms + 300ms);
+
+  // The same through a store: the failure policy decides, every time.
+  o.on_failure = redis::failure_policy::fail_closed;
+  o.breaker_threshold = 1000;
+  redis::redis_store store(o);
+  const auto cfg = fixed_window::config("3/1min", window_options{.name = "tls"});
+  for (int i = 0; i < 3; ++i) {
+    const decision d = store.apply(cfg, "k", timestamp{1'700'000'000'000'000}, 1);
+    EXPECT_EQ(d.source, decision_source::fail_closed);
+  }
+}
+
+/// A `+switch-master` message as a sentinel pushes it.
+std::string switch_message(const std::string& text) {
+  return "*3\r\n" + bulk("message") + bulk("+switch-master") + bulk(text);
+}
+
+// Verifies which pushed messages count as a switch of master "m": not those
+// of other masters (also "m2", a name that "m" starts), nor malformed ones;
+// a message split across writes counts once; many count each, also two in
+// one write with nothing after them (the second one is not left waiting in
+// the reader's buffer for a next message).
+TEST(SentinelHostile, WatcherCountsOnlyThisMastersSwitches) {
+  const std::string subscribed = "*3\r\n" + bulk("subscribe") + bulk("+switch-master") + ":1\r\n";
+  const std::string mine = switch_message("m 127.0.0.1 1 127.0.0.1 2");
+  std::vector<fake_server::step> pushes = {
+      {0ms, switch_message("m2 127.0.0.1 1 127.0.0.1 2")},
+      {0ms, switch_message("m")},
+      {0ms, switch_message("mm 1 2 3 4")},
+      {0ms, switch_message(" m 1 2 3 4")},
+      {0ms, ":1\r\n"},
+      {0ms, "*2\r\n" + bulk("message") + bulk("m 1 2 3 4")},
+      {0ms, "*3\r\n" + bulk("message") + bulk("+switch-master") + ":7\r\n"},
+      {0ms, mine.substr(0, 20)},  // split: 1
+      {30ms, mine.substr(20)},
+  };
+  for (int i = 0; i < 50; ++i) pushes.push_back({0ms, mine});  // 50 more
+  pushes.push_back({20ms, mine + mine});                       // 2 more in one write, nothing after
+  fake_server s({{0ms, subscribed}}, pushes);
+  redis::options o = sentinel_options({s.port()}, 300ms);
+  auto locator = std::make_shared<redis::sentinel_locator>(o);
+  std::atomic<int> calls{0};
+  redis::sentinel_watcher w(o, locator, [&] { ++calls; });
+  w.start();
+  const auto until = clk::now() + 3s;
+  while (w.switches() < 53 && clk::now() < until) std::this_thread::sleep_for(5ms);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(w.switches(), 53u);
+  EXPECT_EQ(calls.load(), 53);
+  EXPECT_EQ(s.connections(), 1);
+  const auto start = clk::now();
+  w.stop();
+  EXPECT_LT(clk::now() - start, 100ms);  // it waited for a message: at once
 }

@@ -370,7 +370,9 @@ class sentinel_watcher {
           const reply_ptr ok = c.command(args, 2, until);
           if (ok->type != REDIS_REPLY_ARRAY) continue;
           // Messages: ["message", "+switch-master", "<name> <old ip> <old port> <new ip> <new port>"].
-          while (wait_readable(c.native_handle(), -1)) {
+          // A message read together with the previous one is already in the
+          // reader: the socket would not wake us for it.
+          while ((c.has_buffered_input() && !stopping()) || wait_readable(c.native_handle(), -1)) {
             const reply_ptr m = c.receive(deadline_clock::now() + timeout);
             if (m->type != REDIS_REPLY_ARRAY || m->elements != 3 ||
                 m->element[2]->type != REDIS_REPLY_STRING) {
