@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -284,4 +286,45 @@ TEST(SentinelHostile, WatcherCountsOnlyThisMastersSwitches) {
   const auto start = clk::now();
   w.stop();
   EXPECT_LT(clk::now() - start, 100ms);  // it waited for a message: at once
+}
+
+// Verifies the watcher after fork(): a child that stops (destroys) its copy
+// of a watcher made by the parent neither joins the parent's thread (absent
+// in the child: a hang) nor wakes it through the shared pipe (the parent's
+// thread would then spin, reconnecting to the sentinels without pause).
+TEST(SentinelHostile, ForkedChildStoppingTheWatcherLeavesTheParentsAlone) {
+  const std::string subscribed = "*3\r\n" + bulk("subscribe") + bulk("+switch-master") + ":1\r\n";
+  fake_server s({{0ms, subscribed}});
+  redis::options o = sentinel_options({s.port()}, 300ms);
+  auto locator = std::make_shared<redis::sentinel_locator>(o);
+  auto w = std::make_unique<redis::sentinel_watcher>(o, locator, [] {});
+  w->start();
+  const auto until = clk::now() + 2s;
+  while (s.connections() == 0 && clk::now() < until) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(50ms);  // subscribed, waiting for a message
+  ASSERT_EQ(s.connections(), 1);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    w->stop();
+    w->start();  // refused in the child: no thread
+    w.reset();
+    ::_exit(0);
+  }
+  int status = -1;
+  const auto deadline = clk::now() + 3s;
+  while (::waitpid(child, &status, WNOHANG) == 0) {
+    if (clk::now() > deadline) {
+      ::kill(child, SIGKILL);
+      (void)::waitpid(child, &status, 0);
+      FAIL() << "the child hung stopping its copy of the watcher";
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(s.connections(), 1);  // the parent's thread still waits on its subscription
+  const auto start = clk::now();
+  w->stop();
+  EXPECT_LT(clk::now() - start, 100ms);
 }

@@ -276,6 +276,12 @@ class sentinel_locator {
 /// thread waits for a message, else after the connect in progress (at most
 /// connect_timeout).
 ///
+/// After fork(), in a child of the process that made it, start() does nothing
+/// and stop() (the destructor) leaks the thread's handle: it neither joins the
+/// parent's thread (absent from the child), nor locks a mutex that thread may
+/// have held at the fork, nor writes to the wake-up pipe, which the child
+/// shares with the parent (that would stop the parent's subscription).
+///
 /// Thread safety: all member functions may be called from any number of threads.
 class sentinel_watcher {
  public:
@@ -290,18 +296,23 @@ class sentinel_watcher {
   /// thread (none could be made) the store still finds a new master when a
   /// connection fails.
   void start() noexcept {
+    if (::getpid() != owner_pid_) return;  // a forked child (see above)
     std::lock_guard<std::mutex> lock(mutex_);
     if (started_ || stopping_) return;
     started_ = true;
     try {
       if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) return;
-      thread_ = std::thread([this] { run(); });
+      thread_ = std::make_unique<std::thread>([this] { run(); });
     } catch (...) {
     }
   }
 
   /// Stops and joins the thread.
   void stop() noexcept {
+    if (::getpid() != owner_pid_) {
+      (void)thread_.release();  // a forked child: the parent's thread is not here; never join
+      return;
+    }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_) return;
@@ -311,7 +322,7 @@ class sentinel_watcher {
         (void)!::write(wake_[1], &byte, 1);
       }
     }
-    if (thread_.joinable()) thread_.join();
+    if (thread_ != nullptr && thread_->joinable()) thread_->join();
     for (int& fd : wake_) {
       if (fd >= 0) ::close(fd);
       fd = -1;
@@ -403,7 +414,8 @@ class sentinel_watcher {
   bool started_ = false;
   bool stopping_ = false;
   int wake_[2] = {-1, -1};
-  std::thread thread_;
+  const pid_t owner_pid_ = ::getpid();
+  std::unique_ptr<std::thread> thread_;  ///< leaked in a forked child (see stop)
   std::atomic<std::uint64_t> switches_{0};
 };
 
