@@ -81,7 +81,7 @@ class fake_server {
       if (next >= script_.size() && pushed < pushes_.size()) {
         const step& s = pushes_[pushed++];
         std::this_thread::sleep_for(s.first);
-        (void)!::write(fd, s.second.data(), s.second.size());
+        (void)!::send(fd, s.second.data(), s.second.size(), MSG_NOSIGNAL);
         continue;
       }
       if (::poll(&p, 1, 10) != 1) continue;
@@ -91,7 +91,7 @@ class fake_server {
       const step& s = script_[next++];
       const auto until = clk::now() + s.first;
       while (!stop_ && clk::now() < until) std::this_thread::sleep_for(2ms);
-      if (!s.second.empty()) (void)!::write(fd, s.second.data(), s.second.size());
+      if (!s.second.empty()) (void)!::send(fd, s.second.data(), s.second.size(), MSG_NOSIGNAL);
     }
     ::close(fd);
   }
@@ -327,4 +327,106 @@ TEST(SentinelHostile, ForkedChildStoppingTheWatcherLeavesTheParentsAlone) {
   const auto start = clk::now();
   w->stop();
   EXPECT_LT(clk::now() - start, 100ms);
+}
+
+// Verifies checks on many threads while the watcher renews the pool again and
+// again (a sentinel announcing 300 switches to the same master): every check
+// is decided by Redis, each exactly once (the counter in Redis equals the
+// checks), and afterwards the pool still lends pool_size connections at once
+// (renew() lost no slot). Meant for TSan as well.
+TEST(SentinelHostile, ChecksWhileThePoolIsRenewedAgainAndAgain) {
+  rltest::redis_server master;
+  const std::string where = "*2\r\n" + bulk("127.0.0.1") + bulk(std::to_string(master.port()));
+  std::vector<fake_server::step> pushes;
+  for (int i = 0; i < 300; ++i) {
+    pushes.push_back(
+        {1ms, switch_message("m 127.0.0.1 1 127.0.0.1 " + std::to_string(master.port()))});
+  }
+  // Every connection's first command gets the master's address (SUBSCRIBE
+  // takes it as its confirmation); then the announcements follow.
+  fake_server s({{0ms, where}}, pushes);
+  redis::options o = sentinel_options({s.port()}, 500ms);
+  o.command_timeout = 1000ms;
+  o.pool_size = 3;
+  o.breaker_threshold = 1000;
+  redis::redis_store store(o);
+  const auto cfg = fixed_window::config("1000000/1h", window_options{.name = "renew"});
+  const timestamp t{1'700'000'000'000'000};
+  std::atomic<int> by_store{0};
+  std::atomic<int> other{0};
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 150; ++i) {
+        try {
+          const decision d = store.apply(cfg, "k", t, 1);
+          (d.source == decision_source::store && d.allowed ? by_store : other)++;
+        } catch (const std::exception&) {
+          ++other;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(by_store.load(), 600);
+  EXPECT_EQ(other.load(), 0);
+  redis::options direct;
+  direct.port = master.port();
+  const std::string stored = rltest::command(direct, {"GET", store.key_for(cfg, "k")})->str;
+  EXPECT_NE(stored.find(":600;"), std::string::npos) << stored;
+  // The renewals made the store ask the sentinel again and again.
+  EXPECT_GT(s.connections(), 10);
+  store.ping();
+
+  // The pool itself: renew() racing with leases on four threads loses no
+  // slot: afterwards pool_size connections can be lent at once.
+  direct.pool_size = 3;
+  redis::connection_pool pool(direct);
+  std::atomic<bool> done{false};
+  std::thread renewer([&] {
+    while (!done) {
+      pool.renew();
+      std::this_thread::sleep_for(100us);
+    }
+  });
+  threads.clear();
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&] {
+      const std::string_view ping[] = {"PING"};
+      for (int i = 0; i < 200; ++i) {
+        auto l = pool.acquire(redis::deadline_clock::now() + 2s);
+        EXPECT_EQ(l->command(ping, 1, redis::deadline_clock::now() + 2s)->type, REDIS_REPLY_STATUS);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  done = true;
+  renewer.join();
+  std::vector<redis::connection_pool::lease> all;
+  for (int i = 0; i < 3; ++i) all.push_back(pool.acquire(redis::deadline_clock::now() + 500ms));
+  EXPECT_EQ(all.size(), 3u);
+}
+
+// Verifies destroying a store (its last copy) while its watcher waits for a
+// slow sentinel's answer to SUBSCRIBE: within connect_timeout, and a copy
+// keeps the watcher (and the store) alive until it goes too. Meant for ASan.
+TEST(SentinelHostile, StoreDestroyedWhileTheWatcherSubscribes) {
+  rltest::redis_server master;
+  const std::string where = "*2\r\n" + bulk("127.0.0.1") + bulk(std::to_string(master.port()));
+  fake_server s({{200ms, where}});  // every first answer 200 ms late
+  redis::options o = sentinel_options({s.port()}, 300ms);
+  o.command_timeout = 500ms;
+  const auto cfg = fixed_window::config("10/1h", window_options{.name = "gone"});
+  const timestamp t{1'700'000'000'000'000};
+  auto store = std::make_unique<redis::redis_store>(o);
+  EXPECT_EQ(store->apply(cfg, "k", t, 1).source, decision_source::store);
+  auto copy = std::make_unique<redis::redis_store>(*store);
+  store.reset();  // the copy holds the shared state: nothing stops
+  EXPECT_EQ(copy->apply(cfg, "k", t, 1).source, decision_source::store);
+  const auto until = clk::now() + 2s;
+  while (s.connections() < 2 && clk::now() < until) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(s.connections(), 2);  // the locator's, then the watcher's
+  const auto start = clk::now();
+  copy.reset();  // the watcher waits for SUBSCRIBE's answer (or a message)
+  EXPECT_LT(clk::now() - start, 300ms + 150ms);
 }
