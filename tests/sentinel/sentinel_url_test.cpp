@@ -75,6 +75,39 @@ TEST(SentinelUrl, BadValuesAreNamed) {
             std::string::npos);
   EXPECT_NE(url_error("redis-sentinel://h/m?").find("no '='"), std::string::npos);
   EXPECT_NE(url_error("sentinel://h/m").find("must start with"), std::string::npos);
+  // An '@' in the db value: refused, not read as a password "h/m?db=1" and
+  // the sentinel h2 (silently other sentinels and no database).
+  EXPECT_NE(url_error("redis-sentinel://h/m?db=1@h2/m2").find("'@' in a query value"),
+            std::string::npos);
+  EXPECT_NE(url_error("redis-sentinel://h/m?sentinel_user=u&db=1@h2/m2").find("'@'"),
+            std::string::npos);
+}
+
+// Verifies that a sentinel host with bytes no host name has (a NUL, which the
+// resolver would cut, a space, CR LF) is refused when the store is made,
+// whether it comes from a URL or from code, and quoted printably.
+TEST(SentinelUrl, HostileSentinelHostsAreRefused) {
+  using namespace std::string_literals;
+  for (const std::string& host : {"h\0evil"s, "h x"s, "h\r\nx"s, std::string(254, 'a')}) {
+    redis::options o;
+    o.sentinel.master_name = "m";
+    o.sentinel.sentinels.push_back({host, 26379});
+    std::string what;
+    try {
+      redis::redis_store store(o);
+    } catch (const std::invalid_argument& e) {
+      what = e.what();
+    }
+    EXPECT_NE(what.find("bad sentinel address"), std::string::npos) << what;
+    EXPECT_EQ(what.find_first_of("\r\n"s + '\0'), std::string::npos) << what;
+    std::string url_what;
+    try {
+      redis::redis_store store(redis::parse_url("redis-sentinel://" + host + "/m"));
+    } catch (const std::invalid_argument& e) {
+      url_what = e.what();
+    }
+    EXPECT_FALSE(url_what.empty()) << host;
+  }
 }
 
 // Verifies that no message quotes either password, wherever the bad part is.

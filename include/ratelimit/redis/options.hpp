@@ -277,7 +277,9 @@ namespace detail {
   if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
     const std::string_view cred = rest.substr(0, at);
     if (cred.find("sentinel_password=") != std::string_view::npos ||
-        cred.find("sentinel_user=") != std::string_view::npos) {
+        cred.find("sentinel_user=") != std::string_view::npos ||
+        cred.find("?db=") != std::string_view::npos ||
+        cred.find("&db=") != std::string_view::npos) {
       bad_url(url, "has an '@' in a query value (set options::sentinel in code instead)");
     }
     rest = rest.substr(at + 1);

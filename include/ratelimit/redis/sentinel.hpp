@@ -100,8 +100,8 @@ namespace detail {
 class sentinel_locator {
  public:
   /// @throws std::invalid_argument when `o.sentinel` names no master or lists
-  ///   no sentinel, a sentinel has an empty host or a port outside 1..65535,
-  ///   or `o.unix_socket` is set
+  ///   no sentinel, a sentinel has a host of other than 1..253 letters, digits
+  ///   and `.-_:%` or a port outside 1..65535, or `o.unix_socket` is set
   explicit sentinel_locator(const options& o) : order_(o.sentinel.sentinels) {
     const sentinel_options& s = o.sentinel;
     if (s.master_name.empty()) {
@@ -112,9 +112,9 @@ class sentinel_locator {
                                   s.master_name + "\"");
     }
     for (const sentinel_address& a : s.sentinels) {
-      if (a.host.empty() || a.port < 1 || a.port > 65535) {
+      if (!detail::plausible_host(a.host) || a.port < 1 || a.port > 65535) {
         throw std::invalid_argument("ratelimit: redis: sentinel: bad sentinel address \"" +
-                                    detail::address_text(a.host, a.port) + "\"");
+                                    detail::shown(detail::address_text(a.host, a.port)) + "\"");
       }
     }
     if (!o.unix_socket.empty()) {
