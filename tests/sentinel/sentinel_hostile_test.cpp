@@ -265,6 +265,8 @@ TEST(SentinelHostile, WatcherCountsOnlyThisMastersSwitches) {
   std::vector<fake_server::step> pushes = {
       {0ms, switch_message("m2 127.0.0.1 1 127.0.0.1 2")},
       {0ms, switch_message("m")},
+      {0ms, switch_message("m 1 2 3")},
+      {0ms, switch_message("m x 127.0.0.1 1 127.0.0.1 2")},  // a master named "m x"
       {0ms, switch_message("mm 1 2 3 4")},
       {0ms, switch_message(" m 1 2 3 4")},
       {0ms, ":1\r\n"},

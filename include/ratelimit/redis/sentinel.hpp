@@ -78,6 +78,20 @@ namespace detail {
   return v >= 1 && v <= 65535 ? v : 0;
 }
 
+/// True when `text`, a `+switch-master` message
+/// (`<name> <old ip> <old port> <new ip> <new port>`), is about the master
+/// `name`: the four fields at the end are cut off and what is left must be
+/// `name` exactly (so "m" does not take the message of a master "m x").
+[[nodiscard]] inline bool switch_names(std::string_view text, std::string_view name) noexcept {
+  std::size_t end = text.size();
+  for (int field = 0; field < 4; ++field) {
+    const auto space = text.rfind(' ', end == 0 ? 0 : end - 1);
+    if (space == std::string_view::npos || space == 0) return false;
+    end = space;
+  }
+  return text.substr(0, end) == name;
+}
+
 }  // namespace detail
 
 /// Finds the master that a group of sentinels monitors, and connects to it.
@@ -389,8 +403,8 @@ class sentinel_watcher {
                 m->element[2]->type != REDIS_REPLY_STRING) {
               continue;
             }
-            const std::string_view text(m->element[2]->str, m->element[2]->len);
-            if (!text.starts_with(name) || text.size() <= name.size() || text[name.size()] != ' ') {
+            if (!detail::switch_names(std::string_view(m->element[2]->str, m->element[2]->len),
+                                      name)) {
               continue;
             }
             switches_.fetch_add(1, std::memory_order_relaxed);
