@@ -436,3 +436,28 @@ TEST(SentinelHostile, StoreDestroyedWhileTheWatcherSubscribes) {
   copy.reset();  // the watcher waits for SUBSCRIBE's answer (or a message)
   EXPECT_LT(clk::now() - start, 300ms + 150ms);
 }
+
+// Verifies a master that a sentinel names by a host name which resolves
+// slowly (past connect_timeout), or to thousands of addresses where nothing
+// listens: the connect fails within its bound, naming the host.
+TEST(SentinelHostile, MasterNamedByASlowOrManyAddressHostName) {
+  const int closed = rltest::free_port();
+  for (const std::string host : {"slow.invalid", "many.invalid"}) {
+    fake_server s({{0ms, "*2\r\n" + bulk(host) + bulk(std::to_string(closed))}});
+    redis::options o = sentinel_options({s.port()}, 200ms);
+    o.resolver = [](const std::string& h) {
+      if (h == "slow.invalid") {
+        std::this_thread::sleep_for(400ms);
+        return std::vector<std::string>{"127.0.0.1"};
+      }
+      return std::vector<std::string>(5000, "127.0.0.1");
+    };
+    const auto [what, took] = connect_error(o);
+    SCOPED_TRACE(host);
+    EXPECT_NE(what.find("master \"m\" at " + host + ":" + std::to_string(closed)),
+              std::string::npos)
+        << what;
+    EXPECT_LT(took, 2 * 200ms + 300ms);
+  }
+  std::this_thread::sleep_for(300ms);  // the slow resolver's thread ends
+}
