@@ -461,3 +461,54 @@ TEST(SentinelHostile, MasterNamedByASlowOrManyAddressHostName) {
   }
   std::this_thread::sleep_for(300ms);  // the slow resolver's thread ends
 }
+
+// Verifies fork() with a Sentinel store whose watcher runs: in the child, the
+// store (and a copy made there) refuses use with std::logic_error, and
+// destroying every copy returns at once, leaving the parent's watcher
+// subscribed (no new connection to the sentinel) and the parent's store
+// working.
+TEST(SentinelHostile, ForkedChildDestroyingTheStoreLeavesTheParentsWatcher) {
+  rltest::redis_server master;
+  const std::string where = "*2\r\n" + bulk("127.0.0.1") + bulk(std::to_string(master.port()));
+  fake_server s({{0ms, where}});
+  redis::options o = sentinel_options({s.port()}, 300ms);
+  const auto cfg = fixed_window::config("10/1h", window_options{.name = "fork"});
+  const timestamp t{1'700'000'000'000'000};
+  auto store = std::make_unique<redis::redis_store>(o);
+  EXPECT_EQ(store->apply(cfg, "k", t, 1).source, decision_source::store);
+  const auto until = clk::now() + 2s;
+  while (s.connections() < 2 && clk::now() < until) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(50ms);
+  ASSERT_EQ(s.connections(), 2);  // the locator's, then the watcher's
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int code = 0;
+    auto copy = std::make_unique<redis::redis_store>(*store);
+    try {
+      (void)copy->apply(cfg, "k", t, 1);
+      code = 1;
+    } catch (const std::logic_error&) {
+    }
+    copy.reset();
+    store.reset();
+    ::_exit(code);
+  }
+  int status = -1;
+  const auto deadline = clk::now() + 3s;
+  while (::waitpid(child, &status, WNOHANG) == 0) {
+    if (clk::now() > deadline) {
+      ::kill(child, SIGKILL);
+      (void)::waitpid(child, &status, 0);
+      FAIL() << "the child hung destroying its store";
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(s.connections(), 2);
+  EXPECT_EQ(store->apply(cfg, "k", t, 1).source, decision_source::store);
+  const auto start = clk::now();
+  store.reset();
+  EXPECT_LT(clk::now() - start, 100ms);
+}
