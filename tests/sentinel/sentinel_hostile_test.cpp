@@ -60,6 +60,8 @@ class fake_server {
   }
   [[nodiscard]] int port() const noexcept { return port_; }
   [[nodiscard]] int connections() const noexcept { return accepted_.load(); }
+  /// Connections the client closed (seen within about 10 ms).
+  [[nodiscard]] int closed() const noexcept { return closed_.load(); }
 
  private:
   void accept_loop() {
@@ -86,7 +88,10 @@ class fake_server {
       }
       if (::poll(&p, 1, 10) != 1) continue;
       const ssize_t n = ::read(fd, buf, sizeof buf);
-      if (n <= 0) break;
+      if (n <= 0) {
+        ++closed_;
+        break;
+      }
       if (next >= script_.size()) continue;
       const step& s = script_[next++];
       const auto until = clk::now() + s.first;
@@ -102,6 +107,7 @@ class fake_server {
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<int> accepted_{0};
+  std::atomic<int> closed_{0};
   std::thread accepter_;
   std::vector<std::thread> serving_;
 };
@@ -511,4 +517,23 @@ TEST(SentinelHostile, ForkedChildDestroyingTheStoreLeavesTheParentsWatcher) {
   const auto start = clk::now();
   store.reset();
   EXPECT_LT(clk::now() - start, 100ms);
+}
+
+// Verifies that stop() called while another stop() is joining returns only
+// once the thread has ended (it returned at once, the thread still running).
+TEST(SentinelHostile, SecondStopWaitsForTheThreadToEnd) {
+  fake_server s({{300ms, "*3\r\n" + bulk("subscribe") + bulk("+switch-master") + ":1\r\n"}});
+  redis::options o = sentinel_options({s.port()}, 500ms);
+  auto locator = std::make_shared<redis::sentinel_locator>(o);
+  redis::sentinel_watcher w(o, locator, [] {});
+  w.start();
+  const auto until = clk::now() + 2s;
+  while (s.connections() == 0 && clk::now() < until) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(s.connections(), 1);
+  std::thread first([&] { w.stop(); });  // joins after SUBSCRIBE's answer (~300 ms)
+  std::this_thread::sleep_for(50ms);
+  w.stop();
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(s.closed(), 1);  // the thread ended (its connection closed) before stop() returned
+  first.join();
 }

@@ -321,7 +321,8 @@ class sentinel_watcher {
     }
   }
 
-  /// Stops and joins the thread.
+  /// Stops and joins the thread; a call made while another one joins
+  /// returns when the thread has ended too. Not from `on_switch`.
   void stop() noexcept {
     if (::getpid() != owner_pid_) {
       (void)thread_.release();  // a forked child: the parent's thread is not here; never join
@@ -329,13 +330,15 @@ class sentinel_watcher {
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (stopping_) return;
-      stopping_ = true;
-      if (wake_[1] >= 0) {
-        const char byte = 1;
-        (void)!::write(wake_[1], &byte, 1);
+      if (!stopping_) {
+        stopping_ = true;
+        if (wake_[1] >= 0) {
+          const char byte = 1;
+          (void)!::write(wake_[1], &byte, 1);
+        }
       }
     }
+    std::lock_guard<std::mutex> join_lock(join_mutex_);
     if (thread_ != nullptr && thread_->joinable()) thread_->join();
     for (int& fd : wake_) {
       if (fd >= 0) ::close(fd);
@@ -425,6 +428,7 @@ class sentinel_watcher {
   std::shared_ptr<sentinel_locator> locator_;
   std::function<void()> on_switch_;
   std::mutex mutex_;
+  std::mutex join_mutex_;  ///< held by the stop() that joins (and closes the pipe)
   bool started_ = false;
   bool stopping_ = false;
   int wake_[2] = {-1, -1};
