@@ -118,7 +118,13 @@ TEST(SentinelUrl, MessagesDoNotQuoteEitherPassword) {
         "redis-sentinel://u:s3cret@h/m?sentinel_password=s3cret&sentinel_password=s3cret2",
         "redis-sentinel://h/m?sentinel_password=s3@cret",
         "redis-sentinel://h/m?sentinel_password=s3@cr&db=1",
-        "redis-sentinel://:s3cret@h/m?bogus=1&sentinel_password=s3cret"}) {
+        "redis-sentinel://:s3cret@h/m?bogus=1&sentinel_password=s3cret",
+        // A misspelt parameter holds the password too; so may a query value
+        // with '@' (the userinfo then ends inside the query), and a master
+        // password with '?'.
+        "redis-sentinel://h/m?sentinel_pasword=s3cret", "redis-sentinel://h/m?password=s3cret&db=1",
+        "redis-sentinel://h/m?sentinel_pasword=s3@cret", "redis-sentinel://:s3?x=cret@h:0/m",
+        "rediss://h:0?password=s3cret"}) {
     const std::string what = url_error(url);
     EXPECT_EQ(what.find("s3"), std::string::npos) << what;
     EXPECT_EQ(what.find("cret"), std::string::npos) << what;
