@@ -75,6 +75,39 @@ TEST(SentinelUrl, BadValuesAreNamed) {
             std::string::npos);
   EXPECT_NE(url_error("redis-sentinel://h/m?").find("no '='"), std::string::npos);
   EXPECT_NE(url_error("sentinel://h/m").find("must start with"), std::string::npos);
+  // An '@' in the db value: refused, not read as a password "h/m?db=1" and
+  // the sentinel h2 (silently other sentinels and no database).
+  EXPECT_NE(url_error("redis-sentinel://h/m?db=1@h2/m2").find("'@' in a query value"),
+            std::string::npos);
+  EXPECT_NE(url_error("redis-sentinel://h/m?sentinel_user=u&db=1@h2/m2").find("'@'"),
+            std::string::npos);
+}
+
+// Verifies that a sentinel host with bytes no host name has (a NUL, which the
+// resolver would cut, a space, CR LF) is refused when the store is made,
+// whether it comes from a URL or from code, and quoted printably.
+TEST(SentinelUrl, HostileSentinelHostsAreRefused) {
+  using namespace std::string_literals;
+  for (const std::string& host : {"h\0evil"s, "h x"s, "h\r\nx"s, std::string(254, 'a')}) {
+    redis::options o;
+    o.sentinel.master_name = "m";
+    o.sentinel.sentinels.push_back({host, 26379});
+    std::string what;
+    try {
+      redis::redis_store store(o);
+    } catch (const std::invalid_argument& e) {
+      what = e.what();
+    }
+    EXPECT_NE(what.find("bad sentinel address"), std::string::npos) << what;
+    EXPECT_EQ(what.find_first_of("\r\n"s + '\0'), std::string::npos) << what;
+    std::string url_what;
+    try {
+      redis::redis_store store(redis::parse_url("redis-sentinel://" + host + "/m"));
+    } catch (const std::invalid_argument& e) {
+      url_what = e.what();
+    }
+    EXPECT_FALSE(url_what.empty()) << host;
+  }
 }
 
 // Verifies that no message quotes either password, wherever the bad part is.
@@ -85,7 +118,13 @@ TEST(SentinelUrl, MessagesDoNotQuoteEitherPassword) {
         "redis-sentinel://u:s3cret@h/m?sentinel_password=s3cret&sentinel_password=s3cret2",
         "redis-sentinel://h/m?sentinel_password=s3@cret",
         "redis-sentinel://h/m?sentinel_password=s3@cr&db=1",
-        "redis-sentinel://:s3cret@h/m?bogus=1&sentinel_password=s3cret"}) {
+        "redis-sentinel://:s3cret@h/m?bogus=1&sentinel_password=s3cret",
+        // A misspelt parameter holds the password too; so may a query value
+        // with '@' (the userinfo then ends inside the query), and a master
+        // password with '?'.
+        "redis-sentinel://h/m?sentinel_pasword=s3cret", "redis-sentinel://h/m?password=s3cret&db=1",
+        "redis-sentinel://h/m?sentinel_pasword=s3@cret", "redis-sentinel://:s3?x=cret@h:0/m",
+        "rediss://h:0?password=s3cret"}) {
     const std::string what = url_error(url);
     EXPECT_EQ(what.find("s3"), std::string::npos) << what;
     EXPECT_EQ(what.find("cret"), std::string::npos) << what;

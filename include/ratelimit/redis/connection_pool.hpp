@@ -273,6 +273,13 @@ class connection {
   /// desynchronise the connection).
   [[nodiscard]] int native_handle() const noexcept { return stream_.fd(); }
 
+  /// True when bytes already read from the socket wait in the reply reader
+  /// (a second reply that arrived in the same read as the first): receive()
+  /// returns it although poll() on native_handle() sees nothing.
+  [[nodiscard]] bool has_buffered_input() const noexcept {
+    return reader_ != nullptr && reader_->pos < reader_->len;
+  }
+
   /// True when the connection runs over TLS.
   [[nodiscard]] bool tls() const noexcept { return stream_.tls(); }
 

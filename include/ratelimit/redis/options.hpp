@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -153,39 +154,53 @@ struct options {
 
 namespace detail {
 
-/// `url` as error messages quote it: the password of its userinfo (all of a
-/// userinfo without ':', which parse_url reads as a password) replaced by
-/// `***`, so that a bad URL does not leak a secret into logs. In a
-/// `redis-sentinel://` URL the value of `sentinel_password=` is hidden too (up
-/// to the next '&' or the end), before the userinfo is looked for.
-[[nodiscard]] inline std::string redacted_url(std::string_view in) {
-  std::string masked;
-  std::string_view url = in;
-  if (url.starts_with("redis-sentinel://")) {
-    constexpr std::string_view key = "sentinel_password=";
-    std::size_t from = 0;
-    while (from < url.size()) {
-      const auto k = url.find(key, from);
-      if (k == std::string_view::npos) break;
-      const auto v = k + key.size();
-      const auto amp = url.find('&', v);
-      masked.append(url.substr(from, v - from)).append("***");
-      from = amp == std::string_view::npos ? url.size() : amp;
-    }
-    if (from != 0) {
-      masked.append(url.substr(from));
-      url = masked;
-    }
-  }
+/// `url` as error messages quote it, without its secrets: the password of
+/// its userinfo (all of a userinfo without ':', which parse_url reads as a
+/// password; the userinfo ends at the last '@') and the value of every query
+/// parameter (from '=' to the next '&' or the end) whose name is not one of
+/// the known, non-secret `db`, `sentinel_user`, `ca`, `ca_dir`, `cert`,
+/// `key`, `sni` and `verify`, so `sentinel_password`, and a misspelt one
+/// (`sentinel_pasword=`), too. Each hidden stretch reads `***`.
+[[nodiscard]] inline std::string redacted_url(std::string_view url) {
+  std::vector<char> hide(url.size() + 1, 0);
+  std::size_t empty_password_at = std::string_view::npos;
   const auto scheme = url.find("://");
   const auto at = url.rfind('@');
-  if (scheme == std::string_view::npos || at == std::string_view::npos || at < scheme + 3) {
-    return std::string(url);
+  if (scheme != std::string_view::npos && at != std::string_view::npos && at >= scheme + 3) {
+    const std::string_view cred = url.substr(scheme + 3, at - scheme - 3);
+    const auto colon = cred.find(':');
+    const std::size_t from = scheme + 3 + (colon == std::string_view::npos ? 0 : colon + 1);
+    if (from == at) empty_password_at = at;
+    std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from),
+              hide.begin() + static_cast<std::ptrdiff_t>(at), 1);
   }
-  const std::string_view cred = url.substr(scheme + 3, at - scheme - 3);
-  const auto colon = cred.find(':');
-  const std::size_t keep = scheme + 3 + (colon == std::string_view::npos ? 0 : colon + 1);
-  return std::string(url.substr(0, keep)) + "***" + std::string(url.substr(at));
+  constexpr std::string_view shown_keys[] = {"db",   "sentinel_user", "ca",  "ca_dir",
+                                             "cert", "key",           "sni", "verify"};
+  for (std::size_t i = 0; i < url.size(); ++i) {
+    if (url[i] != '?' && url[i] != '&') continue;
+    const std::size_t end = std::min(url.find('&', i + 1), url.size());
+    const std::string_view item = url.substr(i + 1, end - i - 1);
+    const auto eq = item.find('=');
+    if (eq == std::string_view::npos || std::find(std::begin(shown_keys), std::end(shown_keys),
+                                                  item.substr(0, eq)) != std::end(shown_keys)) {
+      continue;
+    }
+    const std::size_t from = i + 1 + eq + 1;
+    if (from == end) continue;
+    std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from),
+              hide.begin() + static_cast<std::ptrdiff_t>(end), 1);
+  }
+  std::string out;
+  out.reserve(url.size() + 3);
+  for (std::size_t i = 0; i < url.size(); ++i) {
+    if (i == empty_password_at) out += "***";
+    if (hide[i] != 0) {
+      if (i == 0 || hide[i - 1] == 0) out += "***";
+    } else {
+      out += url[i];
+    }
+  }
+  return out;
 }
 
 /// The decimal number `s` (digits only), which must lie in lo..hi.
@@ -284,7 +299,9 @@ namespace detail {
   if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
     const std::string_view cred = rest.substr(0, at);
     if (cred.find("sentinel_password=") != std::string_view::npos ||
-        cred.find("sentinel_user=") != std::string_view::npos) {
+        cred.find("sentinel_user=") != std::string_view::npos ||
+        cred.find("?db=") != std::string_view::npos ||
+        cred.find("&db=") != std::string_view::npos) {
       bad_url(url, "has an '@' in a query value (set options::sentinel in code instead)");
     }
     rest = rest.substr(at + 1);

@@ -45,6 +45,18 @@ namespace detail {
   return what;
 }
 
+/// What a server said, as a message quotes it: at most `most` bytes (then
+/// `...`), each byte outside printable ASCII shown as `?`, so that a hostile
+/// or broken server cannot fill a message (or a log line) with megabytes or
+/// control characters.
+[[nodiscard]] inline std::string shown(std::string_view said, std::size_t most = 120) {
+  std::string out;
+  out.reserve(std::min(said.size(), most) + 3);
+  for (const char c : said.substr(0, most)) out += c >= ' ' && c <= '~' ? c : '?';
+  if (said.size() > most) out += "...";
+  return out;
+}
+
 /// True when a sentinel's answer is a plausible host: 1..253 characters,
 /// letters, digits and `.-_:%` only (a name, an IPv4 or IPv6 address).
 [[nodiscard]] inline bool plausible_host(std::string_view h) noexcept {
@@ -64,6 +76,20 @@ namespace detail {
     v = v * 10 + (c - '0');
   }
   return v >= 1 && v <= 65535 ? v : 0;
+}
+
+/// True when `text`, a `+switch-master` message
+/// (`<name> <old ip> <old port> <new ip> <new port>`), is about the master
+/// `name`: the four fields at the end are cut off and what is left must be
+/// `name` exactly (so "m" does not take the message of a master "m x").
+[[nodiscard]] inline bool switch_names(std::string_view text, std::string_view name) noexcept {
+  std::size_t end = text.size();
+  for (int field = 0; field < 4; ++field) {
+    const auto space = text.rfind(' ', end == 0 ? 0 : end - 1);
+    if (space == std::string_view::npos || space == 0) return false;
+    end = space;
+  }
+  return text.substr(0, end) == name;
 }
 
 }  // namespace detail
@@ -88,8 +114,8 @@ namespace detail {
 class sentinel_locator {
  public:
   /// @throws std::invalid_argument when `o.sentinel` names no master or lists
-  ///   no sentinel, a sentinel has an empty host or a port outside 1..65535,
-  ///   or `o.unix_socket` is set
+  ///   no sentinel, a sentinel has a host of other than 1..253 letters, digits
+  ///   and `.-_:%` or a port outside 1..65535, or `o.unix_socket` is set
   explicit sentinel_locator(const options& o) : order_(o.sentinel.sentinels) {
     const sentinel_options& s = o.sentinel;
     if (s.master_name.empty()) {
@@ -100,9 +126,9 @@ class sentinel_locator {
                                   s.master_name + "\"");
     }
     for (const sentinel_address& a : s.sentinels) {
-      if (a.host.empty() || a.port < 1 || a.port > 65535) {
+      if (!detail::plausible_host(a.host) || a.port < 1 || a.port > 65535) {
         throw std::invalid_argument("ratelimit: redis: sentinel: bad sentinel address \"" +
-                                    detail::address_text(a.host, a.port) + "\"");
+                                    detail::shown(detail::address_text(a.host, a.port)) + "\"");
       }
     }
     if (!o.unix_socket.empty()) {
@@ -156,7 +182,7 @@ class sentinel_locator {
           continue;
         }
         if (r->type == REDIS_REPLY_ERROR) {
-          note("sentinel " + at + " answered \"" + std::string(r->str, r->len) + "\"");
+          note("sentinel " + at + " answered \"" + detail::shown({r->str, r->len}) + "\"");
           continue;
         }
         if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
@@ -172,7 +198,7 @@ class sentinel_locator {
           continue;
         }
       } catch (const store_error& e) {
-        note("sentinel " + at + ": " + std::string(detail::nested(e.what())));
+        note("sentinel " + at + ": " + detail::shown(detail::nested(e.what()), 400));
         continue;
       }
       const std::string master = detail::address_text(host, port);
@@ -192,9 +218,9 @@ class sentinel_locator {
         std::string role;
         if (r->type == REDIS_REPLY_ARRAY && r->elements >= 1 &&
             r->element[0]->type == REDIS_REPLY_STRING) {
-          role.assign(r->element[0]->str, r->element[0]->len);
+          role = detail::shown({r->element[0]->str, r->element[0]->len});
         } else if (r->type == REDIS_REPLY_ERROR) {
-          role = "server that answers ROLE with \"" + std::string(r->str, r->len) + "\"";
+          role = "server that answers ROLE with \"" + detail::shown({r->str, r->len}) + "\"";
         } else {
           role = "server with a malformed ROLE answer";
         }
@@ -213,7 +239,7 @@ class sentinel_locator {
       } catch (const store_error& e) {
         refused.push_back(master);
         note("master \"" + name + "\" at " + master + " named by sentinel " + at + ": " +
-             std::string(detail::nested(e.what())));
+             detail::shown(detail::nested(e.what()), 400));
       }
     }
     throw connection_error("ratelimit: redis: sentinel: no master \"" + name +
@@ -264,6 +290,12 @@ class sentinel_locator {
 /// thread waits for a message, else after the connect in progress (at most
 /// connect_timeout).
 ///
+/// After fork(), in a child of the process that made it, start() does nothing
+/// and stop() (the destructor) leaks the thread's handle: it neither joins the
+/// parent's thread (absent from the child), nor locks a mutex that thread may
+/// have held at the fork, nor writes to the wake-up pipe, which the child
+/// shares with the parent (that would stop the parent's subscription).
+///
 /// Thread safety: all member functions may be called from any number of threads.
 class sentinel_watcher {
  public:
@@ -278,28 +310,36 @@ class sentinel_watcher {
   /// thread (none could be made) the store still finds a new master when a
   /// connection fails.
   void start() noexcept {
+    if (::getpid() != owner_pid_) return;  // a forked child (see above)
     std::lock_guard<std::mutex> lock(mutex_);
     if (started_ || stopping_) return;
     started_ = true;
     try {
       if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) return;
-      thread_ = std::thread([this] { run(); });
+      thread_ = std::make_unique<std::thread>([this] { run(); });
     } catch (...) {
     }
   }
 
-  /// Stops and joins the thread.
+  /// Stops and joins the thread; a call made while another one joins
+  /// returns when the thread has ended too. Not from `on_switch`.
   void stop() noexcept {
+    if (::getpid() != owner_pid_) {
+      (void)thread_.release();  // a forked child: the parent's thread is not here; never join
+      return;
+    }
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (stopping_) return;
-      stopping_ = true;
-      if (wake_[1] >= 0) {
-        const char byte = 1;
-        (void)!::write(wake_[1], &byte, 1);
+      if (!stopping_) {
+        stopping_ = true;
+        if (wake_[1] >= 0) {
+          const char byte = 1;
+          (void)!::write(wake_[1], &byte, 1);
+        }
       }
     }
-    if (thread_.joinable()) thread_.join();
+    std::lock_guard<std::mutex> join_lock(join_mutex_);
+    if (thread_ != nullptr && thread_->joinable()) thread_->join();
     for (int& fd : wake_) {
       if (fd >= 0) ::close(fd);
       fd = -1;
@@ -350,19 +390,24 @@ class sentinel_watcher {
           so.connect_timeout = timeout;
           so.resolver = options_.resolver;
           so.tls = options_.tls;
+          // The connect (with AUTH) and SUBSCRIBE's answer share one
+          // connect_timeout: stop() waits for no more than that.
+          const deadline until = deadline_clock::now() + timeout;
           connection c(so);
           const std::string_view args[] = {"SUBSCRIBE", "+switch-master"};
-          const reply_ptr ok = c.command(args, 2, deadline_clock::now() + timeout);
+          const reply_ptr ok = c.command(args, 2, until);
           if (ok->type != REDIS_REPLY_ARRAY) continue;
           // Messages: ["message", "+switch-master", "<name> <old ip> <old port> <new ip> <new port>"].
-          while (wait_readable(c.native_handle(), -1)) {
+          // A message read together with the previous one is already in the
+          // reader: the socket would not wake us for it.
+          while ((c.has_buffered_input() && !stopping()) || wait_readable(c.native_handle(), -1)) {
             const reply_ptr m = c.receive(deadline_clock::now() + timeout);
             if (m->type != REDIS_REPLY_ARRAY || m->elements != 3 ||
                 m->element[2]->type != REDIS_REPLY_STRING) {
               continue;
             }
-            const std::string_view text(m->element[2]->str, m->element[2]->len);
-            if (!text.starts_with(name) || text.size() <= name.size() || text[name.size()] != ' ') {
+            if (!detail::switch_names(std::string_view(m->element[2]->str, m->element[2]->len),
+                                      name)) {
               continue;
             }
             switches_.fetch_add(1, std::memory_order_relaxed);
@@ -383,10 +428,12 @@ class sentinel_watcher {
   std::shared_ptr<sentinel_locator> locator_;
   std::function<void()> on_switch_;
   std::mutex mutex_;
+  std::mutex join_mutex_;  ///< held by the stop() that joins (and closes the pipe)
   bool started_ = false;
   bool stopping_ = false;
   int wake_[2] = {-1, -1};
-  std::thread thread_;
+  const pid_t owner_pid_ = ::getpid();
+  std::unique_ptr<std::thread> thread_;  ///< leaked in a forked child (see stop)
   std::atomic<std::uint64_t> switches_{0};
 };
 
