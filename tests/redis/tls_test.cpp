@@ -5,12 +5,14 @@
 // certificate, handshake timeout, no TLS on the port), identical decisions
 // over TLS and plain TCP, reconnects after a restart, AUTH + SELECT, fork(),
 // and bad settings named in std::invalid_argument.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <stdexcept>
@@ -287,6 +289,38 @@ TEST_F(Tls, BadSettingsAreNamed) {
   u.unix_socket = "/tmp/redis.sock";
   u.tls.enabled = true;
   EXPECT_NE(error(u).find("unix socket"), std::string::npos);
+}
+
+// Verifies an encrypted client key is refused with std::invalid_argument
+// naming it, without OpenSSL asking for its pass phrase on the process's
+// terminal: a child with a controlling terminal (a pty nobody types into)
+// must not block reading /dev/tty.
+TEST_F(Tls, EncryptedKeyIsRefusedWithoutPrompting) {
+  const std::string enc = certs_->dir() + "/client-enc.key";
+  const std::string cmd = "openssl pkey -in '" + certs_->key("client") +
+                          "' -aes256 -passout pass:secret -out '" + enc + "' >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  redis::options o = tls_options(*server_, "enc");
+  o.tls.cert_file = certs_->crt("client");
+  o.tls.key_file = enc;
+  const rltest::child_end end = rltest::in_child(
+      [&] {
+        if (::setsid() < 0) return 2;
+        const int master = ::posix_openpt(O_RDWR | O_NOCTTY);
+        if (master < 0 || ::grantpt(master) != 0 || ::unlockpt(master) != 0) return 3;
+        const char* name = ::ptsname(master);
+        if (name == nullptr || ::open(name, O_RDWR) < 0) return 4;  // the controlling terminal
+        try {
+          redis::redis_store store(o);
+        } catch (const std::invalid_argument& e) {
+          const std::string what = e.what();
+          return what.find("client key (key) \"" + enc + "\"") != std::string::npos ? 0 : 5;
+        }
+        return 6;
+      },
+      5s);
+  EXPECT_FALSE(end.hung);
+  EXPECT_EQ(end.status, 0);
 }
 
 // Verifies rediss:// and rediss-cluster:// parameters, and that bad ones are

@@ -150,6 +150,9 @@ inline void require_readable(const std::string& path, const char* what, bool dir
     if (void* flag = SSL_get_app_data(ssl); flag != nullptr) *static_cast<bool*>(flag) = true;
     return 0;
   });
+  // An encrypted key is refused: without this, OpenSSL would ask for its
+  // pass phrase on the process's terminal and wait for an answer.
+  ::SSL_CTX_set_default_passwd_cb(ctx.get(), [](char*, int, int, void*) -> int { return 0; });
   if (!t.ca_file.empty()) require_readable(t.ca_file, "CA file (ca)");
   if (!t.ca_dir.empty()) require_readable(t.ca_dir, "CA directory (ca_dir)", true);
   if (t.ca_file.empty() && t.ca_dir.empty()) {
