@@ -295,6 +295,9 @@ class connection {
       if (r == transport::io::ok) {
         accepted = true;
         bytes.remove_prefix(n);
+        if (!bytes.empty() && deadline_clock::now() >= until) {
+          fail<timeout_error>("ratelimit: redis: command timed out");
+        }
         continue;
       }
       if (r == transport::io::failed || r == transport::io::closed) {
@@ -405,21 +408,35 @@ class connection {
     return read_reply(until);
   }
 
-  /// Reads the next reply, whatever it is.
+  /// Reads the next reply, whatever it is. A reply still incomplete after
+  /// max_reply_bytes fails the connection (no reply of ours comes near), and
+  /// `until` is checked after every read, so a peer that never stops sending
+  /// can neither fill the memory nor hold the caller past its deadline.
   [[nodiscard]] reply_ptr read_reply(deadline until) {
     for (;;) {
       void* r = nullptr;
       if (redisReaderGetReply(reader_.get(), &r) != REDIS_OK) {
         fail<connection_error>("ratelimit: redis: protocol error in reply");
       }
-      if (r != nullptr) return reply_ptr(static_cast<redisReply*>(r));
+      if (r != nullptr) {
+        fed_ = 0;
+        return reply_ptr(static_cast<redisReply*>(r));
+      }
+      if (fed_ > max_reply_bytes) {
+        fail<connection_error>("ratelimit: redis: protocol error in reply: " + where_ +
+                               " sent a reply larger than " +
+                               std::to_string(max_reply_bytes >> 20) + " MiB");
+      }
       char buf[16 * 1024];
       std::size_t n = 0;
       const transport::io got = stream_.read_some(buf, sizeof buf, n);
       if (got == transport::io::ok) {
+        fed_ += n;
         if (redisReaderFeed(reader_.get(), buf, n) != REDIS_OK) {
           fail<connection_error>("ratelimit: redis: protocol error in reply");
         }
+        if (deadline_clock::now() >= until)
+          fail<timeout_error>("ratelimit: redis: command timed out");
         continue;
       }
       if (got == transport::io::closed) {
@@ -454,8 +471,12 @@ class connection {
     if (!ready) fail<timeout_error>("ratelimit: redis: command timed out");
   }
 
+  /// Bytes of one reply read before it is refused (see read_reply).
+  static constexpr std::size_t max_reply_bytes = std::size_t{64} << 20;
+
   std::string where_;  ///< host:port or socket path, for messages
   transport stream_;
+  std::size_t fed_ = 0;  ///< bytes fed to the reader since the last whole reply
   std::unique_ptr<redisReader, reader_deleter> reader_;
   std::string out_;
   bool broken_ = false;
