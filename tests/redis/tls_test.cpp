@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -289,6 +290,65 @@ TEST_F(Tls, BadSettingsAreNamed) {
   u.unix_socket = "/tmp/redis.sock";
   u.tls.enabled = true;
   EXPECT_NE(error(u).find("unix socket"), std::string::npos);
+}
+
+// Verifies the name check uses the certificate's subjectAltName only: an IP
+// address host needs an IP entry (a DNS entry for the same host does not
+// do), and a certificate without names is not accepted for its subject's
+// common name (docs/redis.md: "a DNS name is matched against its DNS names").
+TEST_F(Tls, NamesComeFromSubjectAltNameOnly) {
+  certs_->make("dns_only", "ca", "2", "subjectAltName=DNS:localhost");
+  certs_->make("cn_only", "ca", "2", "basicConstraints=CA:FALSE");
+  {
+    rltest::redis_server dns_only(certs_->server_args("dns_only"), true);
+    redis::options o = tls_options(dns_only, "dns-only");
+    const std::string what = check_error<redis::tls_error>(o);
+    EXPECT_NE(what.find("hostname mismatch"), std::string::npos) << what;
+    EXPECT_NE(what.find("\"127.0.0.1\""), std::string::npos) << what;
+    o.host = "localhost";
+    EXPECT_EQ(check_error<store_error>(o), "");
+  }
+  rltest::redis_server cn_only(certs_->server_args("cn_only"), true);
+  redis::options o = tls_options(cn_only, "cn-only");
+  o.host = "localhost";  // the certificate's CN
+  const std::string what = check_error<redis::tls_error>(o);
+  EXPECT_NE(what.find("hostname mismatch"), std::string::npos) << what;
+  o.tls.verify = redis::tls_verify::chain;
+  EXPECT_EQ(check_error<store_error>(o), "");
+}
+
+// Verifies a hashed CA directory (ca_dir, no ca file) is trusted, and that
+// a CA file replaced while the store runs is read for the next new
+// connection (a store made trusting the wrong CA recovers without being
+// made again).
+TEST_F(Tls, CaDirectoryAndReplacedCaFile) {
+  const std::string dir = certs_->dir() + "/cadir";
+  const std::string cmd = "mkdir -p '" + dir + "' && cp '" + certs_->crt("ca") + "' '" + dir +
+                          "/' && openssl rehash '" + dir + "' >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  redis::options o = tls_options(*server_, "ca-dir");
+  o.tls.ca_file.clear();
+  o.tls.ca_dir = dir;
+  EXPECT_EQ(check_error<store_error>(o), "");
+
+  const std::string file = certs_->dir() + "/rotating-ca.crt";
+  const auto copy = [&](const std::string& from) {
+    std::ifstream in(from, std::ios::binary);
+    std::ofstream out(file + ".tmp", std::ios::binary | std::ios::trunc);
+    out << in.rdbuf() << "\n";  // a size differing from the other CA's
+    out.close();
+    ASSERT_EQ(std::rename((file + ".tmp").c_str(), file.c_str()), 0);
+  };
+  copy(certs_->crt("other_ca"));
+  o = tls_options(*server_, "rotate");
+  o.tls.ca_file = file;
+  o.on_failure = redis::failure_policy::throw_error;
+  o.breaker_threshold = 1000;
+  redis::redis_store store(o);
+  const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
+  EXPECT_THROW((void)store.apply(cfg, "k", microseconds{t0}, 1), redis::tls_error);
+  copy(certs_->crt("ca"));
+  EXPECT_EQ(store.apply(cfg, "k", microseconds{t0}, 1).source, decision_source::store);
 }
 
 // Verifies an encrypted client key is refused with std::invalid_argument

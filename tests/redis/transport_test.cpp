@@ -12,16 +12,16 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <algorithm>
-#include <stdexcept>
-#include <vector>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "ratelimit/redis.hpp"
 
@@ -333,7 +333,7 @@ TEST(Transport, FailuresLeaveNoDescriptorOpen) {
   for (int i = 0; i < 3; ++i) {
     redis::options o = silent.options();
     o.port = refused_port;
-    fail(o);  // refused
+    fail(o);                 // refused
     fail(silent.options());  // command timeout
     o = silent.options();
     o.tls.enabled = true;

@@ -324,7 +324,9 @@ class transport {
       if (ok != 1) {
         throw tls_error("ratelimit: redis: TLS to " + where + ": bad server name \"" + name + "\"");
       }
-      ::SSL_set_hostflags(ssl_, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+      // Names come from subjectAltName only: the subject's CN is no host name.
+      ::SSL_set_hostflags(
+          ssl_, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS | X509_CHECK_FLAG_NEVER_CHECK_SUBJECT);
     }
     for (;;) {
       ::ERR_clear_error();
