@@ -383,6 +383,31 @@ TEST_F(Tls, EncryptedKeyIsRefusedWithoutPrompting) {
   EXPECT_EQ(end.status, 0);
 }
 
+// Verifies a URL with '@' in a TLS parameter's value is refused naming that,
+// with the password hidden, instead of being read as a userinfo ending at
+// that '@' (which connected to the host after it, sending the rest as a
+// password); a password holding '?' still parses.
+TEST(TlsUrl, AtSignInAQueryValueIsRefused) {
+  const auto url_error = [](const std::string& url) -> std::string {
+    try {
+      (void)redis::parse_url(url);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  std::string what = url_error("rediss://h:6380?sni=a@b");
+  EXPECT_NE(what.find("'@' in a query value"), std::string::npos) << what;
+  what = url_error("rediss://u:s3cret@h?verify=full&ca=/etc/a@b/ca.crt");
+  EXPECT_NE(what.find("'@' in a query value"), std::string::npos) << what;
+  EXPECT_EQ(what.find("s3cret"), std::string::npos) << what;
+  what = url_error("redis://h?key=x@y");
+  EXPECT_NE(what.find("'@' in a query value"), std::string::npos) << what;
+  const redis::options o = redis::parse_url("rediss://u:pa?ss=1&x@h:6380?verify=none");
+  EXPECT_EQ(o.password, "pa?ss=1&x");
+  EXPECT_EQ(o.host, "h");
+}
+
 // Verifies rediss:// and rediss-cluster:// parameters, and that bad ones are
 // named without echoing the password.
 TEST(TlsUrl, ParametersAndErrors) {
