@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ratelimit/ratelimit.hpp"
@@ -160,6 +162,36 @@ TEST_F(Tls, MutualTlsNeedsTheClientCertificate) {
   o.tls.key_file = certs_->key("client");
   EXPECT_EQ(check_error<store_error>(o), "");
   (void)rltest::command(server_->options(), {"CONFIG", "SET", "tls-auth-clients", "no"});
+}
+
+// Verifies a server that asks for a client certificate without requiring
+// one (tls-auth-clients optional) and then refuses AUTH gives the AUTH
+// failure, not a tls_error blaming the missing certificate: the server
+// answered, so the session was accepted. The password is never echoed.
+TEST_F(Tls, OptionalClientCertificateDoesNotHideAnAuthFailure) {
+  (void)rltest::command(server_->options(),
+                        {"ACL", "SETUSER", "rltls", "on", ">right", "~*", "+@all"});
+  (void)rltest::command(server_->options(), {"CONFIG", "SET", "tls-auth-clients", "optional"});
+  redis::options o = tls_options(*server_, "optional");
+  o.user = "rltls";
+  o.password = "wr0ngpass";
+  std::string what;
+  bool as_tls_error = false;
+  try {
+    redis::connection c(o);
+  } catch (const redis::tls_error& e) {
+    as_tls_error = true;
+    what = e.what();
+  } catch (const redis::connection_error& e) {
+    what = e.what();
+  }
+  o.password = "right";
+  EXPECT_NO_THROW(redis::connection{o});
+  (void)rltest::command(server_->options(), {"CONFIG", "SET", "tls-auth-clients", "no"});
+  EXPECT_FALSE(as_tls_error) << what;
+  EXPECT_NE(what.find("AUTH as user \"rltls\""), std::string::npos) << what;
+  EXPECT_EQ(what.find("client certificate"), std::string::npos) << what;
+  EXPECT_EQ(what.find("wr0ngpass"), std::string::npos) << what;
 }
 
 // Verifies a peer that accepts TCP but never answers the handshake fails the
@@ -349,6 +381,35 @@ TEST_F(Tls, CaDirectoryAndReplacedCaFile) {
   EXPECT_THROW((void)store.apply(cfg, "k", microseconds{t0}, 1), redis::tls_error);
   copy(certs_->crt("ca"));
   EXPECT_EQ(store.apply(cfg, "k", microseconds{t0}, 1).source, decision_source::store);
+}
+
+// Verifies many threads sharing one TLS pool (fewer connections than
+// threads) get exact decisions: 8 threads x 40 checks of one key with a
+// limit of 100 at one instant admit exactly 100 (run under TSan by CI).
+TEST_F(Tls, ThreadsShareOnePool) {
+  redis::options o = tls_options(*server_, "threads");
+  o.pool_size = 3;
+  o.command_timeout = 5s;
+  o.connect_timeout = 5s;
+  redis::redis_store store(o);
+  const token_bucket::config cfg("100/1s", bucket_options{.name = "t"});
+  std::atomic<int> allowed{0};
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 40; ++i) {
+        try {
+          if (store.apply(cfg, "shared", microseconds{t0}, 1).allowed) ++allowed;
+        } catch (const store_error&) {
+          ++errors;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(allowed.load(), 100);
 }
 
 // Verifies an encrypted client key is refused with std::invalid_argument

@@ -242,7 +242,9 @@ class connection {
     try {
       login(o, until);
     } catch (const connection_error& e) {
-      if (!stream_.client_cert_missing()) throw;
+      // A server that answered accepted the session: the failure is not the
+      // certificate (tls-auth-clients optional asks for one without needing it).
+      if (!stream_.client_cert_missing() || answered_) throw;
       throw tls_error("ratelimit: redis: TLS: " + where_ +
                       " asked for a client certificate and none is configured (tls_options "
                       "cert_file and key_file; cert= and key= in the URL): " +
@@ -420,6 +422,7 @@ class connection {
       }
       if (r != nullptr) {
         fed_ = 0;
+        answered_ = true;
         return reply_ptr(static_cast<redisReply*>(r));
       }
       if (fed_ > max_reply_bytes) {
@@ -481,6 +484,7 @@ class connection {
   std::string out_;
   bool broken_ = false;
   bool closed_before_send_ = false;
+  bool answered_ = false;  ///< a whole reply was read (the server accepted the session)
 };
 
 /// At most `pool_size` connections, each lent to one thread at a time.
