@@ -412,6 +412,23 @@ TEST_F(Tls, ThreadsShareOnePool) {
   EXPECT_EQ(allowed.load(), 100);
 }
 
+// Verifies a command and a reply much larger than a TLS record and the
+// socket buffers (partial writes, many records per reply) go through whole.
+TEST_F(Tls, LargeCommandAndReply) {
+  redis::connection c(tls_options(*server_, "large"));
+  std::string value(8 << 20, 'v');
+  for (std::size_t i = 0; i < value.size(); i += 4093) value[i] = static_cast<char>('a' + i % 26);
+  const std::string key = rltest::unique_prefix("large") + "k";
+  const std::string_view set[] = {"SET", key, value};
+  EXPECT_EQ(c.command(set, 3, redis::deadline_clock::now() + 20s)->type, REDIS_REPLY_STATUS);
+  const std::string_view get[] = {"GET", key};
+  const redis::reply_ptr r = c.command(get, 2, redis::deadline_clock::now() + 20s);
+  ASSERT_EQ(r->type, REDIS_REPLY_STRING);
+  EXPECT_TRUE(std::string_view(r->str, r->len) == value);
+  const std::string_view del[] = {"DEL", key};
+  EXPECT_EQ(c.command(del, 2, redis::deadline_clock::now() + 5s)->integer, 1);
+}
+
 // Verifies an encrypted client key is refused with std::invalid_argument
 // naming it, without OpenSSL asking for its pass phrase on the process's
 // terminal: a child with a controlling terminal (a pty nobody types into)
