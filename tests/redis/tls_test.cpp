@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -22,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "../sentinel/sentinel_harness.hpp"
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis.hpp"
 #include "redis_server.hpp"
@@ -427,6 +429,51 @@ TEST_F(Tls, LargeCommandAndReply) {
   EXPECT_TRUE(std::string_view(r->str, r->len) == value);
   const std::string_view del[] = {"DEL", key};
   EXPECT_EQ(c.command(del, 2, redis::deadline_clock::now() + 5s)->integer, 1);
+}
+
+// Verifies options::tls reaches the sentinels' connections as well as the
+// master's: a sentinel serving only TLS (tls-port, port 0) is asked over TLS
+// for a master that serves TLS, and the check is decided by that master; with
+// a CA that signed nothing here, the sentinel's certificate is refused and
+// the error names it.
+TEST_F(Tls, SentinelAndMasterOverTls) {
+  std::string exe;
+  try {
+    exe = rltest::redis_sentinel_path();
+  } catch (const std::runtime_error& e) {
+    GTEST_SKIP() << e.what();
+  }
+  const std::string dir = certs_->dir() + "/sentinel";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  const int port = rltest::free_port();
+  const std::string conf = dir + "/sentinel.conf";
+  {
+    std::ofstream f(conf);
+    f << "port 0\ntls-port " << port << "\nbind 127.0.0.1\ndaemonize no\nlogfile \"\"\n"
+      << "dir " << dir << "\ntls-cert-file " << certs_->crt("server") << "\ntls-key-file "
+      << certs_->key("server") << "\ntls-ca-cert-file " << certs_->crt("ca")
+      << "\ntls-auth-clients no\ntls-replication yes\n"
+      << "sentinel monitor tlsmaster 127.0.0.1 " << server_->tls_port() << " 1\n";
+  }
+  const pid_t pid = rltest::spawn({exe, conf});
+  redis::options o = tls_options(*server_, "sentinel");
+  o.sentinel.master_name = "tlsmaster";
+  o.sentinel.sentinels = {{"127.0.0.1", port}};
+  o.connect_timeout = 1000ms;
+  const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
+  std::string what = "not tried";
+  for (int i = 0; i < 200 && !what.empty(); ++i) {  // until the sentinel listens
+    what = check_error<store_error>(o);
+    if (!what.empty()) std::this_thread::sleep_for(25ms);
+  }
+  EXPECT_EQ(what, "");
+  o.tls.ca_file = certs_->crt("other_ca");
+  what = check_error<redis::connection_error>(o);
+  EXPECT_NE(what.find("sentinel 127.0.0.1:" + std::to_string(port)), std::string::npos) << what;
+  EXPECT_NE(what.find("unknown CA"), std::string::npos) << what;
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
 }
 
 // Verifies an encrypted client key is refused with std::invalid_argument
