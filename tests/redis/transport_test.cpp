@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -302,6 +304,50 @@ TEST(Transport, UnixSocketAndIpv6) {
   redis::connection c(server.options(fake_server::kind::v6));
   EXPECT_EQ(c.where(), "[::1]:" + std::to_string(server.options(fake_server::kind::v6).port));
   EXPECT_EQ(ping(c, 5s)->type, REDIS_REPLY_STATUS);
+}
+
+// Verifies signals interrupting every wait (a handler without SA_RESTART,
+// so poll and recv fail with EINTR) change nothing: a reply that comes after
+// 200 ms is read whole, and a silent peer still times out at the deadline.
+TEST(Transport, SignalsDuringWaitsChangeNothing) {
+  struct sigaction sa {};
+  sa.sa_handler = [](int) {};
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART
+  struct sigaction old {};
+  ASSERT_EQ(::sigaction(SIGUSR1, &sa, &old), 0);
+  int served = 0;
+  fake_server server([&served](int fd) {
+    if (served++ == 0) {
+      if (read_some(fd, ping_bytes.size()) != ping_bytes) return;
+      std::this_thread::sleep_for(200ms);
+      (void)send_all(fd, "+PONG\r\n");
+    }
+    (void)read_some(fd, 1 << 20);
+  });
+  ASSERT_TRUE(server.ok());
+  const pthread_t self = ::pthread_self();
+  std::atomic<bool> stop{false};
+  std::thread signaller([&] {
+    while (!stop) {
+      ::pthread_kill(self, SIGUSR1);
+      std::this_thread::sleep_for(1ms);
+    }
+  });
+  {
+    redis::connection c(server.options());
+    const auto r = ping(c, 5s);
+    EXPECT_EQ(r->type, REDIS_REPLY_STATUS);
+  }
+  redis::connection c(server.options());
+  const auto start = clk::now();
+  EXPECT_THROW((void)ping(c, 150ms), redis::timeout_error);
+  const auto took = clk::now() - start;
+  stop = true;
+  signaller.join();
+  ::sigaction(SIGUSR1, &old, nullptr);
+  EXPECT_GE(took, 150ms);
+  EXPECT_LT(took, 2s);
 }
 
 // Verifies no failure leaves a file descriptor open: refused connects,
