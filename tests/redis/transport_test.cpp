@@ -220,6 +220,36 @@ TEST(Transport, EndlessReplyIsRefused) {
   EXPECT_TRUE(c.broken());
 }
 
+// Verifies a reply announcing an array of 2^28 elements and then sending
+// millions of tiny ones is refused after 2^20 elements (the reader would
+// otherwise allocate a 2 GiB array and a reply object per 4 bytes received).
+TEST(Transport, ReplyWithMillionsOfElementsIsRefused) {
+  std::atomic<bool> stop{false};
+  fake_server server([&](int fd) {
+    if (read_some(fd, ping_bytes.size()) != ping_bytes) return;
+    if (!send_all(fd, "*268435456\r\n")) return;
+    std::string chunk;
+    for (int i = 0; i < 16384; ++i) chunk += ":1\r\n";
+    for (int i = 0; i < 300 && !stop; ++i) {
+      if (!send_all(fd, chunk)) return;
+    }
+    (void)read_some(fd, 1);
+  });
+  ASSERT_TRUE(server.ok());
+  redis::connection c(server.options());
+  std::string what;
+  try {
+    (void)ping(c, 20s);
+  } catch (const redis::timeout_error& e) {
+    what = std::string("timeout: ") + e.what();
+  } catch (const redis::connection_error& e) {
+    what = e.what();
+  }
+  stop = true;
+  EXPECT_NE(what.find("more than 1048576 elements"), std::string::npos) << what;
+  EXPECT_TRUE(c.broken());
+}
+
 // Verifies a peer that accepts, reads the command and never answers makes
 // the command fail with timeout_error at its deadline: not before, and not
 // much after (no hang).
