@@ -380,6 +380,42 @@ TEST(Transport, SignalsDuringWaitsChangeNothing) {
   EXPECT_LT(took, 2s);
 }
 
+// Verifies a host, unix socket path or TLS server name holding a NUL byte
+// fails the connect with connection_error instead of connecting to the text
+// before the NUL (a socket path "\0..." would name an abstract socket).
+TEST(Transport, NulBytesInAddressesFailTheConnect) {
+  const std::string abstract_name = std::string(1, '\0') + "rltest-abstract-" +
+                                    std::to_string(::getpid());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path, abstract_name.data(), abstract_name.size());
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  const auto error = [](const redis::options& o) -> std::string {
+    try {
+      redis::connection c(o);
+    } catch (const redis::connection_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  redis::options o;
+  o.unix_socket = abstract_name;
+  EXPECT_NE(error(o).find("NUL byte"), std::string::npos) << error(o);
+  ::close(fd);
+  o = {};
+  o.host = std::string("127.0.0.1\0.evil", 15);
+  EXPECT_NE(error(o).find("NUL byte"), std::string::npos) << error(o);
+  fake_server server([](int f) { (void)read_some(f, 1); });
+  ASSERT_TRUE(server.ok());
+  o = server.options();
+  o.tls.enabled = true;
+  o.tls.server_name = std::string("localhost\0.evil", 15);
+  EXPECT_NE(error(o).find("NUL byte"), std::string::npos) << error(o);
+}
+
 // Verifies no failure leaves a file descriptor open: refused connects,
 // connect and handshake timeouts, TLS to a peer that speaks no TLS, a
 // resolver that fails, a reply cut off, a command timeout, a missing unix

@@ -221,6 +221,9 @@ inline constexpr std::size_t max_reply_objects = std::size_t{1} << 20;
 /// @throws timeout_error when `until` passes first; connection_error when
 ///   resolution fails or yields nothing
 [[nodiscard]] inline std::vector<std::string> resolve(const options& o, deadline until) {
+  if (o.host.find('\0') != std::string::npos) {  // the resolver would see the text before it
+    throw connection_error("ratelimit: redis: cannot resolve a host name holding a NUL byte");
+  }
   if (!o.resolver && is_numeric_host(o.host)) return {o.host};
   struct state {
     std::mutex mutex;

@@ -284,6 +284,11 @@ class transport {
   /// Connects to the unix domain socket at `path`, giving up at `until`.
   /// @throws connection_error (timeout_error when `until` passes)
   void open_unix(const std::string& path, deadline until) {
+    if (path.find('\0') != std::string::npos) {  // "\0..." would name an abstract socket
+      throw connection_error(
+          "ratelimit: redis: cannot connect to unix socket: its path holds a "
+          "NUL byte");
+    }
     sockaddr_un a{};
     a.sun_family = AF_UNIX;
     if (path.size() >= sizeof a.sun_path) {
@@ -301,6 +306,9 @@ class transport {
   ///   hostname mismatch, OpenSSL's reason); timeout_error when `until` passes
   void start_tls(SSL_CTX* ctx, const std::string& name, tls_verify verify, const std::string& where,
                  deadline until) {
+    if (name.find('\0') != std::string::npos) {  // OpenSSL would check the text before it
+      throw tls_error("ratelimit: redis: TLS to " + where + ": the server name holds a NUL byte");
+    }
     ::ERR_clear_error();
     fatal_ = true;  // until the handshake succeeds: no close_notify
     ssl_ = ::SSL_new(ctx);
