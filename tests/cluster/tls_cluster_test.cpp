@@ -5,7 +5,12 @@
 // every master are decided by Redis, identically to plain TCP, and a seed
 // with an untrusted certificate fails naming the unknown CA.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -168,6 +173,53 @@ TEST(TlsCluster, ChecksOnEveryMasterAsOverPlainTcp) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("missing.crt"), std::string::npos) << e.what();
   }
+}
+
+// Verifies "no cluster node answered CLUSTER SLOTS" names a TLS failure only
+// when it happened in that attempt: once the only seed refuses plain TCP
+// connects, the TLS failure of an earlier attempt is no longer quoted.
+TEST(TlsCluster, OnlyThisAttemptsTlsFailureIsNamed) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 8), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  std::atomic<bool> stop{false};
+  std::thread closer([&] {  // accepts and closes at once: no TLS spoken
+    while (!stop) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 20) > 0) {
+        const int c = ::accept(fd, nullptr, nullptr);
+        if (c >= 0) ::close(c);
+      }
+    }
+  });
+  redis::cluster_options o = redis::parse_cluster_url(
+      "rediss-cluster://127.0.0.1:" + std::to_string(ntohs(a.sin_port)) + "?verify=none");
+  o.node.connect_timeout = 500ms;
+  redis::cluster_store store(o);
+  std::string first;
+  try {
+    store.ping();
+  } catch (const redis::connection_error& e) {
+    first = e.what();
+  }
+  stop = true;
+  closer.join();
+  ::close(fd);  // connects are refused from now on
+  EXPECT_NE(first.find("last TLS failure"), std::string::npos) << first;
+  std::string second;
+  try {
+    store.ping();
+  } catch (const redis::connection_error& e) {
+    second = e.what();
+  }
+  EXPECT_NE(second.find("no cluster node answered"), std::string::npos) << second;
+  EXPECT_EQ(second.find("TLS"), std::string::npos) << second;
 }
 
 }  // namespace

@@ -49,6 +49,13 @@ class tls_certs {
   }
   [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
 
+  /// Makes one more certificate `name` (CN=localhost) signed by `signer`,
+  /// valid `days`, with the extensions `ext` (an openssl extfile line).
+  void make(const std::string& name, const std::string& signer, const std::string& days,
+            const std::string& ext) const {
+    leaf(name, signer, days, ext);
+  }
+
   /// redis-server arguments serving certificate `name` (clients not asked
   /// for certificates; `CONFIG SET tls-auth-clients yes` turns that on).
   [[nodiscard]] std::vector<std::string> server_args(const std::string& name) const {

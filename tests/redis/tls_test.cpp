@@ -5,18 +5,25 @@
 // certificate, handshake timeout, no TLS on the port), identical decisions
 // over TLS and plain TCP, reconnects after a restart, AUTH + SELECT, fork(),
 // and bad settings named in std::invalid_argument.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "../sentinel/sentinel_harness.hpp"
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis.hpp"
 #include "redis_server.hpp"
@@ -159,6 +166,36 @@ TEST_F(Tls, MutualTlsNeedsTheClientCertificate) {
   (void)rltest::command(server_->options(), {"CONFIG", "SET", "tls-auth-clients", "no"});
 }
 
+// Verifies a server that asks for a client certificate without requiring
+// one (tls-auth-clients optional) and then refuses AUTH gives the AUTH
+// failure, not a tls_error blaming the missing certificate: the server
+// answered, so the session was accepted. The password is never echoed.
+TEST_F(Tls, OptionalClientCertificateDoesNotHideAnAuthFailure) {
+  (void)rltest::command(server_->options(),
+                        {"ACL", "SETUSER", "rltls", "on", ">right", "~*", "+@all"});
+  (void)rltest::command(server_->options(), {"CONFIG", "SET", "tls-auth-clients", "optional"});
+  redis::options o = tls_options(*server_, "optional");
+  o.user = "rltls";
+  o.password = "wr0ngpass";
+  std::string what;
+  bool as_tls_error = false;
+  try {
+    redis::connection c(o);
+  } catch (const redis::tls_error& e) {
+    as_tls_error = true;
+    what = e.what();
+  } catch (const redis::connection_error& e) {
+    what = e.what();
+  }
+  o.password = "right";
+  EXPECT_NO_THROW(redis::connection{o});
+  (void)rltest::command(server_->options(), {"CONFIG", "SET", "tls-auth-clients", "no"});
+  EXPECT_FALSE(as_tls_error) << what;
+  EXPECT_NE(what.find("AUTH as user \"rltls\""), std::string::npos) << what;
+  EXPECT_EQ(what.find("client certificate"), std::string::npos) << what;
+  EXPECT_EQ(what.find("wr0ngpass"), std::string::npos) << what;
+}
+
 // Verifies a peer that accepts TCP but never answers the handshake fails the
 // connect with timeout_error within connect_timeout (no hang).
 TEST_F(Tls, HandshakeTimesOut) {
@@ -287,6 +324,213 @@ TEST_F(Tls, BadSettingsAreNamed) {
   u.unix_socket = "/tmp/redis.sock";
   u.tls.enabled = true;
   EXPECT_NE(error(u).find("unix socket"), std::string::npos);
+}
+
+// Verifies the name check uses the certificate's subjectAltName only: an IP
+// address host needs an IP entry (a DNS entry for the same host does not
+// do), and a certificate without names is not accepted for its subject's
+// common name (docs/redis.md: "a DNS name is matched against its DNS names").
+TEST_F(Tls, NamesComeFromSubjectAltNameOnly) {
+  certs_->make("dns_only", "ca", "2", "subjectAltName=DNS:localhost");
+  certs_->make("cn_only", "ca", "2", "basicConstraints=CA:FALSE");
+  {
+    rltest::redis_server dns_only(certs_->server_args("dns_only"), true);
+    redis::options o = tls_options(dns_only, "dns-only");
+    const std::string what = check_error<redis::tls_error>(o);
+    EXPECT_NE(what.find("hostname mismatch"), std::string::npos) << what;
+    EXPECT_NE(what.find("\"127.0.0.1\""), std::string::npos) << what;
+    o.host = "localhost";
+    EXPECT_EQ(check_error<store_error>(o), "");
+  }
+  rltest::redis_server cn_only(certs_->server_args("cn_only"), true);
+  redis::options o = tls_options(cn_only, "cn-only");
+  o.host = "localhost";  // the certificate's CN
+  const std::string what = check_error<redis::tls_error>(o);
+  EXPECT_NE(what.find("hostname mismatch"), std::string::npos) << what;
+  o.tls.verify = redis::tls_verify::chain;
+  EXPECT_EQ(check_error<store_error>(o), "");
+}
+
+// Verifies a hashed CA directory (ca_dir, no ca file) is trusted, and that
+// a CA file replaced while the store runs is read for the next new
+// connection (a store made trusting the wrong CA recovers without being
+// made again).
+TEST_F(Tls, CaDirectoryAndReplacedCaFile) {
+  const std::string dir = certs_->dir() + "/cadir";
+  const std::string cmd = "mkdir -p '" + dir + "' && cp '" + certs_->crt("ca") + "' '" + dir +
+                          "/' && openssl rehash '" + dir + "' >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  redis::options o = tls_options(*server_, "ca-dir");
+  o.tls.ca_file.clear();
+  o.tls.ca_dir = dir;
+  EXPECT_EQ(check_error<store_error>(o), "");
+
+  const std::string file = certs_->dir() + "/rotating-ca.crt";
+  const auto copy = [&](const std::string& from) {
+    std::ifstream in(from, std::ios::binary);
+    std::ofstream out(file + ".tmp", std::ios::binary | std::ios::trunc);
+    out << in.rdbuf() << "\n";  // a size differing from the other CA's
+    out.close();
+    ASSERT_EQ(std::rename((file + ".tmp").c_str(), file.c_str()), 0);
+  };
+  copy(certs_->crt("other_ca"));
+  o = tls_options(*server_, "rotate");
+  o.tls.ca_file = file;
+  o.on_failure = redis::failure_policy::throw_error;
+  o.breaker_threshold = 1000;
+  redis::redis_store store(o);
+  const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
+  EXPECT_THROW((void)store.apply(cfg, "k", microseconds{t0}, 1), redis::tls_error);
+  copy(certs_->crt("ca"));
+  EXPECT_EQ(store.apply(cfg, "k", microseconds{t0}, 1).source, decision_source::store);
+}
+
+// Verifies many threads sharing one TLS pool (fewer connections than
+// threads) get exact decisions: 8 threads x 40 checks of one key with a
+// limit of 100 at one instant admit exactly 100 (run under TSan by CI).
+TEST_F(Tls, ThreadsShareOnePool) {
+  redis::options o = tls_options(*server_, "threads");
+  o.pool_size = 3;
+  o.command_timeout = 5s;
+  o.connect_timeout = 5s;
+  redis::redis_store store(o);
+  const token_bucket::config cfg("100/1s", bucket_options{.name = "t"});
+  std::atomic<int> allowed{0};
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 40; ++i) {
+        try {
+          if (store.apply(cfg, "shared", microseconds{t0}, 1).allowed) ++allowed;
+        } catch (const store_error&) {
+          ++errors;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(allowed.load(), 100);
+}
+
+// Verifies a command and a reply much larger than a TLS record and the
+// socket buffers (partial writes, many records per reply) go through whole.
+TEST_F(Tls, LargeCommandAndReply) {
+  redis::connection c(tls_options(*server_, "large"));
+  std::string value(8 << 20, 'v');
+  for (std::size_t i = 0; i < value.size(); i += 4093) value[i] = static_cast<char>('a' + i % 26);
+  const std::string key = rltest::unique_prefix("large") + "k";
+  const std::string_view set[] = {"SET", key, value};
+  EXPECT_EQ(c.command(set, 3, redis::deadline_clock::now() + 20s)->type, REDIS_REPLY_STATUS);
+  const std::string_view get[] = {"GET", key};
+  const redis::reply_ptr r = c.command(get, 2, redis::deadline_clock::now() + 20s);
+  ASSERT_EQ(r->type, REDIS_REPLY_STRING);
+  EXPECT_TRUE(std::string_view(r->str, r->len) == value);
+  const std::string_view del[] = {"DEL", key};
+  EXPECT_EQ(c.command(del, 2, redis::deadline_clock::now() + 5s)->integer, 1);
+}
+
+// Verifies options::tls reaches the sentinels' connections as well as the
+// master's: a sentinel serving only TLS (tls-port, port 0) is asked over TLS
+// for a master that serves TLS, and the check is decided by that master; with
+// a CA that signed nothing here, the sentinel's certificate is refused and
+// the error names it.
+TEST_F(Tls, SentinelAndMasterOverTls) {
+  std::string exe;
+  try {
+    exe = rltest::redis_sentinel_path();
+  } catch (const std::runtime_error& e) {
+    GTEST_SKIP() << e.what();
+  }
+  const std::string dir = certs_->dir() + "/sentinel";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  const int port = rltest::free_port();
+  const std::string conf = dir + "/sentinel.conf";
+  {
+    std::ofstream f(conf);
+    f << "port 0\ntls-port " << port << "\nbind 127.0.0.1\ndaemonize no\nlogfile \"\"\n"
+      << "dir " << dir << "\ntls-cert-file " << certs_->crt("server") << "\ntls-key-file "
+      << certs_->key("server") << "\ntls-ca-cert-file " << certs_->crt("ca")
+      << "\ntls-auth-clients no\ntls-replication yes\n"
+      << "sentinel monitor tlsmaster 127.0.0.1 " << server_->tls_port() << " 1\n";
+  }
+  const pid_t pid = rltest::spawn({exe, conf});
+  redis::options o = tls_options(*server_, "sentinel");
+  o.sentinel.master_name = "tlsmaster";
+  o.sentinel.sentinels = {{"127.0.0.1", port}};
+  o.connect_timeout = 1000ms;
+  const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
+  std::string what = "not tried";
+  for (int i = 0; i < 200 && !what.empty(); ++i) {  // until the sentinel listens
+    what = check_error<store_error>(o);
+    if (!what.empty()) std::this_thread::sleep_for(25ms);
+  }
+  EXPECT_EQ(what, "");
+  o.tls.ca_file = certs_->crt("other_ca");
+  what = check_error<redis::connection_error>(o);
+  EXPECT_NE(what.find("sentinel 127.0.0.1:" + std::to_string(port)), std::string::npos) << what;
+  EXPECT_NE(what.find("unknown CA"), std::string::npos) << what;
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+}
+
+// Verifies an encrypted client key is refused with std::invalid_argument
+// naming it, without OpenSSL asking for its pass phrase on the process's
+// terminal: a child with a controlling terminal (a pty nobody types into)
+// must not block reading /dev/tty.
+TEST_F(Tls, EncryptedKeyIsRefusedWithoutPrompting) {
+  const std::string enc = certs_->dir() + "/client-enc.key";
+  const std::string cmd = "openssl pkey -in '" + certs_->key("client") +
+                          "' -aes256 -passout pass:secret -out '" + enc + "' >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  redis::options o = tls_options(*server_, "enc");
+  o.tls.cert_file = certs_->crt("client");
+  o.tls.key_file = enc;
+  const rltest::child_end end = rltest::in_child(
+      [&] {
+        if (::setsid() < 0) return 2;
+        const int master = ::posix_openpt(O_RDWR | O_NOCTTY);
+        if (master < 0 || ::grantpt(master) != 0 || ::unlockpt(master) != 0) return 3;
+        const char* name = ::ptsname(master);
+        if (name == nullptr || ::open(name, O_RDWR) < 0) return 4;  // the controlling terminal
+        try {
+          redis::redis_store store(o);
+        } catch (const std::invalid_argument& e) {
+          const std::string what = e.what();
+          return what.find("client key (key) \"" + enc + "\"") != std::string::npos ? 0 : 5;
+        }
+        return 6;
+      },
+      5s);
+  EXPECT_FALSE(end.hung);
+  EXPECT_EQ(end.status, 0);
+}
+
+// Verifies a URL with '@' in a TLS parameter's value is refused naming that,
+// with the password hidden, instead of being read as a userinfo ending at
+// that '@' (which connected to the host after it, sending the rest as a
+// password); a password holding '?' still parses.
+TEST(TlsUrl, AtSignInAQueryValueIsRefused) {
+  const auto url_error = [](const std::string& url) -> std::string {
+    try {
+      (void)redis::parse_url(url);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  std::string what = url_error("rediss://h:6380?sni=a@b");
+  EXPECT_NE(what.find("'@' in a query value"), std::string::npos) << what;
+  what = url_error("rediss://u:s3cret@h?verify=full&ca=/etc/a@b/ca.crt");
+  EXPECT_NE(what.find("'@' in a query value"), std::string::npos) << what;
+  EXPECT_EQ(what.find("s3cret"), std::string::npos) << what;
+  what = url_error("redis://h?key=x@y");
+  EXPECT_NE(what.find("'@' in a query value"), std::string::npos) << what;
+  const redis::options o = redis::parse_url("rediss://u:pa?ss=1&x@h:6380?verify=none");
+  EXPECT_EQ(o.password, "pa?ss=1&x");
+  EXPECT_EQ(o.host, "h");
 }
 
 // Verifies rediss:// and rediss-cluster:// parameters, and that bad ones are

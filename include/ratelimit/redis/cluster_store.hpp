@@ -590,6 +590,16 @@ class cluster_store {
     /// background read is asked for.
     /// @return true when a slot map was read (installed, in part or not at all)
     bool refresh(deadline until) noexcept {
+      std::string why;
+      const bool read = read_slots(until, why);
+      std::lock_guard<std::mutex> lock(tls_failure_mutex);
+      tls_failure.swap(why);  // only this attempt's TLS failure is named later
+      return read;
+    }
+
+    /// refresh() without the note: `tls_why` is set to the last TLS failure
+    /// of this attempt.
+    bool read_slots(deadline until, std::string& tls_why) noexcept {
       try {
         std::vector<node_address> candidates;
         std::uint64_t started = 0;
@@ -637,8 +647,7 @@ class cluster_store {
               case install::bad: break;
             }
           } catch (const tls_error& e) {  // try the next node; a TLS failure is named
-            std::lock_guard<std::mutex> lock(tls_failure_mutex);
-            tls_failure = e.what();
+            tls_why = e.what();
           } catch (const store_error&) {
             // try the next node
           }
@@ -862,7 +871,7 @@ class cluster_store {
     const pid_t owner_pid = ::getpid();  ///< see detail::delete_unless_forked
     cluster_options opts;
     std::mutex tls_failure_mutex;
-    std::string tls_failure;  ///< the last TLS failure of a slot map read
+    std::string tls_failure;  ///< the TLS failure of the last slot map read, if any
     std::chrono::milliseconds command_timeout;
     std::chrono::milliseconds connect_timeout;
     std::chrono::milliseconds refresh_interval;

@@ -107,6 +107,75 @@ namespace detail {
                      [&](std::string_view code) { return word_at(at + 1, code); });
 }
 
+/// What one reply may still hold: reader objects (strings, integers, nils,
+/// arrays and each array's announced elements); see bounded_reply_functions.
+struct reply_budget {
+  std::size_t left = 0;
+  bool exceeded = false;
+};
+
+/// Objects in one reply before it is refused: none of ours comes near.
+inline constexpr std::size_t max_reply_objects = std::size_t{1} << 20;
+
+/// hiredis's own reply functions (taken from a default reader).
+[[nodiscard]] inline const redisReplyObjectFunctions& hiredis_reply_functions() {
+  static const redisReplyObjectFunctions functions = [] {
+    redisReplyObjectFunctions f{};
+    if (redisReader* r = redisReaderCreate(); r != nullptr) {
+      if (r->fn != nullptr) f = *r->fn;
+      redisReaderFree(r);
+    }
+    return f;
+  }();
+  return functions;
+}
+
+/// Takes `n` objects from the reply_budget in the task's privdata; false
+/// (and the budget marked exceeded) when fewer are left.
+[[nodiscard]] inline bool take_reply_objects(const redisReadTask* t, std::size_t n) noexcept {
+  auto* b = static_cast<reply_budget*>(t->privdata);
+  if (b == nullptr) return true;
+  if (b->left < n) {
+    b->exceeded = true;
+    return false;
+  }
+  b->left -= n;
+  return true;
+}
+
+/// hiredis's reply functions, each refusing (as hiredis's out of memory)
+/// once a reply exceeds its reply_budget: a peer announcing an array of
+/// millions of elements, or sending millions of tiny ones, would otherwise
+/// make the reader allocate far more than it sent. nullptr when hiredis's
+/// own functions cannot be found.
+[[nodiscard]] inline redisReplyObjectFunctions* bounded_reply_functions() {
+  static redisReplyObjectFunctions functions = [] {
+    const redisReplyObjectFunctions& h = hiredis_reply_functions();
+    redisReplyObjectFunctions f{};
+    if (h.createString == nullptr || h.createArray == nullptr || h.createInteger == nullptr ||
+        h.createNil == nullptr || h.freeObject == nullptr) {
+      return f;
+    }
+    f.createString = [](const redisReadTask* t, char* s, std::size_t n) -> void* {
+      return take_reply_objects(t, 1) ? hiredis_reply_functions().createString(t, s, n) : nullptr;
+    };
+    f.createArray = [](const redisReadTask* t, int n) -> void* {
+      return n >= 0 && take_reply_objects(t, 1 + static_cast<std::size_t>(n))
+                 ? hiredis_reply_functions().createArray(t, n)
+                 : nullptr;
+    };
+    f.createInteger = [](const redisReadTask* t, long long v) -> void* {
+      return take_reply_objects(t, 1) ? hiredis_reply_functions().createInteger(t, v) : nullptr;
+    };
+    f.createNil = [](const redisReadTask* t) -> void* {
+      return take_reply_objects(t, 1) ? hiredis_reply_functions().createNil(t) : nullptr;
+    };
+    f.freeObject = h.freeObject;
+    return f;
+  }();
+  return functions.createArray == nullptr ? nullptr : &functions;
+}
+
 /// True when `host` is an IPv4 or IPv6 address (no resolution needed).
 [[nodiscard]] inline bool is_numeric_host(const std::string& host) noexcept {
   in6_addr buf{};
@@ -152,6 +221,9 @@ namespace detail {
 /// @throws timeout_error when `until` passes first; connection_error when
 ///   resolution fails or yields nothing
 [[nodiscard]] inline std::vector<std::string> resolve(const options& o, deadline until) {
+  if (o.host.find('\0') != std::string::npos) {  // the resolver would see the text before it
+    throw connection_error("ratelimit: redis: cannot resolve a host name holding a NUL byte");
+  }
   if (!o.resolver && is_numeric_host(o.host)) return {o.host};
   struct state {
     std::mutex mutex;
@@ -227,7 +299,15 @@ class connection {
     const auto timeout = o.connect_timeout.count() > 0 ? o.connect_timeout
                                                        : std::chrono::milliseconds{200};
     const deadline until = deadline_clock::now() + timeout;
-    reader_.reset(redisReaderCreate());
+    if (redisReplyObjectFunctions* fn = detail::bounded_reply_functions(); fn != nullptr) {
+      reader_.reset(redisReaderCreateWithFunctions(fn));
+      if (reader_ != nullptr) {
+        budget_.left = detail::max_reply_objects;
+        reader_->privdata = &budget_;
+      }
+    } else {
+      reader_.reset(redisReaderCreate());
+    }
     if (reader_ == nullptr) {
       throw connection_error("ratelimit: redis: cannot allocate a connection");
     }
@@ -242,7 +322,9 @@ class connection {
     try {
       login(o, until);
     } catch (const connection_error& e) {
-      if (!stream_.client_cert_missing()) throw;
+      // A server that answered accepted the session: the failure is not the
+      // certificate (tls-auth-clients optional asks for one without needing it).
+      if (!stream_.client_cert_missing() || answered_) throw;
       throw tls_error("ratelimit: redis: TLS: " + where_ +
                       " asked for a client certificate and none is configured (tls_options "
                       "cert_file and key_file; cert= and key= in the URL): " +
@@ -306,6 +388,9 @@ class connection {
       if (r == transport::io::ok) {
         accepted = true;
         bytes.remove_prefix(n);
+        if (!bytes.empty() && deadline_clock::now() >= until) {
+          fail<timeout_error>("ratelimit: redis: command timed out");
+        }
         continue;
       }
       if (r == transport::io::failed || r == transport::io::closed) {
@@ -416,21 +501,41 @@ class connection {
     return read_reply(until);
   }
 
-  /// Reads the next reply, whatever it is.
+  /// Reads the next reply, whatever it is. A reply still incomplete after
+  /// max_reply_bytes fails the connection (no reply of ours comes near), and
+  /// `until` is checked after every read, so a peer that never stops sending
+  /// can neither fill the memory nor hold the caller past its deadline.
   [[nodiscard]] reply_ptr read_reply(deadline until) {
     for (;;) {
       void* r = nullptr;
       if (redisReaderGetReply(reader_.get(), &r) != REDIS_OK) {
-        fail<connection_error>("ratelimit: redis: protocol error in reply");
+        fail<connection_error>(budget_.exceeded
+                                   ? "ratelimit: redis: protocol error in reply: " + where_ +
+                                         " sent a reply of more than " +
+                                         std::to_string(detail::max_reply_objects) + " elements"
+                                   : std::string("ratelimit: redis: protocol error in reply"));
       }
-      if (r != nullptr) return reply_ptr(static_cast<redisReply*>(r));
+      if (r != nullptr) {
+        fed_ = 0;
+        budget_.left = detail::max_reply_objects;
+        answered_ = true;
+        return reply_ptr(static_cast<redisReply*>(r));
+      }
+      if (fed_ > max_reply_bytes) {
+        fail<connection_error>("ratelimit: redis: protocol error in reply: " + where_ +
+                               " sent a reply larger than " +
+                               std::to_string(max_reply_bytes >> 20) + " MiB");
+      }
       char buf[16 * 1024];
       std::size_t n = 0;
       const transport::io got = stream_.read_some(buf, sizeof buf, n);
       if (got == transport::io::ok) {
+        fed_ += n;
         if (redisReaderFeed(reader_.get(), buf, n) != REDIS_OK) {
           fail<connection_error>("ratelimit: redis: protocol error in reply");
         }
+        if (deadline_clock::now() >= until)
+          fail<timeout_error>("ratelimit: redis: command timed out");
         continue;
       }
       if (got == transport::io::closed) {
@@ -465,12 +570,18 @@ class connection {
     if (!ready) fail<timeout_error>("ratelimit: redis: command timed out");
   }
 
+  /// Bytes of one reply read before it is refused (see read_reply).
+  static constexpr std::size_t max_reply_bytes = std::size_t{64} << 20;
+
   std::string where_;  ///< host:port or socket path, for messages
   transport stream_;
+  std::size_t fed_ = 0;          ///< bytes fed to the reader since the last whole reply
+  detail::reply_budget budget_;  ///< objects the reply being read may still hold
   std::unique_ptr<redisReader, reader_deleter> reader_;
   std::string out_;
   bool broken_ = false;
   bool closed_before_send_ = false;
+  bool answered_ = false;  ///< a whole reply was read (the server accepted the session)
 };
 
 /// At most `pool_size` connections, each lent to one thread at a time.

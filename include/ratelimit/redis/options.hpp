@@ -280,7 +280,20 @@ inline void apply_tls_query(tls_options& t, std::string_view query, std::string_
 inline void take_tls_query(std::string_view& rest, tls_options& t, std::string_view url) {
   const auto at = rest.rfind('@');
   const auto q = rest.find('?', at == std::string_view::npos ? 0 : at + 1);
-  if (q == std::string_view::npos) return;
+  if (q == std::string_view::npos) {
+    // `rediss://h?sni=a@b` would otherwise read `h?sni=a` as the userinfo and
+    // connect to `b`, sending it that as a password.
+    if (at == std::string_view::npos) return;
+    const std::string_view cred = rest.substr(0, at);
+    for (const std::string_view name : {"ca=", "ca_dir=", "cert=", "key=", "sni=", "verify="}) {
+      for (auto p = cred.find(name); p != std::string_view::npos; p = cred.find(name, p + 1)) {
+        if (p > 0 && (cred[p - 1] == '?' || cred[p - 1] == '&')) {
+          bad_url(url, "has an '@' in a query value (set options::tls in code instead)");
+        }
+      }
+    }
+    return;
+  }
   if (!t.enabled) bad_url(url, "has parameters after '?': TLS parameters need rediss://");
   apply_tls_query(t, rest.substr(q + 1), url);
   rest = rest.substr(0, q);
@@ -393,7 +406,9 @@ namespace detail {
 /// messages quote the URL with its password replaced by `***`.
 /// `rediss://` is `redis://` over TLS (options::tls), with optional
 /// parameters `?ca=FILE&ca_dir=DIR&cert=FILE&key=FILE&sni=NAME&verify=full|chain|none`
-/// (values without `&` or `@`); files are read when the store is made.
+/// (values without `&` or `@`: a URL whose userinfo holds `?NAME=` or
+/// `&NAME=` for one of these names is refused as a query value with `@`);
+/// files are read when the store is made.
 ///
 /// Sentinel (ratelimit/redis/sentinel.hpp):
 /// `redis-sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER_NAME[?PARAMS]`

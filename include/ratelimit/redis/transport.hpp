@@ -150,6 +150,9 @@ inline void require_readable(const std::string& path, const char* what, bool dir
     if (void* flag = SSL_get_app_data(ssl); flag != nullptr) *static_cast<bool*>(flag) = true;
     return 0;
   });
+  // An encrypted key is refused: without this, OpenSSL would ask for its
+  // pass phrase on the process's terminal and wait for an answer.
+  ::SSL_CTX_set_default_passwd_cb(ctx.get(), [](char*, int, int, void*) -> int { return 0; });
   if (!t.ca_file.empty()) require_readable(t.ca_file, "CA file (ca)");
   if (!t.ca_dir.empty()) require_readable(t.ca_dir, "CA directory (ca_dir)", true);
   if (t.ca_file.empty() && t.ca_dir.empty()) {
@@ -281,6 +284,11 @@ class transport {
   /// Connects to the unix domain socket at `path`, giving up at `until`.
   /// @throws connection_error (timeout_error when `until` passes)
   void open_unix(const std::string& path, deadline until) {
+    if (path.find('\0') != std::string::npos) {  // "\0..." would name an abstract socket
+      throw connection_error(
+          "ratelimit: redis: cannot connect to unix socket: its path holds a "
+          "NUL byte");
+    }
     sockaddr_un a{};
     a.sun_family = AF_UNIX;
     if (path.size() >= sizeof a.sun_path) {
@@ -298,6 +306,9 @@ class transport {
   ///   hostname mismatch, OpenSSL's reason); timeout_error when `until` passes
   void start_tls(SSL_CTX* ctx, const std::string& name, tls_verify verify, const std::string& where,
                  deadline until) {
+    if (name.find('\0') != std::string::npos) {  // OpenSSL would check the text before it
+      throw tls_error("ratelimit: redis: TLS to " + where + ": the server name holds a NUL byte");
+    }
     ::ERR_clear_error();
     fatal_ = true;  // until the handshake succeeds: no close_notify
     ssl_ = ::SSL_new(ctx);
@@ -321,7 +332,9 @@ class transport {
       if (ok != 1) {
         throw tls_error("ratelimit: redis: TLS to " + where + ": bad server name \"" + name + "\"");
       }
-      ::SSL_set_hostflags(ssl_, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+      // Names come from subjectAltName only: the subject's CN is no host name.
+      ::SSL_set_hostflags(
+          ssl_, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS | X509_CHECK_FLAG_NEVER_CHECK_SUBJECT);
     }
     for (;;) {
       ::ERR_clear_error();
