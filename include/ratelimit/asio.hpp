@@ -106,16 +106,14 @@ struct initiate_acquire {
   /// Checks at the limiter's clock.
   template <class Handler>
   void operator()(Handler&& handler, const std::string& key, units cost) const {
-    run(std::forward<Handler>(handler), [&](auto on_done) {
-      limiter->async_try_acquire(key, cost, std::move(on_done));
-    });
+    run(std::forward<Handler>(handler),
+        [&](auto on_done) { limiter->async_try_acquire(key, cost, std::move(on_done)); });
   }
   /// Checks at `now`.
   template <class Handler>
   void operator()(Handler&& handler, const std::string& key, timestamp now, units cost) const {
-    run(std::forward<Handler>(handler), [&](auto on_done) {
-      limiter->async_try_acquire(key, now, cost, std::move(on_done));
-    });
+    run(std::forward<Handler>(handler),
+        [&](auto on_done) { limiter->async_try_acquire(key, now, cost, std::move(on_done)); });
   }
 
  private:
@@ -138,7 +136,7 @@ auto start(Limiter& l, std::string_view key, units cost, Token&& token, Args... 
   ratelimit::detail::check_cost(cost);
   (ratelimit::detail::check_time(now), ...);
   return ::asio::async_initiate<Token, signature>(initiate_acquire<Limiter>{&l}, token,
-                                                   std::string(key), now..., cost);
+                                                  std::string(key), now..., cost);
 }
 
 }  // namespace detail

@@ -58,9 +58,15 @@ TEST(AsioRedis, SameDecisionsAsInProcess) {
   o.prefix = rltest::unique_prefix("asio-diff");
   const std::int64_t base = 1'000'000'000;
   const std::vector<step> trace = {
-      {"a", base, 1},           {"a", base, 2},           {"a", base + 1, 1},
-      {"b", base + 5, 3},       {"a", base + 999'999, 1}, {"a", base + 1'000'000, 1},
-      {"b", base + 1'000'004, 1}, {"b", base + 1'000'005, 4}, {"a", base + 1'500'000, 2},
+      {"a", base, 1},
+      {"a", base, 2},
+      {"a", base + 1, 1},
+      {"b", base + 5, 3},
+      {"a", base + 999'999, 1},
+      {"a", base + 1'000'000, 1},
+      {"b", base + 1'000'004, 1},
+      {"b", base + 1'000'005, 4},
+      {"a", base + 1'500'000, 2},
   };
   const fixed_window::config fw("3/1s", window_options{.name = "fw"});
   const gcra::config gc("3/1s", bucket_options{.name = "gc"});
@@ -154,9 +160,11 @@ TEST(AsioRedis, CancelInFlightCompletesAtOnceAndTheScriptStillRuns) {
   ::asio::cancellation_signal terminal, total;
   server.pause();
   ratelimit::asio::async_try_acquire(
-      l, "k", ::asio::bind_cancellation_slot(terminal.slot(), ::asio::bind_executor(io, c.handler(0))));
+      l, "k",
+      ::asio::bind_cancellation_slot(terminal.slot(), ::asio::bind_executor(io, c.handler(0))));
   ratelimit::asio::async_try_acquire(
-      l, "k", ::asio::bind_cancellation_slot(total.slot(), ::asio::bind_executor(io, c.handler(1))));
+      l, "k",
+      ::asio::bind_cancellation_slot(total.slot(), ::asio::bind_executor(io, c.handler(1))));
   std::this_thread::sleep_for(100ms);  // both scripts written; the server holds them
   ::asio::post(io, [&] {
     terminal.emit(::asio::cancellation_type::terminal);
@@ -169,7 +177,7 @@ TEST(AsioRedis, CancelInFlightCompletesAtOnceAndTheScriptStillRuns) {
   EXPECT_EQ(c.calls[1], 0);
   server.resume();
   io.restart();
-  io.run();  // the second check's work guard keeps it running until its reply
+  io.run();                  // the second check's work guard keeps it running until its reply
   EXPECT_EQ(c.calls[0], 1);  // the late reply was dropped
   EXPECT_EQ(c.calls[1], 1);
   EXPECT_FALSE(c.errors[1]);
@@ -201,7 +209,8 @@ TEST(AsioRedis, ServerKilledEveryHandlerOnce) {
     for (std::size_t i = 0; i < n; ++i) {
       ratelimit::asio::async_try_acquire(
           l, "k" + std::to_string(i % 3),
-          ::asio::bind_cancellation_slot(signals[i].slot(), ::asio::bind_executor(io, c.handler(i))));
+          ::asio::bind_cancellation_slot(signals[i].slot(),
+                                         ::asio::bind_executor(io, c.handler(i))));
     }
     std::this_thread::sleep_for(100ms);
     std::thread killer([&] { server.stop(); });

@@ -2,6 +2,8 @@
 // ratelimit::asio over the in-process store: every completion token, the
 // handler posted (never run inside the initiating function) to its associated
 // executor, strands, cancellation after an inline decision, bad input.
+#include "ratelimit/asio.hpp"
+
 #include <gtest/gtest.h>
 
 #include <asio/bind_cancellation_slot.hpp>
@@ -20,7 +22,6 @@
 #include <vector>
 
 #include "asio_support.hpp"
-#include "ratelimit/asio.hpp"
 #include "ratelimit/ratelimit.hpp"
 
 namespace {
@@ -41,7 +42,8 @@ TEST(Asio, CallbackIsPostedWithExactDecisions) {
   const std::vector<timestamp> times = {0us, 0us, 0us, 999'999us, 1'000'000us};
   completions c(times.size());
   for (std::size_t i = 0; i < times.size(); ++i) {
-    ratelimit::asio::async_try_acquire(l, "k", times[i], 1, ::asio::bind_executor(io, c.handler(i)));
+    ratelimit::asio::async_try_acquire(l, "k", times[i], 1,
+                                       ::asio::bind_executor(io, c.handler(i)));
     EXPECT_EQ(c.calls[i], 0) << i;
   }
   EXPECT_EQ(io.run(), times.size());
@@ -74,14 +76,16 @@ TEST(Asio, UseFutureAndBadInput) {
 
   ::asio::io_context io;
   completions none(1);
-  EXPECT_THROW(ratelimit::asio::async_try_acquire(l, "", ::asio::bind_executor(io, none.handler(0))),
-               std::invalid_argument);
+  EXPECT_THROW(
+      ratelimit::asio::async_try_acquire(l, "", ::asio::bind_executor(io, none.handler(0))),
+      std::invalid_argument);
   EXPECT_THROW(ratelimit::asio::async_try_acquire(l, "k", units{0}, ::asio::use_future),
                std::invalid_argument);
   EXPECT_THROW(ratelimit::asio::async_try_acquire(l, "k", -1us, 1, rltest::deferred_token),
                std::invalid_argument);
-  EXPECT_THROW((void)ratelimit::asio::async_try_acquire(l, std::string(600, 'k'), ::asio::use_awaitable),
-               std::invalid_argument);
+  EXPECT_THROW(
+      (void)ratelimit::asio::async_try_acquire(l, std::string(600, 'k'), ::asio::use_awaitable),
+      std::invalid_argument);
   EXPECT_EQ(io.run(), 0U);
   EXPECT_EQ(none.calls[0], 0);
 }
@@ -89,7 +93,8 @@ TEST(Asio, UseFutureAndBadInput) {
 ::asio::awaitable<std::vector<decision>> three_checks(limiter<fixed_window>& l) {
   std::vector<decision> out;
   for (int i = 0; i < 3; ++i) {
-    out.push_back(co_await ratelimit::asio::async_try_acquire(l, "k", 5us, 1, ::asio::use_awaitable));
+    out.push_back(
+        co_await ratelimit::asio::async_try_acquire(l, "k", 5us, 1, ::asio::use_awaitable));
   }
   co_return out;
 }
