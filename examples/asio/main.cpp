@@ -45,8 +45,8 @@ template <class Limiter>
   if (!line.starts_with(verb)) co_return "ERR expected: CHECK <key>\n";
   const std::string_view key = line.substr(verb.size());
   try {
-    const ratelimit::decision d =
-        co_await ratelimit::asio::async_try_acquire(limiter, key, ::asio::use_awaitable);
+    const ratelimit::decision d = co_await ratelimit::asio::async_try_acquire(
+        limiter, key, ::asio::use_awaitable);
     if (d.allowed) co_return "ALLOW " + std::to_string(d.remaining) + "\n";
     co_return "DENY " + std::to_string(d.retry_after.count()) + "\n";
   } catch (const std::invalid_argument&) {
@@ -94,8 +94,9 @@ int run(Limiter& limiter, unsigned short port) {
 }
 
 int usage(const char* why) {
-  std::cerr << "ratelimit-asio-server: " << why
-            << "\nusage: ratelimit-asio-server [--port N] [--rate R] [--store memory|redis://...]\n";
+  std::cerr
+      << "ratelimit-asio-server: " << why
+      << "\nusage: ratelimit-asio-server [--port N] [--rate R] [--store memory|redis://...]\n";
   return 2;
 }
 
@@ -133,7 +134,8 @@ int main(int argc, char** argv) {
     }
 #ifdef RATELIMIT_ASIO_EXAMPLE_REDIS
     if (store.starts_with("redis://") || store.starts_with("rediss://")) {
-      ratelimit::limiter<ratelimit::gcra, ratelimit::redis::redis_store, ratelimit::redis::server_clock>
+      ratelimit::limiter<ratelimit::gcra, ratelimit::redis::redis_store,
+                         ratelimit::redis::server_clock>
           limiter(cfg, ratelimit::redis::redis_store(ratelimit::redis::parse_url(store)));
       return run(limiter, port);
     }

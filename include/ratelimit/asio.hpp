@@ -87,7 +87,7 @@ class acquire_op : public std::enable_shared_from_this<acquire_op<Handler>> {
     if (slot_.is_connected()) slot_.clear();
     Handler h = std::move(*handler_);
     handler_.reset();
-    auto work = std::move(work_);
+    // Running on the executor: it cannot run out of work before `h` returns.
     work_.reset();
     std::move(h)(std::move(e), d);
   }
