@@ -18,7 +18,10 @@ target_compile_features(ratelimit_asio INTERFACE cxx_std_20)
 # SYSTEM: Asio's own headers must not trip our -Werror.
 target_include_directories(ratelimit_asio SYSTEM INTERFACE
                            "$<BUILD_INTERFACE:${RATELIMIT_ASIO_INCLUDE_DIR}>")
-target_compile_definitions(ratelimit_asio INTERFACE ASIO_STANDALONE ASIO_NO_DEPRECATED)
+# Asio 1.22 (Debian 12) sees C++20 coroutines (co_await, use_awaitable) on g++
+# only: on clang it looks for the old coroutines TS. Clang 14+ has them in C++20.
+target_compile_definitions(ratelimit_asio INTERFACE ASIO_STANDALONE ASIO_NO_DEPRECATED
+                           $<$<CXX_COMPILER_ID:Clang>:ASIO_HAS_CO_AWAIT=1>)
 target_link_libraries(ratelimit_asio INTERFACE ratelimit::ratelimit Threads::Threads)
 target_sources(ratelimit_asio INTERFACE
   FILE_SET HEADERS BASE_DIRS "${PROJECT_SOURCE_DIR}/include"

@@ -59,15 +59,17 @@ class acquire_op : public std::enable_shared_from_this<acquire_op<Handler>> {
   /// The handler is posted to its executor, never invoked here.
   void finish(std::exception_ptr e, decision d) {
     if (done_.exchange(true, std::memory_order_acq_rel)) return;
-    auto ex = work_->get_executor();
-    ::asio::post(ex, [self = this->shared_from_this(), e = std::move(e), d]() mutable {
-      self->complete(std::move(e), d);
-    });
-    // The posted completion keeps the executor's work count up from here.
+    ::asio::post(work_->get_executor(), [self = this->shared_from_this(), e = std::move(e),
+                                         d]() mutable { self->complete(std::move(e), d); });
+    // Released only once post() has returned: the posted completion holds
+    // work of its own, and an io_context whose run() returns as soon as it
+    // ran is not destroyed while post() is still waking its thread.
+    work_.reset();
   }
 
  private:
   struct canceller {
+    explicit canceller(std::weak_ptr<acquire_op> o) : op(std::move(o)) {}
     std::weak_ptr<acquire_op> op;
     void operator()(::asio::cancellation_type_t type) const {
       // Only terminal cancellation: a check already sent may have consumed,
@@ -87,8 +89,6 @@ class acquire_op : public std::enable_shared_from_this<acquire_op<Handler>> {
     if (slot_.is_connected()) slot_.clear();
     Handler h = std::move(*handler_);
     handler_.reset();
-    // Running on the executor: it cannot run out of work before `h` returns.
-    work_.reset();
     std::move(h)(std::move(e), d);
   }
 

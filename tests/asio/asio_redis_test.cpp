@@ -4,6 +4,7 @@
 // flight (the late reply dropped, the script still consumed), a server killed
 // and a store destroyed with checks in flight: every handler exactly once.
 #include <gtest/gtest.h>
+#include <sys/types.h>
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/bind_executor.hpp>
@@ -14,6 +15,7 @@
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
 #include <chrono>
+#include <csignal>
 #include <future>
 #include <memory>
 #include <optional>
@@ -32,6 +34,17 @@ namespace {
 using namespace ratelimit;
 using namespace std::chrono_literals;
 using rltest::completions;
+
+/// The server's process id, from INFO (to SIGKILL it while it is stopped:
+/// redis_server::stop() resumes it first, which would let it answer).
+pid_t pid_of(const rltest::redis_server& server) {
+  const auto r = rltest::command(server.options(), {"INFO", "server"});
+  const std::string info(r->str, r->len);
+  const std::string field = "process_id:";
+  const std::size_t at = info.find(field);
+  if (at == std::string::npos) throw std::runtime_error("no process_id in INFO");
+  return static_cast<pid_t>(std::stol(info.substr(at + field.size())));
+}
 
 /// One check of a trace.
 struct step {
@@ -200,20 +213,25 @@ TEST(AsioRedis, ServerKilledEveryHandlerOnce) {
     const fixed_window::config cfg("1000/1h", window_options{.name = "t"});
     limiter<fixed_window, redis::redis_store, redis::server_clock> l(cfg, redis::redis_store(o));
     ASSERT_TRUE(l.try_acquire("k").allowed);
+    const pid_t pid = pid_of(server);
 
     ::asio::io_context io;
     constexpr std::size_t n = 40;
     completions c(n);
     std::vector<::asio::cancellation_signal> signals(n);
+    const std::string keys[] = {"k0", "k1", "k2"};
     server.pause();
     for (std::size_t i = 0; i < n; ++i) {
       ratelimit::asio::async_try_acquire(
-          l, "k" + std::to_string(i % 3),
+          l, keys[i % 3],
           ::asio::bind_cancellation_slot(signals[i].slot(),
                                          ::asio::bind_executor(io, c.handler(i))));
     }
     std::this_thread::sleep_for(100ms);
-    std::thread killer([&] { server.stop(); });
+    std::thread killer([&] {
+      ::kill(pid, SIGKILL);  // stopped: none of the written scripts runs
+      server.stop();
+    });
     ::asio::post(io, [&] {
       for (std::size_t i = 0; i < n; i += 4) signals[i].emit(::asio::cancellation_type::terminal);
     });

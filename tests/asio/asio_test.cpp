@@ -79,9 +79,9 @@ TEST(Asio, UseFutureAndBadInput) {
   EXPECT_THROW(
       ratelimit::asio::async_try_acquire(l, "", ::asio::bind_executor(io, none.handler(0))),
       std::invalid_argument);
-  EXPECT_THROW(ratelimit::asio::async_try_acquire(l, "k", units{0}, ::asio::use_future),
+  EXPECT_THROW((void)ratelimit::asio::async_try_acquire(l, "k", units{0}, ::asio::use_future),
                std::invalid_argument);
-  EXPECT_THROW(ratelimit::asio::async_try_acquire(l, "k", -1us, 1, rltest::deferred_token),
+  EXPECT_THROW((void)ratelimit::asio::async_try_acquire(l, "k", -1us, 1, rltest::deferred_token),
                std::invalid_argument);
   EXPECT_THROW(
       (void)ratelimit::asio::async_try_acquire(l, std::string(600, 'k'), ::asio::use_awaitable),
