@@ -82,8 +82,7 @@ template <class Limiter>
 }
 
 template <class Limiter>
-int run(Limiter& limiter, unsigned short port) {
-  ::asio::io_context io;
+int run(::asio::io_context& io, Limiter& limiter, unsigned short port) {
   tcp::acceptor acceptor(io, tcp::endpoint(::asio::ip::make_address("127.0.0.1"), port));
   std::cout << "listening on " << acceptor.local_endpoint().port() << std::endl;
   ::asio::signal_set signals(io, SIGINT, SIGTERM);
@@ -126,18 +125,21 @@ int main(int argc, char** argv) {
       return usage("unknown option");
     }
   }
+  // Made before the limiter, so destroyed after it: a Redis store's I/O
+  // thread may still post a completion into `io` until the store is gone.
+  ::asio::io_context io;
   try {
     const ratelimit::gcra::config cfg(rate, ratelimit::bucket_options{.name = "asio-server"});
     if (store == "memory") {
       ratelimit::limiter<ratelimit::gcra> limiter(cfg);
-      return run(limiter, port);
+      return run(io, limiter, port);
     }
 #ifdef RATELIMIT_ASIO_EXAMPLE_REDIS
     if (store.starts_with("redis://") || store.starts_with("rediss://")) {
       ratelimit::limiter<ratelimit::gcra, ratelimit::redis::redis_store,
                          ratelimit::redis::server_clock>
           limiter(cfg, ratelimit::redis::redis_store(ratelimit::redis::parse_url(store)));
-      return run(limiter, port);
+      return run(io, limiter, port);
     }
 #endif
     return usage("--store must be memory or redis://HOST:PORT (when built with Redis)");

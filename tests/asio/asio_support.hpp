@@ -46,6 +46,7 @@ struct completions {
 
 template <class E>
 bool holds(const std::exception_ptr& e) {
+  if (!e) return false;
   try {
     std::rethrow_exception(e);
   } catch (const E&) {
@@ -57,6 +58,7 @@ bool holds(const std::exception_ptr& e) {
 
 /// True for the error a cancelled operation completes with.
 inline bool aborted(const std::exception_ptr& e) {
+  if (!e) return false;
   try {
     std::rethrow_exception(e);
   } catch (const std::system_error& s) {

@@ -202,8 +202,9 @@ TEST(AsioExample, TwoServersShareRedis) {
   EXPECT_EQ(a.ask("HELLO"), "ERR expected: CHECK <key>");
   p1.signal(SIGTERM);
   p2.signal(SIGTERM);
-  EXPECT_EQ(p1.wait(), 0);
-  EXPECT_EQ(p2.wait(), 0);
+  const std::string out1 = p1.rest(), out2 = p2.rest();
+  EXPECT_EQ(p1.wait(), 0) << out1;
+  EXPECT_EQ(p2.wait(), 0) << out2;
 }
 #endif
 
