@@ -13,6 +13,11 @@ if(TARGET ratelimit_redis)
   install(FILES "${CMAKE_CURRENT_LIST_DIR}/Findhiredis.cmake" DESTINATION "${RATELIMIT_CMAKE_DIR}")
 endif()
 
+if(TARGET ratelimit_asio)
+  install(TARGETS ratelimit_asio EXPORT ratelimit-asio-targets FILE_SET HEADERS)
+  install(EXPORT ratelimit-asio-targets NAMESPACE ratelimit:: DESTINATION "${RATELIMIT_CMAKE_DIR}")
+endif()
+
 configure_package_config_file(
   "${CMAKE_CURRENT_LIST_DIR}/ratelimitConfig.cmake.in"
   "${CMAKE_CURRENT_BINARY_DIR}/ratelimitConfig.cmake"

@@ -10,6 +10,7 @@ packages=(
   redis-server redis-sentinel redis-tools libhiredis-dev libssl-dev openssl
   sqlite3 libsqlite3-dev pkg-config
   libcpp-httplib-dev wrk sip-tester
+  libasio-dev
 )
 
 missing=()

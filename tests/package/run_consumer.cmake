@@ -2,7 +2,7 @@
 # Script (cmake -P) that installs ratelimit into a scratch prefix, builds a consumer and checks its output.
 #
 # Inputs: RATELIMIT_SOURCE_DIR, CONSUMERS_DIR, WORK_DIR, MODE (find_package |
-# find_package_redis | add_subdirectory), CXX_COMPILER, GENERATOR. Everything it
+# find_package_redis | find_package_asio | add_subdirectory), CXX_COMPILER, GENERATOR. Everything it
 # writes stays in WORK_DIR.
 cmake_minimum_required(VERSION 3.23)
 
@@ -26,16 +26,20 @@ file(MAKE_DIRECTORY "${WORK_DIR}")
 set(common -G "${GENERATOR}" -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=Release)
 
 set(expected_file "${CONSUMERS_DIR}/expected_output.txt")
-if(MODE STREQUAL "find_package" OR MODE STREQUAL "find_package_redis")
+if(MODE MATCHES "^find_package(_redis|_asio)?$")
   set(prefix "${WORK_DIR}/prefix")
   set(with_redis OFF)
   if(MODE STREQUAL "find_package_redis")
     set(with_redis ON)
   endif()
+  set(with_asio OFF)
+  if(MODE STREQUAL "find_package_asio")
+    set(with_asio ON)
+  endif()
   run_step("configure ratelimit" ${CMAKE_COMMAND} -S "${RATELIMIT_SOURCE_DIR}"
            -B "${WORK_DIR}/ratelimit-build" ${common} "-DCMAKE_INSTALL_PREFIX=${prefix}"
            -DRATELIMIT_BUILD_TESTS=OFF -DRATELIMIT_BUILD_EXAMPLES=OFF
-           -DRATELIMIT_BUILD_BENCHMARKS=OFF -DRATELIMIT_REDIS=${with_redis})
+           -DRATELIMIT_BUILD_BENCHMARKS=OFF -DRATELIMIT_REDIS=${with_redis} -DRATELIMIT_ASIO=${with_asio})
   run_step("build ratelimit" ${CMAKE_COMMAND} --build "${WORK_DIR}/ratelimit-build")
   run_step("install ratelimit" ${CMAKE_COMMAND} --install "${WORK_DIR}/ratelimit-build")
 
@@ -50,14 +54,20 @@ if(MODE STREQUAL "find_package" OR MODE STREQUAL "find_package_redis")
       include/ratelimit/redis/options.hpp include/ratelimit/redis/cluster_store.hpp
       share/cmake/ratelimit/ratelimit-redis-targets.cmake
       share/cmake/ratelimit/Findhiredis.cmake)
+  set(asio_files include/ratelimit/asio.hpp share/cmake/ratelimit/ratelimit-asio-targets.cmake)
   set(must_exist ${core_files})
   set(must_not_exist)
-  if(with_redis)
+  if(with_asio)
+    list(APPEND must_exist ${asio_files})
+    list(APPEND must_not_exist ${redis_files})
+    set(consumer "${CONSUMERS_DIR}/find_package_asio_consumer")
+    set(expected_file "${CONSUMERS_DIR}/expected_output_asio.txt")
+  elseif(with_redis)
     list(APPEND must_exist ${redis_files})
     set(consumer "${CONSUMERS_DIR}/find_package_redis_consumer")
     set(expected_file "${CONSUMERS_DIR}/expected_output_redis.txt")
   else()
-    set(must_not_exist ${redis_files} include/ratelimit/redis)
+    set(must_not_exist ${redis_files} include/ratelimit/redis ${asio_files})
     set(consumer "${CONSUMERS_DIR}/find_package_consumer")
   endif()
   foreach(f IN LISTS must_exist)
@@ -67,7 +77,7 @@ if(MODE STREQUAL "find_package" OR MODE STREQUAL "find_package_redis")
   endforeach()
   foreach(f IN LISTS must_not_exist)
     if(EXISTS "${prefix}/${f}")
-      message(FATAL_ERROR "an install without RATELIMIT_REDIS must not contain ${f}")
+      message(FATAL_ERROR "an install without that component must not contain ${f}")
     endif()
   endforeach()
 

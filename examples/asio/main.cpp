@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: Apache-2.0
+// ratelimit-asio-server: an Asio TCP server with a line protocol, each request
+// checked with a co_await'ed ratelimit::asio::async_try_acquire.
+//
+//   CHECK <key>   ->  ALLOW <remaining>   |  DENY <retry_after_us>
+//   anything else ->  ERR <reason>
+//
+// Usage: ratelimit-asio-server [--port N] [--rate R] [--store memory|redis://...]
+// --port 0 (the default) picks a free port; the first line on stdout is
+// "listening on PORT". SIGINT/SIGTERM stop it (exit 0).
+#include <asio/buffer.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/read_until.hpp>
+#include <asio/signal_set.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/write.hpp>
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "ratelimit/asio.hpp"
+#include "ratelimit/ratelimit.hpp"
+#ifdef RATELIMIT_ASIO_EXAMPLE_REDIS
+#include "ratelimit/redis/redis_store.hpp"
+#endif
+
+namespace {
+
+using ::asio::ip::tcp;
+
+/// Longest request line; a longer one closes the connection.
+constexpr std::size_t max_line = 1024;
+
+/// The answer to one request line.
+template <class Limiter>
+::asio::awaitable<std::string> answer(Limiter& limiter, std::string_view line) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  constexpr std::string_view verb = "CHECK ";
+  if (!line.starts_with(verb)) co_return "ERR expected: CHECK <key>\n";
+  const std::string_view key = line.substr(verb.size());
+  try {
+    const ratelimit::decision d = co_await ratelimit::asio::async_try_acquire(
+        limiter, key, ::asio::use_awaitable);
+    if (d.allowed) co_return "ALLOW " + std::to_string(d.remaining) + "\n";
+    co_return "DENY " + std::to_string(d.retry_after.count()) + "\n";
+  } catch (const std::invalid_argument&) {
+    co_return "ERR bad key\n";
+  } catch (const std::exception&) {
+    co_return "ERR store unavailable\n";
+  }
+}
+
+/// One client: request lines answered in order until it closes.
+template <class Limiter>
+::asio::awaitable<void> serve(Limiter& limiter, tcp::socket socket) {
+  std::string buffer;
+  try {
+    for (;;) {
+      const std::size_t n = co_await ::asio::async_read_until(
+          socket, ::asio::dynamic_buffer(buffer, max_line), '\n', ::asio::use_awaitable);
+      const std::string reply = co_await answer(limiter, std::string_view(buffer).substr(0, n - 1));
+      buffer.erase(0, n);
+      co_await ::asio::async_write(socket, ::asio::buffer(reply), ::asio::use_awaitable);
+    }
+  } catch (const std::exception&) {
+    // closed by the client, or a line above max_line: drop the connection
+  }
+}
+
+template <class Limiter>
+::asio::awaitable<void> accept(Limiter& limiter, tcp::acceptor& acceptor) {
+  for (;;) {
+    tcp::socket socket = co_await acceptor.async_accept(::asio::use_awaitable);
+    ::asio::co_spawn(acceptor.get_executor(), serve(limiter, std::move(socket)), ::asio::detached);
+  }
+}
+
+template <class Limiter>
+int run(::asio::io_context& io, Limiter& limiter, unsigned short port) {
+  tcp::acceptor acceptor(io, tcp::endpoint(::asio::ip::make_address("127.0.0.1"), port));
+  std::cout << "listening on " << acceptor.local_endpoint().port() << std::endl;
+  ::asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](std::error_code, int) { io.stop(); });
+  ::asio::co_spawn(io, accept(limiter, acceptor), ::asio::detached);
+  io.run();
+  return 0;
+}
+
+int usage(const char* why) {
+  std::cerr
+      << "ratelimit-asio-server: " << why
+      << "\nusage: ratelimit-asio-server [--port N] [--rate R] [--store memory|redis://...]\n";
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  unsigned short port = 0;
+  std::string rate = "10/1s";
+  std::string store = "memory";
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (i + 1 >= argc) return usage("missing value after an option");
+    const std::string v = argv[++i];
+    if (a == "--port") {
+      try {
+        const unsigned long p = std::stoul(v);
+        if (p > 65535) return usage("--port must be 0..65535");
+        port = static_cast<unsigned short>(p);
+      } catch (const std::exception&) {
+        return usage("--port must be 0..65535");
+      }
+    } else if (a == "--rate") {
+      rate = v;
+    } else if (a == "--store") {
+      store = v;
+    } else {
+      return usage("unknown option");
+    }
+  }
+  // Made before the limiter, so destroyed after it: a Redis store's I/O
+  // thread may still post a completion into `io` until the store is gone.
+  ::asio::io_context io;
+  try {
+    const ratelimit::gcra::config cfg(rate, ratelimit::bucket_options{.name = "asio-server"});
+    if (store == "memory") {
+      ratelimit::limiter<ratelimit::gcra> limiter(cfg);
+      return run(io, limiter, port);
+    }
+#ifdef RATELIMIT_ASIO_EXAMPLE_REDIS
+    if (store.starts_with("redis://") || store.starts_with("rediss://")) {
+      ratelimit::limiter<ratelimit::gcra, ratelimit::redis::redis_store,
+                         ratelimit::redis::server_clock>
+          limiter(cfg, ratelimit::redis::redis_store(ratelimit::redis::parse_url(store)));
+      return run(io, limiter, port);
+    }
+#endif
+    return usage("--store must be memory or redis://HOST:PORT (when built with Redis)");
+  } catch (const std::exception& e) {
+    std::cerr << "ratelimit-asio-server: " << e.what() << "\n";
+    return 1;
+  }
+}
