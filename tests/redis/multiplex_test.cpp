@@ -427,4 +427,50 @@ TEST(RedisMultiplex, CoAwaitOverBothStores) {
   EXPECT_TRUE(holds<std::invalid_argument>(bad.errors[0]));
 }
 
+/// A raw command through a multiplexer: records its outcome; `pause` is
+/// slept in complete() (a slow handler, or the I/O thread descheduled).
+struct raw_job final : redis::mux_job {
+  raw_job(std::vector<std::string_view> args, std::chrono::milliseconds timeout,
+          std::chrono::milliseconds p, std::atomic<int>& c, std::exception_ptr& e)
+      : pause(p), calls(c), error(e) {
+    redis::append_command(bytes, args.data(), args.size());
+    until = redis::deadline_clock::now() + timeout;
+  }
+  void complete(std::unique_ptr<redis::mux_job>, redis::reply_ptr,
+                std::exception_ptr e) noexcept override {
+    error = std::move(e);
+    std::this_thread::sleep_for(pause);
+    calls.fetch_add(1);
+  }
+  std::chrono::milliseconds pause;
+  std::atomic<int>& calls;
+  std::exception_ptr& error;
+};
+
+// Verifies that a reply which arrived before its check's deadline is
+// delivered even when the I/O thread gets to it after the deadline (busy in
+// another connection's handler): BLPOP answers after 50 ms, well within its
+// 250 ms; the other connection's handler holds the thread for 400 ms. The
+// late check must look at what arrived before failing anything.
+TEST(RedisMultiplex, ReplyArrivedInTimeIsDeliveredWhenReadLate) {
+  rltest::redis_server server;
+  redis::multiplexer mux(server.options(), 2);
+  std::atomic<int> calls{0};
+  std::exception_ptr blpop_error, ping_error;
+  const std::string list = rltest::unique_prefix("mux-late") + "list";
+  std::unique_ptr<redis::mux_job> blpop(
+      new raw_job({"BLPOP", list, "0.05"}, 250ms, 0ms, calls, blpop_error));
+  std::unique_ptr<redis::mux_job> ping(new raw_job({"PING"}, 5000ms, 400ms, calls, ping_error));
+  ASSERT_TRUE(mux.submit(blpop));  // lane 0
+  ASSERT_TRUE(mux.submit(ping));   // lane 1
+  const auto start = std::chrono::steady_clock::now();
+  while (calls.load() < 2 && std::chrono::steady_clock::now() - start < 5s) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(calls.load(), 2);
+  EXPECT_FALSE(ping_error);
+  EXPECT_FALSE(blpop_error) << "the BLPOP's reply came after 50 ms of its 250 ms";
+  EXPECT_EQ(mux.connections_dropped(), 0u);
+}
+
 }  // namespace

@@ -75,8 +75,9 @@ class multiplexer_stopped : public connection_error {
 ///   connection excepted (as the pool, connect time is added, bounded by
 ///   connect_timeout). A queued job past its deadline fails with
 ///   timeout_error and is never sent.
-/// - A job written whose deadline passes before its reply came fails with
-///   timeout_error, and its connection is dropped: every other job written on
+/// - A job written whose deadline passes with no reply read fails with
+///   timeout_error, and its connection is dropped (replies that arrived are
+///   read first, whenever the I/O thread gets to them): every other job written on
 ///   it fails with connection_error (each may have run). Jobs still queued
 ///   go out on a new connection.
 /// - A connection that breaks (reset, closed, protocol error, a node failure
@@ -455,8 +456,15 @@ class multiplexer {
           now = deadline_clock::now();
         }
         if (l.conn == nullptr) continue;
-        // A written job past its deadline: the connection cannot be trusted
-        // to answer in time, and its late reply would be read for the next.
+        // Replies first: one that arrived while this thread was busy elsewhere
+        // (another connection's handlers) answers its check, deadline or not.
+        if (l.readable) {
+          l.readable = false;
+          if (!read(l)) continue;
+        }
+        // A written job past its deadline with no reply read: the connection
+        // cannot be trusted to answer in time, and its late reply would be
+        // read for the next.
         const bool late = std::any_of(l.inflight.begin(), l.inflight.end(),
                                       [&](const auto& j) { return j->until <= now; });
         if (late) {
@@ -465,12 +473,7 @@ class multiplexer {
           continue;
         }
         if (!write(l)) continue;
-        if (l.readable) {
-          l.readable = false;
-          if (!read(l)) continue;
-        }
-        if (!write(l)) continue;  // replies completed jobs that may have queued more
-        short ev = POLLIN;        // also to see an idle connection closed by the server
+        short ev = POLLIN;  // also to see an idle connection closed by the server
         if (l.written < l.out.size()) ev |= POLLOUT;
         fds.push_back(pollfd{l.conn->stream().fd(), ev, 0});
         polled.push_back(&l);
