@@ -3,14 +3,18 @@
 // admission across threads and processes, a connection killed mid-pipeline,
 // timeouts, destruction with checks in flight, and the limiter's async API
 // over both stores.
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <coroutine>
+#include <cstdio>
 #include <exception>
 #include <mutex>
 #include <stdexcept>
@@ -471,6 +475,62 @@ TEST(RedisMultiplex, ReplyArrivedInTimeIsDeliveredWhenReadLate) {
   EXPECT_FALSE(ping_error);
   EXPECT_FALSE(blpop_error) << "the BLPOP's reply came after 50 ms of its 250 ms";
   EXPECT_EQ(mux.connections_dropped(), 0u);
+}
+
+/// In a child process: with no file descriptor left (RLIMIT_NOFILE at the
+/// highest one open, the holes below it filled), one check of a new store with `multiplex` connections
+/// under fail_open. Exit 0: decided fail_open, the error counted; 1: it
+/// threw; 2: another decision; 3: setup failed.
+int check_without_descriptors(redis::options o, std::size_t multiplex) {
+  o.multiplex = multiplex;
+  o.on_failure = redis::failure_policy::fail_open;
+  redis::redis_store store(o);
+  const fixed_window::config cfg("5/1h", window_options{.name = "t"});
+  int highest = 0;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return 3;
+  while (const dirent* e = ::readdir(d)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd != ::dirfd(d)) highest = std::max(highest, fd);
+  }
+  ::closedir(d);
+  const rlimit lim{static_cast<rlim_t>(highest + 1), static_cast<rlim_t>(highest + 1)};
+  if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) return 3;
+  while (::dup(2) >= 0) {
+  }  // fill the holes below the limit
+  if (errno != EMFILE) return 3;
+  try {
+    const decision dec = store.apply(cfg, "k", store_time, 1);
+    if (dec.source != decision_source::fail_open || !dec.allowed) return 2;
+    if (store.stats().fail_open != 1 || store.stats().errors != 1) return 2;
+    int calls = 0;
+    store.async_apply(cfg, "k", store_time, 1, access::consume,
+                      [&](decision d2, std::exception_ptr e) {
+                        ++calls;
+                        if (e || d2.source != decision_source::fail_open) calls += 100;
+                      });
+    return calls == 1 ? 0 : 2;
+  } catch (...) {
+    return 1;
+  }
+}
+
+// Verifies that a multiplexed check that cannot get its I/O thread going
+// (no file descriptor for its eventfd) is a failure decided by the failure
+// policy, as a pooled check that cannot open a socket is; the async form
+// calls its handler (inline) with that decision instead of throwing.
+TEST(RedisMultiplex, NoDescriptorForTheIoThreadIsDecidedByTheFailurePolicy) {
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("mux-emfile");
+  for (const std::size_t multiplex : {std::size_t{0}, std::size_t{1}}) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) ::_exit(check_without_descriptors(o, multiplex));
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "multiplex " << multiplex;
+  }
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -149,8 +150,8 @@ class multiplexer {
   /// first use. On success `job` is moved from, and its complete() will be
   /// called exactly once; otherwise `job` is left as it was.
   /// @return false after stop() began (the store is being destroyed)
-  /// @throws std::system_error when the I/O thread cannot be started;
-  ///   std::bad_alloc
+  /// @throws connection_error when the eventfd or the I/O thread cannot be
+  ///   made (no file descriptor, no thread): nothing was sent; std::bad_alloc
   [[nodiscard]] bool submit(std::unique_ptr<mux_job>& job) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -163,7 +164,12 @@ class multiplexer {
                                    std::strerror(errno));
           }
         }
-        thread_ = std::make_unique<std::thread>([this] { run(); });
+        try {
+          thread_ = std::make_unique<std::thread>([this] { run(); });
+        } catch (const std::system_error& e) {
+          throw connection_error(std::string("ratelimit: redis: cannot start the I/O thread: ") +
+                                 e.what());
+        }
       }
       lane& l = lanes_[next_lane_ % lanes_.size()];
       l.incoming.push_back(std::move(job));

@@ -802,7 +802,8 @@ class redis_store {
   /// subclasses only under failure_policy::throw_error; the failure policy
   /// decides every other failure, as for apply()). It runs on the store's
   /// I/O thread; inline on the calling thread when the check is decided
-  /// without I/O (circuit breaker open); and, when the store's last copy is
+  /// without I/O (circuit breaker open, or the I/O thread cannot be started:
+  /// a connection_error for the failure policy); and, when the store's last copy is
   /// destroyed with the check in flight, on the destroying thread with a
   /// multiplexer_stopped error (no failure policy: the store is gone). A
   /// handler must not block on this store (a sync apply() there throws
@@ -1152,9 +1153,17 @@ class redis_store {
     job->build(false);
     job->until = deadline_clock::now() + st.command_timeout;
     std::unique_ptr<mux_job> base(std::move(job));
-    if (!st.mux.submit(base)) {
-      throw multiplexer_stopped("ratelimit: redis: the store is being destroyed");
+    bool queued = false;
+    try {
+      queued = st.mux.submit(base);
+    } catch (const connection_error&) {
+      // No eventfd or I/O thread (out of descriptors or threads): nothing
+      // was sent, a failure decided here as a connect that failed.
+      mux_job* j = base.get();
+      j->complete(std::move(base), nullptr, std::current_exception());
+      return;
     }
+    if (!queued) throw multiplexer_stopped("ratelimit: redis: the store is being destroyed");
   }
 
   /// A single check through the multiplexer, waited for on this thread.
