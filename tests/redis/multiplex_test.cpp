@@ -533,4 +533,47 @@ TEST(RedisMultiplex, NoDescriptorForTheIoThreadIsDecidedByTheFailurePolicy) {
   }
 }
 
+// Verifies SCRIPT FLUSH with many checks pipelined on one connection: every
+// EVALSHA written before the first EVAL reloaded the script gets NOSCRIPT,
+// each is resent once, and the replies of the checks behind them still go to
+// their own checks: on one key, exactly the limit is admitted, with every
+// remaining count from limit-1 down to 0 given once, each handler called once.
+TEST(RedisMultiplex, ScriptFlushWithManyChecksInFlight) {
+  rltest::redis_server server;
+  redis::options o = own(server, "mux-flush-many");
+  o.multiplex = 1;
+  o.command_timeout = 5000ms;
+  o.on_failure = redis::failure_policy::throw_error;
+  redis::redis_store store(o);
+  const fixed_window::config cfg("30/1h", window_options{.name = "t"});
+  ASSERT_EQ(store.apply(cfg, "warm", store_time, 1).source, decision_source::store);
+  const std::uint64_t reloads_before = store.stats().script_reloads;  // 1: a new server
+  (void)rltest::command(o, {"SCRIPT", "FLUSH"});
+  constexpr std::size_t n = 60;
+  outcomes out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    store.async_apply(cfg, "k", store_time, 1, access::consume, out.handler(i));
+  }
+  ASSERT_TRUE(out.wait());
+  std::vector<int> remaining_seen(30, 0);
+  std::size_t admitted = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(out.calls[i], 1) << i;
+    ASSERT_FALSE(out.errors[i]) << i;
+    EXPECT_EQ(out.decisions[i].source, decision_source::store) << i;
+    if (out.decisions[i].allowed) {
+      ++admitted;
+      ASSERT_LT(out.decisions[i].remaining, 30u);
+      ++remaining_seen[out.decisions[i].remaining];
+    }
+  }
+  EXPECT_EQ(admitted, 30u);
+  for (int c : remaining_seen) EXPECT_EQ(c, 1);
+  const redis::store_stats st = store.stats();
+  EXPECT_GE(st.script_reloads - reloads_before, 1u);
+  EXPECT_LE(st.script_reloads - reloads_before, n);
+  EXPECT_EQ(st.store, n + 1);
+  EXPECT_EQ(st.errors, 0u);
+}
+
 }  // namespace
