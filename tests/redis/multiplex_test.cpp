@@ -576,4 +576,32 @@ TEST(RedisMultiplex, ScriptFlushWithManyChecksInFlight) {
   EXPECT_EQ(st.errors, 0u);
 }
 
+// Verifies renew() (Sentinel's +switch-master) with a check in flight and one
+// queued behind it on the retired connection: once the first is answered
+// (BLPOP, after 200 ms) the queued one goes out on a new connection at once,
+// not when its deadline (2 s) has passed.
+TEST(RedisMultiplex, RenewedConnectionHandsItsQueuedChecksOnWhenAnswered) {
+  rltest::redis_server server;
+  redis::multiplexer mux(server.options(), 1);
+  std::atomic<int> calls{0};
+  std::exception_ptr blpop_error, ping_error;
+  const std::string list = rltest::unique_prefix("mux-renew") + "list";
+  std::unique_ptr<redis::mux_job> blpop(
+      new raw_job({"BLPOP", list, "0.2"}, 5000ms, 0ms, calls, blpop_error));
+  ASSERT_TRUE(mux.submit(blpop));
+  std::this_thread::sleep_for(50ms);  // written, held by the server
+  mux.renew();
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_ptr<redis::mux_job> ping(new raw_job({"PING"}, 2000ms, 0ms, calls, ping_error));
+  ASSERT_TRUE(mux.submit(ping));
+  while (calls.load() < 2 && std::chrono::steady_clock::now() - start < 5s) {
+    std::this_thread::sleep_for(5ms);
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_EQ(calls.load(), 2);
+  EXPECT_FALSE(blpop_error);
+  EXPECT_FALSE(ping_error) << "the queued check waited for its deadline";
+  EXPECT_LT(took, 1000ms);
+}
+
 }  // namespace

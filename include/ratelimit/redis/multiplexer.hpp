@@ -494,8 +494,14 @@ class multiplexer {
             std::chrono::ceil<std::chrono::milliseconds>(next - deadline_clock::now()).count();
         timeout_ms = static_cast<int>(std::clamp<long long>(left, 0, 60000));
       }
+      // Queued jobs waiting for a connection, or for a retired one whose last
+      // answer was just read (it is closed and replaced in the next round):
+      // go round again at once, not at their deadline.
       bool queued_left = false;
-      for (lane& l : lanes_) queued_left = queued_left || (!l.queued.empty() && l.conn == nullptr);
+      for (lane& l : lanes_) {
+        queued_left = queued_left || (!l.queued.empty() &&
+                                      (l.conn == nullptr || (retired(l) && l.inflight.empty())));
+      }
       if (queued_left) timeout_ms = 0;
       if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
         woken = true;  // EINTR: look at everything again
