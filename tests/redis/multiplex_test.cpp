@@ -604,4 +604,41 @@ TEST(RedisMultiplex, RenewedConnectionHandsItsQueuedChecksOnWhenAnswered) {
   EXPECT_LT(took, 1000ms);
 }
 
+// Verifies that a value our script did not write (a list where a check's
+// state lives: WRONGTYPE inside the script) is decided the same way through
+// the multiplexer as through the pool: script_error under throw_error; under
+// fail_open an admitted fail_open decision, one error counted, the breaker
+// untouched, and the connection kept (the next check on another key is
+// decided by Redis).
+TEST(RedisMultiplex, ForeignValueIsDecidedAsThroughThePool) {
+  redis::options base = rltest::shared_redis();
+  const gcra::config cfg("5/1h", bucket_options{.name = "t"});
+  for (const auto policy : {redis::failure_policy::throw_error, redis::failure_policy::fail_open}) {
+    for (const std::size_t multiplex : {std::size_t{0}, std::size_t{1}}) {
+      redis::options o = base;
+      o.prefix = rltest::unique_prefix("mux-foreign");
+      o.multiplex = multiplex;
+      o.on_failure = policy;
+      o.breaker_threshold = 1;
+      redis::redis_store store(o);
+      (void)rltest::command(o, {"RPUSH", store.key_for(cfg, "k"), "x"});
+      if (policy == redis::failure_policy::throw_error) {
+        EXPECT_THROW((void)store.apply(cfg, "k", store_time, 1), redis::script_error) << multiplex;
+        outcomes out(1);
+        store.async_apply(cfg, "k", store_time, 1, access::consume, out.handler(0));
+        ASSERT_TRUE(out.wait());
+        EXPECT_TRUE(holds<redis::script_error>(out.errors[0])) << multiplex;
+      } else {
+        const decision d = store.apply(cfg, "k", store_time, 1);
+        EXPECT_EQ(d.source, decision_source::fail_open) << multiplex;
+        EXPECT_TRUE(d.allowed) << multiplex;
+        EXPECT_EQ(store.stats().errors, 1u) << multiplex;
+      }
+      EXPECT_FALSE(store.circuit_open()) << multiplex;
+      EXPECT_EQ(store.apply(cfg, "other", store_time, 1).source, decision_source::store)
+          << multiplex;
+    }
+  }
+}
+
 }  // namespace
