@@ -641,4 +641,50 @@ TEST(RedisMultiplex, ForeignValueIsDecidedAsThroughThePool) {
   }
 }
 
+/// In a child process: an async check whose handler holds a copy of the
+/// store, the caller's copy dropped before the answer; later checks on a
+/// new store still work. Exit 0 when the handler ran once and the process
+/// lived on.
+int last_copy_in_the_handler(const redis::options& o) {
+  const fixed_window::config cfg("10/1h", window_options{.name = "t"});
+  std::atomic<int> calls{0};
+  std::atomic<int> after{0};
+  {
+    redis::redis_store store(o);
+    store.async_apply(
+        cfg, "k", store_time, 1, access::consume,
+        [copy = store, &calls, &after, cfg](decision d, std::exception_ptr e) mutable {
+          if (!e && d.source == decision_source::store) ++calls;
+          // A follow-up check through the copy (reentrancy).
+          copy.async_apply(cfg, "k2", store_time, 1, access::consume,
+                           [&after](decision, std::exception_ptr) { ++after; });
+        });
+  }  // the handler's copy is now the last one
+  for (int i = 0; i < 300 && (calls.load() < 1 || after.load() < 1); ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  std::this_thread::sleep_for(100ms);
+  redis::redis_store again(o);
+  if (again.apply(cfg, "k", store_time, 1).remaining != 8) return 2;
+  return calls.load() == 1 && after.load() == 1 ? 0 : 3;
+}
+
+// Verifies that a handler holding a copy of the store (to submit follow-up
+// checks) may be the store's last copy: the store is then destroyed after
+// the handler returns, on no thread that waits for itself. The follow-up
+// check gets exactly one answer (multiplexer_stopped or its decision).
+TEST(RedisMultiplex, HandlerHoldingTheLastCopyOfTheStore) {
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("mux-last-copy");
+  o.multiplex = 1;
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) ::_exit(last_copy_in_the_handler(o));
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal "
+                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
 }  // namespace
