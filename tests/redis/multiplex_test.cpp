@@ -687,4 +687,75 @@ TEST(RedisMultiplex, HandlerHoldingTheLastCopyOfTheStore) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
+/// In a child forked while the parent's I/O thread runs: the parent's store
+/// refuses checks (sync and async, the handler never called) and its copy
+/// destroyed there touches nothing of the parent's; a new store works.
+int child_with_the_parents_store(redis::redis_store parents, const redis::options& o) {
+  const fixed_window::config cfg("10/1h", window_options{.name = "t"});
+  int calls = 0;
+  try {
+    parents.async_apply(cfg, "k", store_time, 1, access::consume,
+                        [&](decision, std::exception_ptr) { ++calls; });
+    return 1;
+  } catch (const std::logic_error&) {
+  }
+  try {
+    (void)parents.apply(cfg, "k", store_time, 1);
+    return 2;
+  } catch (const std::logic_error&) {
+  }
+  if (calls != 0) return 3;
+  redis::redis_store own(o);
+  if (own.apply(cfg, "k", store_time, 1).remaining != 9) return 4;
+  int own_calls = 0;
+  decision got;
+  std::mutex m;
+  std::condition_variable cv;
+  own.async_apply(cfg, "k", store_time, 1, access::consume, [&](decision d, std::exception_ptr) {
+    std::lock_guard<std::mutex> lock(m);
+    got = d;
+    ++own_calls;
+    cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(m);
+  if (!cv.wait_for(lock, 5s, [&] { return own_calls == 1; })) return 5;
+  return got.remaining == 8 ? 0 : 6;
+}
+
+// Verifies fork() with the I/O thread running and checks in flight in the
+// parent: the child refuses the parent's store (std::logic_error, no handler
+// call), destroys its copy without joining or closing anything, and a store
+// of its own works; the parent's checks in flight complete once each.
+TEST(RedisMultiplex, ForkWithTheIoThreadRunning) {
+  rltest::redis_server server;
+  redis::options o = own(server, "mux-fork");
+  o.multiplex = 2;
+  o.command_timeout = 5000ms;
+  const fixed_window::config cfg("10/1h", window_options{.name = "t"});
+  redis::redis_store store(o);
+  ASSERT_EQ(store.apply(cfg, "warm", store_time, 1).source, decision_source::store);
+  (void)rltest::command(o, {"CLIENT", "PAUSE", "300", "WRITE"});
+  constexpr std::size_t n = 8;
+  outcomes out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    store.async_apply(cfg, "p", store_time, 1, access::consume, out.handler(i));
+  }
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) ::_exit(child_with_the_parents_store(store, o));
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  ASSERT_TRUE(out.wait());
+  std::size_t admitted = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(out.calls[i], 1) << i;
+    EXPECT_FALSE(out.errors[i]) << i;
+    admitted += out.decisions[i].allowed ? 1 : 0;
+  }
+  EXPECT_EQ(admitted, n);
+  EXPECT_EQ(store.apply(cfg, "p", store_time, 1).remaining, 10u - n - 1);
+}
+
 }  // namespace
