@@ -758,4 +758,40 @@ TEST(RedisMultiplex, ForkWithTheIoThreadRunning) {
   EXPECT_EQ(store.apply(cfg, "p", store_time, 1).remaining, 10u - n - 1);
 }
 
+// Verifies that destroying a store whose I/O thread is connecting to a hung
+// server (SIGSTOP: the kernel accepts, nothing answers) waits for that one
+// connect only, not for one connect per connection with checks queued: four
+// connections, connect_timeout 300 ms, checks with 5 s deadlines. Every
+// handler is called once.
+TEST(RedisMultiplex, DestructionWhileConnectingWaitsForOneConnect) {
+  rltest::redis_server server;
+  redis::options o = own(server, "mux-hung");
+  o.multiplex = 4;
+  o.connect_timeout = 300ms;
+  o.command_timeout = 5000ms;
+  o.breaker_threshold = 1000;
+  const fixed_window::config cfg("10/1h", window_options{.name = "t"});
+  constexpr std::size_t n = 4;
+  outcomes out(n);
+  server.pause();
+  auto took = std::chrono::steady_clock::duration{};
+  {
+    redis::redis_store store(o);
+    for (std::size_t i = 0; i < n; ++i) {
+      store.async_apply(cfg, "k", store_time, 1, access::consume, out.handler(i));
+    }
+    std::this_thread::sleep_for(50ms);  // the first connect is under way
+    const auto start = std::chrono::steady_clock::now();
+    store = redis::redis_store(o);  // the first store's last copy goes
+    took = std::chrono::steady_clock::now() - start;
+  }
+  server.resume();
+  ASSERT_TRUE(out.wait(1s));
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(out.calls[i], 1) << i;
+    EXPECT_TRUE(holds<redis::connection_error>(out.errors[i]) || !out.errors[i]) << i;
+  }
+  EXPECT_LT(took, 600ms);
+}
+
 }  // namespace

@@ -90,7 +90,8 @@ class multiplexer_stopped : public connection_error {
 ///   for its connect_timeout stalls the other connections meanwhile); the
 ///   connect hook runs there too.
 /// - Destruction (or stop()) fails every job not yet completed with
-///   multiplexer_stopped.
+///   multiplexer_stopped. It waits for a connect under way, and no other
+///   connect starts once it began.
 /// - fork(): the I/O thread does not exist in a child. A multiplexer
 ///   destroyed in a child forked after it was made leaks its state and
 ///   closes nothing (see detail::delete_unless_forked; stores refuse to run
@@ -458,6 +459,12 @@ class multiplexer {
           l.batch_first = 0;
         }
         if (l.conn == nullptr && !l.queued.empty()) {
+          {
+            // stop() waits for this thread: no further connect once it began
+            // (each may take connect_timeout).
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (stopping_) return;
+          }
           connect(l);
           now = deadline_clock::now();
         }
