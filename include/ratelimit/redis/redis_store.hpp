@@ -810,7 +810,9 @@ class redis_store {
   /// block on this store (a sync apply() there throws std::logic_error) and
   /// should not throw (what it throws is ignored).
   /// @throws std::invalid_argument for a bad key, cost or time (before
-  ///   anything starts; the handler is then not called)
+  ///   anything starts; the handler is then not called); std::logic_error
+  ///   in a child forked after the store was made; multiplexer_stopped when
+  ///   called (from a handler) while the store is being destroyed
   template <class Config, class Handler>
     requires policy<typename Config::policy_type> &&
              std::invocable<Handler&, decision, std::exception_ptr>
