@@ -14,7 +14,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <coroutine>
-#include <cstdio>
 #include <exception>
 #include <mutex>
 #include <stdexcept>
@@ -808,6 +807,61 @@ TEST(RedisMultiplex, DestructionWhileConnectingWaitsForOneConnect) {
     EXPECT_TRUE(holds<redis::connection_error>(out.errors[i]) || !out.errors[i]) << i;
   }
   EXPECT_LT(took, 600ms);
+}
+
+// Verifies exactly-once completion under churn: 4 threads submit 400 async
+// checks each over 3 shared connections while another thread kills the
+// connections (CLIENT KILL) every 5 ms; every handler is called exactly
+// once, and the checks decided by Redis never admit more than the limit.
+TEST(RedisMultiplex, EveryHandlerOnceWhileConnectionsAreKilled) {
+  rltest::redis_server server;
+  redis::options o = own(server, "mux-churn");
+  o.multiplex = 3;
+  o.command_timeout = 2000ms;
+  o.on_failure = redis::failure_policy::fail_closed;
+  o.breaker_threshold = 1000000;
+  redis::redis_store store(o);
+  const fixed_window::config cfg("500/1h", window_options{.name = "t"});
+  constexpr std::size_t threads = 4, per_thread = 400, n = threads * per_thread;
+  outcomes out(n);
+  std::atomic<bool> done{false};
+  std::thread killer([&] {
+    while (!done.load()) {
+      (void)rltest::command(o, {"CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"});
+      std::this_thread::sleep_for(5ms);
+    }
+  });
+  std::vector<std::thread> pool;
+  for (std::size_t t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (std::size_t j = 0; j < per_thread; ++j) {
+        const std::size_t i = t * per_thread + j;
+        store.async_apply(cfg, "k", store_time, 1, access::consume, out.handler(i));
+        if (j % 50 == 0) std::this_thread::sleep_for(2ms);
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  const bool all = out.wait(20s);
+  done = true;
+  killer.join();
+  ASSERT_TRUE(all);
+  std::size_t by_store = 0, admitted = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(out.calls[i], 1) << i;
+    EXPECT_FALSE(out.errors[i]) << i;
+    if (out.decisions[i].source == decision_source::store) {
+      ++by_store;
+      admitted += out.decisions[i].allowed ? 1 : 0;
+    }
+  }
+  EXPECT_LE(admitted, 500u);
+  const redis::store_stats st = store.stats();
+  EXPECT_EQ(st.store, by_store);
+  EXPECT_EQ(st.store + st.fail_closed, n);
+  std::this_thread::sleep_for(50ms);
+  std::lock_guard<std::mutex> lock(out.m);
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(out.calls[i], 1) << i;
 }
 
 }  // namespace
