@@ -22,7 +22,11 @@ namespace ratelimit {
 /// from the co_await; bad input throws std::invalid_argument from it too.
 /// The key is copied: the awaitable may outlive the caller's string.
 ///
-/// Awaited once; not copyable.
+/// Awaited once; not copyable. The check's handler writes into the
+/// awaitable (in the coroutine's frame) and resumes the coroutine: a
+/// coroutine suspended on it must not be destroyed before it is resumed
+/// (nothing cancels the check; destroying the frame first is undefined
+/// behaviour), and the limiter and its store must outlive the check.
 template <class Limiter>
 class acquire_awaitable {
  public:

@@ -98,6 +98,7 @@ class limiter {
   /// error try_acquire would throw. A store with `async_apply` (the Redis
   /// store) calls it on its I/O thread; any other store decides inline, so
   /// the handler runs before this returns and code is written once for both.
+  /// What the handler throws is ignored (it does not leave this call).
   /// @throws std::invalid_argument for a bad key or cost (the handler is then not called)
   template <class Handler>
     requires std::invocable<Handler&, decision, std::exception_ptr>
@@ -291,7 +292,11 @@ class limiter {
     } catch (...) {
       e = std::current_exception();
     }
-    handler(d, std::move(e));
+    try {
+      handler(d, std::move(e));
+    } catch (...) {
+      // What a handler throws is ignored, as on the Redis store's I/O thread.
+    }
   }
 
   /// The store keeps request ids itself (Redis: in the check's script).

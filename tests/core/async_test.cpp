@@ -95,4 +95,27 @@ TEST(LimiterAsync, CoAwaitCompletesWithoutSuspending) {
   EXPECT_FALSE(error.empty());
 }
 
+// Verifies the documented rule "what a handler throws is ignored" for the
+// in-process store too: the handler runs inline, once, and its exception
+// does not escape async_try_acquire (nor the co_await form's check), and the
+// check it reported is counted.
+TEST(LimiterAsync, WhatAnInlineHandlerThrowsIsIgnored) {
+  const fixed_window::config cfg("2/1s", window_options{.name = "t"});
+  limiter<fixed_window> l(cfg);
+  int calls = 0;
+  EXPECT_NO_THROW(l.async_try_acquire("k", microseconds{0}, 1, [&](decision d, std::exception_ptr) {
+    ++calls;
+    EXPECT_TRUE(d.allowed);
+    throw std::runtime_error("handler");
+  }));
+  EXPECT_NO_THROW(l.async_try_acquire("k", [&](decision, std::exception_ptr) {
+    ++calls;
+    throw 42;
+  }));
+  EXPECT_EQ(calls, 2);
+  // The first check counted: one of two left in the window at 0.
+  EXPECT_TRUE(l.try_acquire("k", microseconds{1}, 1).allowed);
+  EXPECT_FALSE(l.try_acquire("k", microseconds{2}, 1).allowed);
+}
+
 }  // namespace

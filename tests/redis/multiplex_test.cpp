@@ -3,11 +3,14 @@
 // admission across threads and processes, a connection killed mid-pipeline,
 // timeouts, destruction with checks in flight, and the limiter's async API
 // over both stores.
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <coroutine>
@@ -425,6 +428,440 @@ TEST(RedisMultiplex, CoAwaitOverBothStores) {
   }(remote, bad);
   ASSERT_TRUE(bad.wait(0ms));
   EXPECT_TRUE(holds<std::invalid_argument>(bad.errors[0]));
+}
+
+/// A raw command through a multiplexer: records its outcome; `pause` is
+/// slept in complete() (a slow handler, or the I/O thread descheduled).
+struct raw_job final : redis::mux_job {
+  raw_job(std::vector<std::string_view> args, std::chrono::milliseconds timeout,
+          std::chrono::milliseconds p, std::atomic<int>& c, std::exception_ptr& e)
+      : pause(p), calls(c), error(e) {
+    redis::append_command(bytes, args.data(), args.size());
+    until = redis::deadline_clock::now() + timeout;
+  }
+  void complete(std::unique_ptr<redis::mux_job>, redis::reply_ptr,
+                std::exception_ptr e) noexcept override {
+    error = std::move(e);
+    std::this_thread::sleep_for(pause);
+    calls.fetch_add(1);
+  }
+  std::chrono::milliseconds pause;
+  std::atomic<int>& calls;
+  std::exception_ptr& error;
+};
+
+// Verifies that a reply which arrived before its check's deadline is
+// delivered even when the I/O thread gets to it after the deadline (busy in
+// another connection's handler): BLPOP answers after 50 ms, well within its
+// 250 ms; the other connection's handler holds the thread for 400 ms. The
+// late check must look at what arrived before failing anything.
+TEST(RedisMultiplex, ReplyArrivedInTimeIsDeliveredWhenReadLate) {
+  rltest::redis_server server;
+  redis::multiplexer mux(server.options(), 2);
+  std::atomic<int> calls{0};
+  std::exception_ptr blpop_error, ping_error;
+  const std::string list = rltest::unique_prefix("mux-late") + "list";
+  std::unique_ptr<redis::mux_job> blpop(
+      new raw_job({"BLPOP", list, "0.05"}, 250ms, 0ms, calls, blpop_error));
+  std::unique_ptr<redis::mux_job> ping(new raw_job({"PING"}, 5000ms, 400ms, calls, ping_error));
+  ASSERT_TRUE(mux.submit(blpop));  // lane 0
+  ASSERT_TRUE(mux.submit(ping));   // lane 1
+  const auto start = std::chrono::steady_clock::now();
+  while (calls.load() < 2 && std::chrono::steady_clock::now() - start < 5s) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(calls.load(), 2);
+  EXPECT_FALSE(ping_error);
+  EXPECT_FALSE(blpop_error) << "the BLPOP's reply came after 50 ms of its 250 ms";
+  EXPECT_EQ(mux.connections_dropped(), 0u);
+}
+
+/// In a child process: with no file descriptor left (RLIMIT_NOFILE at the
+/// highest one open, the holes below it filled), one check of a new store with `multiplex` connections
+/// under fail_open. Exit 0: decided fail_open, the error counted; 1: it
+/// threw; 2: another decision; 3: setup failed.
+int check_without_descriptors(redis::options o, std::size_t multiplex) {
+  o.multiplex = multiplex;
+  o.on_failure = redis::failure_policy::fail_open;
+  redis::redis_store store(o);
+  const fixed_window::config cfg("5/1h", window_options{.name = "t"});
+  int highest = 0;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return 3;
+  while (const dirent* e = ::readdir(d)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd != ::dirfd(d)) highest = std::max(highest, fd);
+  }
+  ::closedir(d);
+  const rlimit lim{static_cast<rlim_t>(highest + 1), static_cast<rlim_t>(highest + 1)};
+  if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) return 3;
+  while (::dup(2) >= 0) {
+  }  // fill the holes below the limit
+  if (errno != EMFILE) return 3;
+  try {
+    const decision dec = store.apply(cfg, "k", store_time, 1);
+    if (dec.source != decision_source::fail_open || !dec.allowed) return 2;
+    if (store.stats().fail_open != 1 || store.stats().errors != 1) return 2;
+    int calls = 0;
+    store.async_apply(cfg, "k", store_time, 1, access::consume,
+                      [&](decision d2, std::exception_ptr e) {
+                        ++calls;
+                        if (e || d2.source != decision_source::fail_open) calls += 100;
+                      });
+    return calls == 1 ? 0 : 2;
+  } catch (...) {
+    return 1;
+  }
+}
+
+// Verifies that a multiplexed check that cannot get its I/O thread going
+// (no file descriptor for its eventfd) is a failure decided by the failure
+// policy, as a pooled check that cannot open a socket is; the async form
+// calls its handler (inline) with that decision instead of throwing.
+TEST(RedisMultiplex, NoDescriptorForTheIoThreadIsDecidedByTheFailurePolicy) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "UBSan (built with ASan here) checks a vptr through a pipe: with no "
+                  "descriptor left it reports a valid object as invalid";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  GTEST_SKIP() << "UBSan (built with ASan here) checks a vptr through a pipe: with no "
+                  "descriptor left it reports a valid object as invalid";
+#endif
+#endif
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("mux-emfile");
+  for (const std::size_t multiplex : {std::size_t{0}, std::size_t{1}}) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) ::_exit(check_without_descriptors(o, multiplex));
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "multiplex " << multiplex;
+  }
+}
+
+// Verifies SCRIPT FLUSH with many checks pipelined on one connection: every
+// EVALSHA written before the first EVAL reloaded the script gets NOSCRIPT,
+// each is resent once, and the replies of the checks behind them still go to
+// their own checks: on one key, exactly the limit is admitted, with every
+// remaining count from limit-1 down to 0 given once, each handler called once.
+TEST(RedisMultiplex, ScriptFlushWithManyChecksInFlight) {
+  rltest::redis_server server;
+  redis::options o = own(server, "mux-flush-many");
+  o.multiplex = 1;
+  o.command_timeout = 5000ms;
+  o.on_failure = redis::failure_policy::throw_error;
+  redis::redis_store store(o);
+  const fixed_window::config cfg("30/1h", window_options{.name = "t"});
+  ASSERT_EQ(store.apply(cfg, "warm", store_time, 1).source, decision_source::store);
+  const std::uint64_t reloads_before = store.stats().script_reloads;  // 1: a new server
+  (void)rltest::command(o, {"SCRIPT", "FLUSH"});
+  constexpr std::size_t n = 60;
+  outcomes out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    store.async_apply(cfg, "k", store_time, 1, access::consume, out.handler(i));
+  }
+  ASSERT_TRUE(out.wait());
+  std::vector<int> remaining_seen(30, 0);
+  std::size_t admitted = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(out.calls[i], 1) << i;
+    ASSERT_FALSE(out.errors[i]) << i;
+    EXPECT_EQ(out.decisions[i].source, decision_source::store) << i;
+    if (out.decisions[i].allowed) {
+      ++admitted;
+      ASSERT_LT(out.decisions[i].remaining, 30);
+      ++remaining_seen[static_cast<std::size_t>(out.decisions[i].remaining)];
+    }
+  }
+  EXPECT_EQ(admitted, 30u);
+  for (int c : remaining_seen) EXPECT_EQ(c, 1);
+  const redis::store_stats st = store.stats();
+  EXPECT_GE(st.script_reloads - reloads_before, 1u);
+  EXPECT_LE(st.script_reloads - reloads_before, n);
+  EXPECT_EQ(st.store, n + 1);
+  EXPECT_EQ(st.errors, 0u);
+}
+
+// Verifies renew() (Sentinel's +switch-master) with a check in flight and one
+// queued behind it on the retired connection: once the first is answered
+// (BLPOP, after 200 ms) the queued one goes out on a new connection at once,
+// not when its deadline (2 s) has passed.
+TEST(RedisMultiplex, RenewedConnectionHandsItsQueuedChecksOnWhenAnswered) {
+  rltest::redis_server server;
+  redis::multiplexer mux(server.options(), 1);
+  std::atomic<int> calls{0};
+  std::exception_ptr blpop_error, ping_error;
+  const std::string list = rltest::unique_prefix("mux-renew") + "list";
+  std::unique_ptr<redis::mux_job> blpop(
+      new raw_job({"BLPOP", list, "0.2"}, 5000ms, 0ms, calls, blpop_error));
+  ASSERT_TRUE(mux.submit(blpop));
+  std::this_thread::sleep_for(50ms);  // written, held by the server
+  mux.renew();
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_ptr<redis::mux_job> ping(new raw_job({"PING"}, 2000ms, 0ms, calls, ping_error));
+  ASSERT_TRUE(mux.submit(ping));
+  while (calls.load() < 2 && std::chrono::steady_clock::now() - start < 5s) {
+    std::this_thread::sleep_for(5ms);
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_EQ(calls.load(), 2);
+  EXPECT_FALSE(blpop_error);
+  EXPECT_FALSE(ping_error) << "the queued check waited for its deadline";
+  EXPECT_LT(took, 1000ms);
+}
+
+// Verifies that a value our script did not write (a list where a check's
+// state lives: WRONGTYPE inside the script) is decided the same way through
+// the multiplexer as through the pool: script_error under throw_error; under
+// fail_open an admitted fail_open decision, one error counted, the breaker
+// untouched, and the connection kept (the next check on another key is
+// decided by Redis).
+TEST(RedisMultiplex, ForeignValueIsDecidedAsThroughThePool) {
+  redis::options base = rltest::shared_redis();
+  const gcra::config cfg("5/1h", bucket_options{.name = "t"});
+  for (const auto policy : {redis::failure_policy::throw_error, redis::failure_policy::fail_open}) {
+    for (const std::size_t multiplex : {std::size_t{0}, std::size_t{1}}) {
+      redis::options o = base;
+      o.prefix = rltest::unique_prefix("mux-foreign");
+      o.multiplex = multiplex;
+      o.on_failure = policy;
+      o.breaker_threshold = 1;
+      redis::redis_store store(o);
+      (void)rltest::command(o, {"RPUSH", store.key_for(cfg, "k"), "x"});
+      if (policy == redis::failure_policy::throw_error) {
+        EXPECT_THROW((void)store.apply(cfg, "k", store_time, 1), redis::script_error) << multiplex;
+        outcomes out(1);
+        store.async_apply(cfg, "k", store_time, 1, access::consume, out.handler(0));
+        ASSERT_TRUE(out.wait());
+        EXPECT_TRUE(holds<redis::script_error>(out.errors[0])) << multiplex;
+      } else {
+        const decision d = store.apply(cfg, "k", store_time, 1);
+        EXPECT_EQ(d.source, decision_source::fail_open) << multiplex;
+        EXPECT_TRUE(d.allowed) << multiplex;
+        EXPECT_EQ(store.stats().errors, 1u) << multiplex;
+      }
+      EXPECT_FALSE(store.circuit_open()) << multiplex;
+      EXPECT_EQ(store.apply(cfg, "other", store_time, 1).source, decision_source::store)
+          << multiplex;
+    }
+  }
+}
+
+/// In a child process: an async check whose handler holds a copy of the
+/// store, the caller's copy dropped before the answer; later checks on a
+/// new store still work. Exit 0 when the handler ran once and the process
+/// lived on.
+int last_copy_in_the_handler(const redis::options& o) {
+  const fixed_window::config cfg("10/1h", window_options{.name = "t"});
+  std::atomic<int> calls{0};
+  std::atomic<int> after{0};
+  {
+    redis::redis_store store(o);
+    store.async_apply(
+        cfg, "k", store_time, 1, access::consume,
+        [copy = store, &calls, &after, cfg](decision d, std::exception_ptr e) mutable {
+          if (!e && d.source == decision_source::store) ++calls;
+          // A follow-up check through the copy (reentrancy).
+          copy.async_apply(cfg, "k2", store_time, 1, access::consume,
+                           [&after](decision, std::exception_ptr) { ++after; });
+        });
+  }  // the handler's copy is now the last one
+  for (int i = 0; i < 300 && (calls.load() < 1 || after.load() < 1); ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  std::this_thread::sleep_for(100ms);
+  redis::redis_store again(o);
+  if (again.apply(cfg, "k", store_time, 1).remaining != 8) return 2;
+  return calls.load() == 1 && after.load() == 1 ? 0 : 3;
+}
+
+// Verifies that a handler holding a copy of the store (to submit follow-up
+// checks) may be the store's last copy: the store is then destroyed after
+// the handler returns, on no thread that waits for itself. The follow-up
+// check gets exactly one answer (multiplexer_stopped or its decision).
+TEST(RedisMultiplex, HandlerHoldingTheLastCopyOfTheStore) {
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("mux-last-copy");
+  o.multiplex = 1;
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) ::_exit(last_copy_in_the_handler(o));
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal "
+                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+/// In a child forked while the parent's I/O thread runs: the parent's store
+/// refuses checks (sync and async, the handler never called) and its copy
+/// destroyed there touches nothing of the parent's; a new store works.
+int child_with_the_parents_store(redis::redis_store parents, const redis::options& o) {
+  const fixed_window::config cfg("10/1h", window_options{.name = "t"});
+  int calls = 0;
+  try {
+    parents.async_apply(cfg, "k", store_time, 1, access::consume,
+                        [&](decision, std::exception_ptr) { ++calls; });
+    return 1;
+  } catch (const std::logic_error&) {
+  }
+  try {
+    (void)parents.apply(cfg, "k", store_time, 1);
+    return 2;
+  } catch (const std::logic_error&) {
+  }
+  if (calls != 0) return 3;
+#if defined(__SANITIZE_THREAD__)
+  return 0;  // TSan kills children that start threads after a multi-threaded fork
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+  return 0;
+#endif
+#endif
+  redis::redis_store own(o);
+  if (own.apply(cfg, "k", store_time, 1).remaining != 9) return 4;
+  int own_calls = 0;
+  decision got;
+  std::mutex m;
+  std::condition_variable cv;
+  own.async_apply(cfg, "k", store_time, 1, access::consume, [&](decision d, std::exception_ptr) {
+    std::lock_guard<std::mutex> lock(m);
+    got = d;
+    ++own_calls;
+    cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(m);
+  if (!cv.wait_for(lock, 5s, [&] { return own_calls == 1; })) return 5;
+  return got.remaining == 8 ? 0 : 6;
+}
+
+// Verifies fork() with the I/O thread running and checks in flight in the
+// parent: the child refuses the parent's store (std::logic_error, no handler
+// call), destroys its copy without joining or closing anything, and a store
+// of its own works; the parent's checks in flight complete once each.
+TEST(RedisMultiplex, ForkWithTheIoThreadRunning) {
+  rltest::redis_server server;
+  redis::options o = own(server, "mux-fork");
+  o.multiplex = 2;
+  o.command_timeout = 5000ms;
+  const fixed_window::config cfg("10/1h", window_options{.name = "t"});
+  redis::redis_store store(o);
+  ASSERT_EQ(store.apply(cfg, "warm", store_time, 1).source, decision_source::store);
+  (void)rltest::command(o, {"CLIENT", "PAUSE", "300", "WRITE"});
+  constexpr std::size_t n = 8;
+  outcomes out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    store.async_apply(cfg, "p", store_time, 1, access::consume, out.handler(i));
+  }
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) ::_exit(child_with_the_parents_store(store, o));
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  ASSERT_TRUE(out.wait());
+  std::size_t admitted = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(out.calls[i], 1) << i;
+    EXPECT_FALSE(out.errors[i]) << i;
+    admitted += out.decisions[i].allowed ? 1 : 0;
+  }
+  EXPECT_EQ(admitted, n);
+  EXPECT_EQ(store.apply(cfg, "p", store_time, 1).remaining, 1);  // 10 - 8 - 1
+}
+
+// Verifies that destroying a store whose I/O thread is connecting to a hung
+// server (SIGSTOP: the kernel accepts, nothing answers) waits for that one
+// connect only, not for one connect per connection with checks queued: four
+// connections, connect_timeout 300 ms, checks with 5 s deadlines. Every
+// handler is called once.
+TEST(RedisMultiplex, DestructionWhileConnectingWaitsForOneConnect) {
+  rltest::redis_server server;
+  redis::options o = own(server, "mux-hung");
+  o.multiplex = 4;
+  o.connect_timeout = 300ms;
+  o.command_timeout = 5000ms;
+  o.breaker_threshold = 1000;
+  const fixed_window::config cfg("10/1h", window_options{.name = "t"});
+  constexpr std::size_t n = 4;
+  outcomes out(n);
+  server.pause();
+  auto took = std::chrono::steady_clock::duration{};
+  {
+    redis::redis_store store(o);
+    for (std::size_t i = 0; i < n; ++i) {
+      store.async_apply(cfg, "k", store_time, 1, access::consume, out.handler(i));
+    }
+    std::this_thread::sleep_for(50ms);  // the first connect is under way
+    const auto start = std::chrono::steady_clock::now();
+    store = redis::redis_store(o);  // the first store's last copy goes
+    took = std::chrono::steady_clock::now() - start;
+  }
+  server.resume();
+  ASSERT_TRUE(out.wait(1s));
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(out.calls[i], 1) << i;
+    EXPECT_TRUE(holds<redis::connection_error>(out.errors[i]) || !out.errors[i]) << i;
+  }
+  EXPECT_LT(took, 600ms);
+}
+
+// Verifies exactly-once completion under churn: 4 threads submit 400 async
+// checks each over 3 shared connections while another thread kills the
+// connections (CLIENT KILL) every 5 ms; every handler is called exactly
+// once, and the checks decided by Redis never admit more than the limit.
+TEST(RedisMultiplex, EveryHandlerOnceWhileConnectionsAreKilled) {
+  rltest::redis_server server;
+  redis::options o = own(server, "mux-churn");
+  o.multiplex = 3;
+  o.command_timeout = 2000ms;
+  o.on_failure = redis::failure_policy::fail_closed;
+  o.breaker_threshold = 1000000;
+  redis::redis_store store(o);
+  const fixed_window::config cfg("500/1h", window_options{.name = "t"});
+  constexpr std::size_t threads = 4, per_thread = 400, n = threads * per_thread;
+  outcomes out(n);
+  std::atomic<bool> done{false};
+  std::thread killer([&] {
+    while (!done.load()) {
+      (void)rltest::command(o, {"CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"});
+      std::this_thread::sleep_for(5ms);
+    }
+  });
+  std::vector<std::thread> pool;
+  for (std::size_t t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (std::size_t j = 0; j < per_thread; ++j) {
+        const std::size_t i = t * per_thread + j;
+        store.async_apply(cfg, "k", store_time, 1, access::consume, out.handler(i));
+        if (j % 50 == 0) std::this_thread::sleep_for(2ms);
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  const bool all = out.wait(20s);
+  done = true;
+  killer.join();
+  ASSERT_TRUE(all);
+  std::size_t by_store = 0, admitted = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(out.calls[i], 1) << i;
+    EXPECT_FALSE(out.errors[i]) << i;
+    if (out.decisions[i].source == decision_source::store) {
+      ++by_store;
+      admitted += out.decisions[i].allowed ? 1 : 0;
+    }
+  }
+  EXPECT_LE(admitted, 500u);
+  const redis::store_stats st = store.stats();
+  EXPECT_EQ(st.store, by_store);
+  EXPECT_EQ(st.store + st.fail_closed, n);
+  std::this_thread::sleep_for(50ms);
+  std::lock_guard<std::mutex> lock(out.m);
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(out.calls[i], 1) << i;
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -75,8 +76,9 @@ class multiplexer_stopped : public connection_error {
 ///   connection excepted (as the pool, connect time is added, bounded by
 ///   connect_timeout). A queued job past its deadline fails with
 ///   timeout_error and is never sent.
-/// - A job written whose deadline passes before its reply came fails with
-///   timeout_error, and its connection is dropped: every other job written on
+/// - A job written whose deadline passes with no reply read fails with
+///   timeout_error, and its connection is dropped (replies that arrived are
+///   read first, whenever the I/O thread gets to them): every other job written on
 ///   it fails with connection_error (each may have run). Jobs still queued
 ///   go out on a new connection.
 /// - A connection that breaks (reset, closed, protocol error, a node failure
@@ -88,7 +90,8 @@ class multiplexer_stopped : public connection_error {
 ///   for its connect_timeout stalls the other connections meanwhile); the
 ///   connect hook runs there too.
 /// - Destruction (or stop()) fails every job not yet completed with
-///   multiplexer_stopped.
+///   multiplexer_stopped. It waits for a connect under way, and no other
+///   connect starts once it began.
 /// - fork(): the I/O thread does not exist in a child. A multiplexer
 ///   destroyed in a child forked after it was made leaks its state and
 ///   closes nothing (see detail::delete_unless_forked; stores refuse to run
@@ -148,8 +151,8 @@ class multiplexer {
   /// first use. On success `job` is moved from, and its complete() will be
   /// called exactly once; otherwise `job` is left as it was.
   /// @return false after stop() began (the store is being destroyed)
-  /// @throws std::system_error when the I/O thread cannot be started;
-  ///   std::bad_alloc
+  /// @throws connection_error when the eventfd or the I/O thread cannot be
+  ///   made (no file descriptor, no thread): nothing was sent; std::bad_alloc
   [[nodiscard]] bool submit(std::unique_ptr<mux_job>& job) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -162,7 +165,12 @@ class multiplexer {
                                    std::strerror(errno));
           }
         }
-        thread_ = std::make_unique<std::thread>([this] { run(); });
+        try {
+          thread_ = std::make_unique<std::thread>([this] { run(); });
+        } catch (const std::system_error& e) {
+          throw connection_error(std::string("ratelimit: redis: cannot start the I/O thread: ") +
+                                 e.what());
+        }
       }
       lane& l = lanes_[next_lane_ % lanes_.size()];
       l.incoming.push_back(std::move(job));
@@ -451,12 +459,25 @@ class multiplexer {
           l.batch_first = 0;
         }
         if (l.conn == nullptr && !l.queued.empty()) {
+          {
+            // stop() waits for this thread: no further connect once it began
+            // (each may take connect_timeout).
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (stopping_) return;
+          }
           connect(l);
           now = deadline_clock::now();
         }
         if (l.conn == nullptr) continue;
-        // A written job past its deadline: the connection cannot be trusted
-        // to answer in time, and its late reply would be read for the next.
+        // Replies first: one that arrived while this thread was busy elsewhere
+        // (another connection's handlers) answers its check, deadline or not.
+        if (l.readable) {
+          l.readable = false;
+          if (!read(l)) continue;
+        }
+        // A written job past its deadline with no reply read: the connection
+        // cannot be trusted to answer in time, and its late reply would be
+        // read for the next.
         const bool late = std::any_of(l.inflight.begin(), l.inflight.end(),
                                       [&](const auto& j) { return j->until <= now; });
         if (late) {
@@ -465,12 +486,7 @@ class multiplexer {
           continue;
         }
         if (!write(l)) continue;
-        if (l.readable) {
-          l.readable = false;
-          if (!read(l)) continue;
-        }
-        if (!write(l)) continue;  // replies completed jobs that may have queued more
-        short ev = POLLIN;        // also to see an idle connection closed by the server
+        short ev = POLLIN;  // also to see an idle connection closed by the server
         if (l.written < l.out.size()) ev |= POLLOUT;
         fds.push_back(pollfd{l.conn->stream().fd(), ev, 0});
         polled.push_back(&l);
@@ -485,8 +501,14 @@ class multiplexer {
             std::chrono::ceil<std::chrono::milliseconds>(next - deadline_clock::now()).count();
         timeout_ms = static_cast<int>(std::clamp<long long>(left, 0, 60000));
       }
+      // Queued jobs waiting for a connection, or for a retired one whose last
+      // answer was just read (it is closed and replaced in the next round):
+      // go round again at once, not at their deadline.
       bool queued_left = false;
-      for (lane& l : lanes_) queued_left = queued_left || (!l.queued.empty() && l.conn == nullptr);
+      for (lane& l : lanes_) {
+        queued_left = queued_left || (!l.queued.empty() &&
+                                      (l.conn == nullptr || (retired(l) && l.inflight.empty())));
+      }
       if (queued_left) timeout_ms = 0;
       if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
         woken = true;  // EINTR: look at everything again

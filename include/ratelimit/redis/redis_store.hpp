@@ -757,8 +757,7 @@ class redis_store {
   /// `o.sentinel` set, every connection goes to the master the sentinels name
   /// (see sentinel_locator).
   /// @throws std::invalid_argument for bad sentinel options (see sentinel_locator)
-  explicit redis_store(options o = {})
-      : shared_(new shared(std::move(o)), detail::delete_unless_forked<shared>{}) {}
+  explicit redis_store(options o = {}) : shared_(new shared(std::move(o)), shared_deleter{}) {}
 
   /// Refuses a config this store cannot key: an unnamed one. `limiter`'s
   /// constructor calls it, so a missing name fails at start-up.
@@ -802,13 +801,18 @@ class redis_store {
   /// subclasses only under failure_policy::throw_error; the failure policy
   /// decides every other failure, as for apply()). It runs on the store's
   /// I/O thread; inline on the calling thread when the check is decided
-  /// without I/O (circuit breaker open); and, when the store's last copy is
+  /// without I/O (circuit breaker open, or the I/O thread cannot be started:
+  /// a connection_error for the failure policy); and, when the store's last copy is
   /// destroyed with the check in flight, on the destroying thread with a
-  /// multiplexer_stopped error (no failure policy: the store is gone). A
-  /// handler must not block on this store (a sync apply() there throws
-  /// std::logic_error) and should not throw (what it throws is ignored).
+  /// multiplexer_stopped error (no failure policy: the store is gone; when
+  /// the last copy went on the I/O thread, with a handler that held it, on
+  /// a thread the store starts for its destruction). A handler must not
+  /// block on this store (a sync apply() there throws std::logic_error) and
+  /// should not throw (what it throws is ignored).
   /// @throws std::invalid_argument for a bad key, cost or time (before
-  ///   anything starts; the handler is then not called)
+  ///   anything starts; the handler is then not called); std::logic_error
+  ///   in a child forked after the store was made; multiplexer_stopped when
+  ///   called (from a handler) while the store is being destroyed
   template <class Config, class Handler>
     requires policy<typename Config::policy_type> &&
              std::invocable<Handler&, decision, std::exception_ptr>
@@ -1003,7 +1007,7 @@ class redis_store {
       if (!watched) breaker.success();
     }
 
-    const pid_t owner_pid = ::getpid();  ///< see detail::delete_unless_forked
+    const pid_t owner_pid = ::getpid();  ///< see shared_deleter
     options opts;
     std::unique_ptr<detail::sentinel_link> sentinel;  ///< null without Sentinel
     connection_pool pool;
@@ -1019,6 +1023,27 @@ class redis_store {
                     detail::sentinel_opener(sentinel.get())};
     std::atomic<bool> stopping{false};  ///< the store is being destroyed
     detail::prober prober;              ///< last: destroyed (joined) first
+  };
+
+  /// Destroys the shared state with the last copy of the store, as
+  /// detail::delete_unless_forked (leaked in a forked child). When the last
+  /// copy goes on the store's I/O thread (a handler held it, or destroyed
+  /// it), that thread cannot join itself: a thread of its own destroys the
+  /// state once the I/O thread is back in its loop, and the checks still in
+  /// flight get multiplexer_stopped there.
+  struct shared_deleter {
+    void operator()(shared* p) const noexcept {
+      if (p->owner_pid != ::getpid()) return;
+      if (p->mux.on_io_thread()) {
+        try {
+          std::thread([p] { delete p; }).detach();
+          return;
+        } catch (...) {
+          // No thread: joining itself below ends in std::terminate.
+        }
+      }
+      delete p;
+    }
   };
 
   /// One single check through the multiplexer: EVALSHA, then EVAL once
@@ -1152,9 +1177,17 @@ class redis_store {
     job->build(false);
     job->until = deadline_clock::now() + st.command_timeout;
     std::unique_ptr<mux_job> base(std::move(job));
-    if (!st.mux.submit(base)) {
-      throw multiplexer_stopped("ratelimit: redis: the store is being destroyed");
+    bool queued = false;
+    try {
+      queued = st.mux.submit(base);
+    } catch (const connection_error&) {
+      // No eventfd or I/O thread (out of descriptors or threads): nothing
+      // was sent, a failure decided here as a connect that failed.
+      mux_job* j = base.get();
+      j->complete(std::move(base), nullptr, std::current_exception());
+      return;
     }
+    if (!queued) throw multiplexer_stopped("ratelimit: redis: the store is being destroyed");
   }
 
   /// A single check through the multiplexer, waited for on this thread.
