@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -248,6 +249,48 @@ TEST(Transport, ReplyWithMillionsOfElementsIsRefused) {
   stop = true;
   EXPECT_NE(what.find("more than 1048576 elements"), std::string::npos) << what;
   EXPECT_TRUE(c.broken());
+}
+
+// Verifies the same bound on a multiplexed connection: a reply announcing
+// 2^28 elements fails the check written on it with a connection_error that
+// says why, instead of letting the reader grow without bound.
+TEST(Transport, MultiplexedReplyWithMillionsOfElementsIsRefused) {
+  std::atomic<bool> stop{false};
+  fake_server server([&](int fd) {
+    if (read_some(fd, ping_bytes.size()) != ping_bytes) return;
+    if (!send_all(fd, "*268435456\r\n")) return;
+    std::string chunk;
+    for (int i = 0; i < 16384; ++i) chunk += ":1\r\n";
+    for (int i = 0; i < 300 && !stop; ++i) {
+      if (!send_all(fd, chunk)) return;
+    }
+    (void)read_some(fd, 1);
+  });
+  ASSERT_TRUE(server.ok());
+  struct job final : redis::mux_job {
+    std::promise<std::string>* out = nullptr;
+    void complete(std::unique_ptr<redis::mux_job>, redis::reply_ptr r,
+                  std::exception_ptr error) noexcept override {
+      try {
+        if (error) std::rethrow_exception(error);
+        out->set_value(r ? "a reply" : "nothing");
+      } catch (const std::exception& e) {
+        out->set_value(e.what());
+      }
+    }
+  };
+  std::promise<std::string> result;
+  redis::multiplexer mux(server.options(), 1);
+  auto j = std::make_unique<job>();
+  j->out = &result;
+  j->bytes = std::string(ping_bytes);
+  j->until = redis::deadline_clock::now() + 20s;
+  std::unique_ptr<redis::mux_job> base = std::move(j);
+  ASSERT_TRUE(mux.submit(base));
+  const std::string what = result.get_future().get();
+  stop = true;
+  EXPECT_NE(what.find("more than 1048576 elements"), std::string::npos) << what;
+  EXPECT_EQ(mux.connections_dropped(), 1u);
 }
 
 // Verifies a peer that accepts, reads the command and never answers makes

@@ -117,6 +117,9 @@ struct reply_budget {
 /// Objects in one reply before it is refused: none of ours comes near.
 inline constexpr std::size_t max_reply_objects = std::size_t{1} << 20;
 
+/// Bytes one reply may take before it is refused: none of ours comes near.
+inline constexpr std::size_t max_reply_bytes = std::size_t{64} << 20;
+
 /// hiredis's own reply functions (taken from a default reader).
 [[nodiscard]] inline const redisReplyObjectFunctions& hiredis_reply_functions() {
   static const redisReplyObjectFunctions functions = [] {
@@ -571,7 +574,7 @@ class connection {
   }
 
   /// Bytes of one reply read before it is refused (see read_reply).
-  static constexpr std::size_t max_reply_bytes = std::size_t{64} << 20;
+  static constexpr std::size_t max_reply_bytes = detail::max_reply_bytes;
 
   std::string where_;  ///< host:port or socket path, for messages
   transport stream_;

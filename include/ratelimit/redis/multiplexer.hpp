@@ -258,6 +258,8 @@ class multiplexer {
     std::size_t batch_first = 0;   ///< index in inflight of the first job of `out`
     bool readable = true;          ///< poll() saw input (or an error) since the last read
     std::uint64_t generation = 0;  ///< generation_ when `conn` was opened
+    detail::reply_budget budget;   ///< objects the reply being read may still hold
+    std::size_t fed = 0;           ///< bytes fed since the last complete reply
   };
 
   /// Whether `l`'s connection was opened before the last renew().
@@ -302,8 +304,17 @@ class multiplexer {
       l.conn = open_ ? open_(options_) : std::make_unique<connection>(options_);
       l.readable = true;
       if (on_connect_) on_connect_(*l.conn, start);
-      l.reader.reset(redisReaderCreate());
+      // Bounded as the pool's connections are (see detail::reply_budget).
+      // lanes_ never grows, so the budget's address stays valid.
+      if (redisReplyObjectFunctions* fn = detail::bounded_reply_functions(); fn != nullptr) {
+        l.reader.reset(redisReaderCreateWithFunctions(fn));
+        if (l.reader != nullptr) l.reader->privdata = &l.budget;
+      } else {
+        l.reader.reset(redisReaderCreate());
+      }
       if (l.reader == nullptr) throw connection_error("ratelimit: redis: cannot allocate a reader");
+      l.budget = detail::reply_budget{detail::max_reply_objects, false};
+      l.fed = 0;
     } catch (...) {
       l.conn.reset();
       l.reader.reset();
@@ -381,12 +392,18 @@ class multiplexer {
       for (;;) {
         void* got = nullptr;
         if (redisReaderGetReply(l.reader.get(), &got) != REDIS_OK) {
-          drop(l, std::make_exception_ptr(
-                      connection_error("ratelimit: redis: protocol error in reply")));
+          drop(l, std::make_exception_ptr(connection_error(
+                      l.budget.exceeded
+                          ? "ratelimit: redis: protocol error in reply: " + l.conn->where() +
+                                " sent a reply of more than " +
+                                std::to_string(detail::max_reply_objects) + " elements"
+                          : std::string("ratelimit: redis: protocol error in reply"))));
           return false;
         }
         if (got == nullptr) break;
         reply_ptr r(static_cast<redisReply*>(got));
+        l.budget = detail::reply_budget{detail::max_reply_objects, false};
+        l.fed = 0;
         if (l.inflight.empty()) {
           drop(l, std::make_exception_ptr(
                       connection_error("ratelimit: redis: reply that no command asked for")));
@@ -406,6 +423,14 @@ class multiplexer {
       std::size_t n = 0;
       const transport::io got = s.read_some(buf, sizeof buf, n);
       if (got == transport::io::ok) {
+        l.fed += n;
+        if (l.fed > detail::max_reply_bytes) {
+          drop(l, std::make_exception_ptr(connection_error(
+                      "ratelimit: redis: protocol error in reply: " + l.conn->where() +
+                      " sent a reply larger than " + std::to_string(detail::max_reply_bytes >> 20) +
+                      " MiB")));
+          return false;
+        }
         if (redisReaderFeed(l.reader.get(), buf, n) != REDIS_OK) {
           drop(l, std::make_exception_ptr(
                       connection_error("ratelimit: redis: protocol error in reply")));
