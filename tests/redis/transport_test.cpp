@@ -221,21 +221,25 @@ TEST(Transport, EndlessReplyIsRefused) {
   EXPECT_TRUE(c.broken());
 }
 
+/// Reads a PING, then answers with an array announcing 2^28 elements and
+/// sends up to 75 MiB of tiny ones (until `stop`).
+void answer_ping_with_millions_of_elements(int fd, const std::atomic<bool>& stop) {
+  if (read_some(fd, ping_bytes.size()) != ping_bytes) return;
+  if (!send_all(fd, "*268435456\r\n")) return;
+  std::string chunk;
+  for (int i = 0; i < 16384; ++i) chunk += ":1\r\n";
+  for (int i = 0; i < 300 && !stop; ++i) {
+    if (!send_all(fd, chunk)) return;
+  }
+  (void)read_some(fd, 1);
+}
+
 // Verifies a reply announcing an array of 2^28 elements and then sending
 // millions of tiny ones is refused after 2^20 elements (the reader would
 // otherwise allocate a 2 GiB array and a reply object per 4 bytes received).
 TEST(Transport, ReplyWithMillionsOfElementsIsRefused) {
   std::atomic<bool> stop{false};
-  fake_server server([&](int fd) {
-    if (read_some(fd, ping_bytes.size()) != ping_bytes) return;
-    if (!send_all(fd, "*268435456\r\n")) return;
-    std::string chunk;
-    for (int i = 0; i < 16384; ++i) chunk += ":1\r\n";
-    for (int i = 0; i < 300 && !stop; ++i) {
-      if (!send_all(fd, chunk)) return;
-    }
-    (void)read_some(fd, 1);
-  });
+  fake_server server([&](int fd) { answer_ping_with_millions_of_elements(fd, stop); });
   ASSERT_TRUE(server.ok());
   redis::connection c(server.options());
   std::string what;
@@ -256,16 +260,7 @@ TEST(Transport, ReplyWithMillionsOfElementsIsRefused) {
 // says why, instead of letting the reader grow without bound.
 TEST(Transport, MultiplexedReplyWithMillionsOfElementsIsRefused) {
   std::atomic<bool> stop{false};
-  fake_server server([&](int fd) {
-    if (read_some(fd, ping_bytes.size()) != ping_bytes) return;
-    if (!send_all(fd, "*268435456\r\n")) return;
-    std::string chunk;
-    for (int i = 0; i < 16384; ++i) chunk += ":1\r\n";
-    for (int i = 0; i < 300 && !stop; ++i) {
-      if (!send_all(fd, chunk)) return;
-    }
-    (void)read_some(fd, 1);
-  });
+  fake_server server([&](int fd) { answer_ping_with_millions_of_elements(fd, stop); });
   ASSERT_TRUE(server.ok());
   struct job final : redis::mux_job {
     std::promise<std::string>* out = nullptr;
