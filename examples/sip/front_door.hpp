@@ -7,10 +7,18 @@
 // applied in the same step, all or nothing: "at most N calls in progress and
 // R calls per window". Admitted: 200 OK. Refused: 503 with Retry-After. A BYE
 // releases the lease; a lease whose BYE never comes expires after the longest
-// call. Final responses are kept per transaction (method, Call-ID, From tag,
+// call. Final responses are kept per transaction (method, Call-ID, From tag, To tag,
 // CSeq) for `transaction_life`, so a retransmitted request gets the same bytes
 // again and is never counted as a new call; should an INVITE outlive its
 // cached answer, the lease's own idempotent acquire still knows it (`repeat`).
+//
+// The To tag of our final answers is a keyed hash (SipHash-1-3 under a
+// 128-bit secret) of the dialog, so a BYE must carry it: one who knows a
+// call's Call-ID, From tag and number but never saw our answer cannot end
+// the call. Front doors sharing one store (Redis) and one address must share
+// the secret (`--dialog-secret-file`), so that any of them accepts the BYE of a
+// call another one admitted and answers a retransmitted INVITE with the same
+// tag.
 #pragma once
 
 #include <chrono>
@@ -19,12 +27,15 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <random>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
 
 #include "ratelimit/concurrency.hpp"
+#include "ratelimit/detail/siphash.hpp"
 #include "ratelimit/policy/sliding_window_log.hpp"
 #include "sip_message.hpp"
 
@@ -233,12 +244,63 @@ class front_door {
   ///                         the oldest)
   /// @param max_transaction_bytes bytes those answers may take at once (an
   ///                         answer echoes its request: up to about 8 KiB)
+  /// @param dialog_secret    the key of our To tags (see file comment);
+  ///                         by default a random one per front door
   front_door(std::unique_ptr<admission> a, std::string contact,
              std::size_t max_transactions = 100'000,
-             std::size_t max_transaction_bytes = std::size_t{64} << 20)
+             std::size_t max_transaction_bytes = std::size_t{64} << 20,
+             ratelimit::detail::siphash_key dialog_secret = random_secret())
       : admission_(std::move(a)),
         contact_(std::move(contact)),
-        cache_(transaction_life, max_transactions, max_transaction_bytes) {}
+        cache_(transaction_life, max_transactions, max_transaction_bytes),
+        secret_(dialog_secret) {}
+
+  /// A fresh secret for To tags, from std::random_device.
+  /// @throws std::runtime_error when there is no random source
+  [[nodiscard]] static ratelimit::detail::siphash_key random_secret() {
+    std::random_device rd;
+    const auto word = [&rd] {
+      return (static_cast<std::uint64_t>(rd()) << 32) ^ static_cast<std::uint64_t>(rd());
+    };
+    return {word(), word()};
+  }
+
+  /// Parses a dialog secret: exactly 32 hex digits (128 bits).
+  /// @throws std::invalid_argument naming the value's length or bad digit
+  [[nodiscard]] static ratelimit::detail::siphash_key parse_secret(std::string_view hex) {
+    if (hex.size() != 32) {
+      throw std::invalid_argument("the dialog secret needs 32 hex digits (128 bits), got " +
+                                  std::to_string(hex.size()) + " characters");
+    }
+    std::uint64_t k[2] = {0, 0};
+    for (std::size_t i = 0; i < 32; ++i) {
+      const char c = hex[i];
+      int v = -1;
+      if (c >= '0' && c <= '9') v = c - '0';
+      if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
+      if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
+      if (v < 0) {
+        throw std::invalid_argument(
+            "the dialog secret holds a character that is not a hex digit "
+            "at position " +
+            std::to_string(i + 1));
+      }
+      k[i / 16] = (k[i / 16] << 4) | static_cast<std::uint64_t>(v);
+    }
+    return {k[0], k[1]};
+  }
+
+  /// Our To tag for the dialog (Call-ID, From tag): "fd" and 16 hex digits
+  /// of a keyed hash of both.
+  [[nodiscard]] std::string dialog_tag(std::string_view call_id, std::string_view from_tag) const {
+    std::string d = std::to_string(call_id.size());
+    d += ':';
+    d += call_id;
+    d += from_tag;
+    std::string tag = "fd";
+    tag += to_hex16(ratelimit::detail::siphash13(secret_, d));
+    return tag;
+  }
 
   /// Handles one datagram at `now`; returns true with `out` set to the
   /// response to send back to the sender, false when there is none.
@@ -323,6 +385,15 @@ class front_door {
       out = *cached;
       return true;
     }
+    if (!m.to_has_tag || m.to_tag != dialog_tag(m.call_id, m.from_tag)) {
+      // Not a dialog of ours: the store is not asked, and nothing is cached
+      // (the key holds the To tag, but a flood of such BYEs should not push
+      // real answers out of the cache).
+      ++c_.byes;
+      ++c_.unknown_byes;
+      out = response(m, 481, "Call/Transaction Does Not Exist", false);
+      return true;
+    }
     bool freed = false;
     try {
       const timer t(c_.limiter_ns);
@@ -376,6 +447,8 @@ class front_door {
     k += '\n';
     k += m.from_tag;
     k += '\n';
+    k += m.to_tag;
+    k += '\n';
     k += std::to_string(m.cseq);
     return k;
   }
@@ -398,9 +471,8 @@ class front_door {
     r += "\r\nTo: ";
     r += m.to;
     if (dialog && !m.to_has_tag) {
-      r += ";tag=fd";
-      r += to_hex(std::hash<std::string_view>{}(m.call_id) ^
-                  (std::hash<std::string_view>{}(m.from_tag) * 31));
+      r += ";tag=";
+      r += dialog_tag(m.call_id, m.from_tag);
     }
     r += "\r\nCall-ID: ";
     r += m.call_id;
@@ -413,19 +485,17 @@ class front_door {
     return r;
   }
 
-  [[nodiscard]] static std::string to_hex(std::size_t v) {
+  [[nodiscard]] static std::string to_hex16(std::uint64_t v) {
     static constexpr char digits[] = "0123456789abcdef";
-    std::string s;
-    do {
-      s += digits[v & 15];
-      v >>= 4;
-    } while (v != 0);
+    std::string s(16, '0');
+    for (std::size_t i = 16; i-- > 0; v >>= 4) s[i] = digits[v & 15];
     return s;
   }
 
   std::unique_ptr<admission> admission_;
   std::string contact_;
   transaction_cache cache_;
+  ratelimit::detail::siphash_key secret_;
   counters c_;
 };
 

@@ -46,6 +46,10 @@ Usage: sip-front-door [options]
   --redis-timeout MS         Redis connect and command timeout in ms, 1..60000
                              (default: the library's, 200 ms and 100 ms); a
                              check past it is answered 500
+  --dialog-secret-file PATH  a file holding 32 hex digits: the key of the To tags
+                             of our answers, which a BYE must carry; front doors
+                             sharing a store and an address need the same one
+                             (default: a random key per process)
   --limiter-off              admit every INVITE (baseline for benchmarks)
 
 Prints "listening on HOST:PORT" once bound, the counters as one JSON line on
@@ -69,6 +73,7 @@ struct options {
   std::string store = "memory";
   std::chrono::milliseconds redis_timeout{0};  // 0: the library's defaults
   bool limiter_off = false;
+  std::string dialog_secret_file;  // empty: a random secret
 };
 
 [[noreturn]] void usage_error(const std::string& why) {
@@ -113,6 +118,8 @@ options parse_args(int argc, char** argv) {
       o.store = value();
     } else if (a == "--redis-timeout") {
       o.redis_timeout = std::chrono::milliseconds{parse_int(a, value(), 1, 60'000)};
+    } else if (a == "--dialog-secret-file") {
+      o.dialog_secret_file = value();
     } else if (a == "--limiter-off") {
       o.limiter_off = true;
     } else if (a == "-h" || a == "--help") {
@@ -123,6 +130,27 @@ options parse_args(int argc, char** argv) {
     }
   }
   return o;
+}
+
+/// The To tags' key: read from `path` (32 hex digits, then at most
+/// whitespace), or random when `path` is empty.
+ratelimit::detail::siphash_key dialog_secret(const std::string& path) {
+  if (path.empty()) return sipfd::front_door::random_secret();
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) usage_error("--dialog-secret-file: cannot open \"" + path + "\"");
+  char buf[256];
+  const std::size_t n = std::fread(buf, 1, sizeof buf, f);
+  std::fclose(f);
+  std::string_view text(buf, n);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ' ||
+                           text.back() == '\t')) {
+    text.remove_suffix(1);
+  }
+  try {
+    return sipfd::front_door::parse_secret(text);
+  } catch (const std::invalid_argument& e) {
+    usage_error("--dialog-secret-file \"" + path + "\": " + e.what());
+  }
 }
 
 #ifdef SIPFD_HAVE_REDIS
@@ -186,6 +214,13 @@ std::string final_json(const sipfd::counters& c) {
 
 int main(int argc, char** argv) {
   const options o = parse_args(argc, argv);
+  ratelimit::detail::siphash_key secret{};
+  try {
+    secret = dialog_secret(o.dialog_secret_file);
+  } catch (const std::exception& e) {  // no random source
+    std::fprintf(stderr, "sip-front-door: no dialog secret: %s\n", e.what());
+    return 1;
+  }
   std::unique_ptr<sipfd::admission> admission;
   try {
     admission = open_admission(o);
@@ -222,7 +257,8 @@ int main(int argc, char** argv) {
   ::sigaction(SIGUSR1, &sa, nullptr);
 
   sipfd::front_door door(std::move(admission),
-                         "sip:front-door@" + o.host + ":" + std::to_string(port));
+                         "sip:front-door@" + o.host + ":" + std::to_string(port), 100'000,
+                         std::size_t{64} << 20, secret);
   std::printf("listening on %s:%d\n", o.host.c_str(), port);
   std::fflush(stdout);
 

@@ -46,6 +46,7 @@ struct sip_message {
   std::string_view from_tag;   ///< From tag parameter, empty when absent
   std::string_view to;         ///< To value, verbatim
   bool to_has_tag = false;     ///< the To value carries a tag (in-dialog request)
+  std::string_view to_tag;     ///< To tag parameter, empty when absent
   std::string_view call_id;
   std::uint32_t cseq = 0;          ///< CSeq number, 0 .. 2^31 - 1
   std::string_view cseq_method;    ///< equal to `method`
@@ -318,7 +319,8 @@ namespace detail {
   m.from_tag = param(params, "tag", found);
   if (m.from_tag.size() > max_tag || !all_word_chars(m.from_tag)) return bad("bad From tag");
   if (!split_name_addr(m.to, uri, params)) return bad("bad To");
-  (void)param(params, "tag", m.to_has_tag);
+  m.to_tag = param(params, "tag", m.to_has_tag);
+  if (m.to_tag.size() > max_tag || !all_word_chars(m.to_tag)) return bad("bad To tag");
   return parse_result::request;
 }
 

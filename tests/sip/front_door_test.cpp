@@ -105,6 +105,8 @@ TEST(SipParser, RefusesEachMissingOrBadPart) {
       replaced("<sip:alice@127.0.0.1:5061>", "<sip:alice@127.0.0.1:5061"),  // unclosed
       replaced("\"Caller\"", "\"Caller"),                                   // unclosed quote
       replaced("tag=t1", "tag=" + std::string(100, 't')),
+      replaced("5060>\r\nCall-ID", "5060>;tag=" + std::string(100, 't') + "\r\nCall-ID"),
+      replaced("5060>\r\nCall-ID", "5060>;tag=a<b\r\nCall-ID"),
       replaced("SIP/2.0\r\n", "SIP/3.0\r\n"),
       replaced("INVITE sip", "INV<TE sip"),
       replaced("Via:", " Via:"),                    // folded
@@ -339,6 +341,25 @@ std::string status(const std::string& response) {
   return response.substr(0, 12);
 }
 
+/// A BYE of the dialog (call_id, tag) that carries `door`'s To tag, as a UAC
+/// that got our answer sends it.
+std::string bye(const sipfd::front_door& door, std::string_view user, std::string_view call_id,
+                int cseq, std::string_view tag = "t1") {
+  std::string d = invite(user, call_id, cseq, tag, "BYE");
+  const std::string to = "To: <sip:service@127.0.0.1:5060>";
+  d.insert(d.find(to) + to.size(), ";tag=" + door.dialog_tag(call_id, tag));
+  return d;
+}
+
+/// The To tag of an answer.
+std::string to_tag(const std::string& answer) {
+  const std::size_t to = answer.find("\r\nTo: ");
+  const std::size_t at = answer.find(";tag=", to);
+  const std::size_t end = answer.find("\r\n", to + 2);
+  if (to == std::string::npos || at == std::string::npos || at > end) return "";
+  return answer.substr(at + 5, end - at - 5);
+}
+
 TEST(SipFrontDoor, RateLimitsPerNumberAndRetransmissionsAreTheSameCall) {
   door_fixture f(sipfd::policy{"2/15min", 10, std::chrono::hours{1}});
   const std::string r1 = f.send(invite("alice", "a1"));
@@ -370,16 +391,16 @@ TEST(SipFrontDoor, CallsInProgressAndByeAndLostBye) {
   ASSERT_EQ(status(busy), "SIP/2.0 503 ");
   EXPECT_NE(busy.find("Retry-After: 50\r\n"), std::string::npos) << busy;  // a1 expires at 60 s
   // BYE a2 frees a slot; its retransmission gets the same 200 and frees nothing more.
-  const std::string bye = f.send(invite("alice", "a2", 2, "t1", "BYE"));
-  EXPECT_EQ(status(bye), "SIP/2.0 200 ");
-  EXPECT_EQ(f.send(invite("alice", "a2", 2, "t1", "BYE")), bye);
+  const std::string freed = f.send(bye(*f.door, "alice", "a2", 2));
+  EXPECT_EQ(status(freed), "SIP/2.0 200 ");
+  EXPECT_EQ(f.send(bye(*f.door, "alice", "a2", 2)), freed);
   EXPECT_EQ(status(f.send(invite("alice", "a4"))), "SIP/2.0 200 ");
   // a1's BYE never comes: at 60 s its lease is gone, one microsecond before it is not.
   f.advance(50s - 1us);
   EXPECT_EQ(status(f.send(invite("alice", "a5"))), "SIP/2.0 503 ");
   f.advance(1us);
   EXPECT_EQ(status(f.send(invite("alice", "a6"))), "SIP/2.0 200 ");
-  EXPECT_EQ(status(f.send(invite("alice", "a1", 2, "t1", "BYE"))), "SIP/2.0 481 ");  // expired
+  EXPECT_EQ(status(f.send(bye(*f.door, "alice", "a1", 2))), "SIP/2.0 481 ");  // expired
   const sipfd::counters& c = f.door->stats();
   EXPECT_EQ(c.admitted, 4u);
   EXPECT_EQ(c.rejected, 2u);
@@ -442,13 +463,60 @@ TEST(SipFrontDoor, MalformedAndOtherDatagramsAreCounted) {
 TEST(SipFrontDoor, AByeFromAnotherNumberCannotReleaseALease) {
   door_fixture f(sipfd::policy{"100/15min", 1, std::chrono::hours{1}});
   EXPECT_EQ(status(f.send(invite("alice", "a1"))), "SIP/2.0 200 ");
-  EXPECT_EQ(status(f.send(invite("mallory", "a1", 2, "t1", "BYE"))), "SIP/2.0 481 ");
-  EXPECT_EQ(status(f.send(invite("alice", "a1", 2, "other-tag", "BYE"))), "SIP/2.0 481 ");
+  EXPECT_EQ(status(f.send(bye(*f.door, "mallory", "a1", 2))), "SIP/2.0 481 ");
+  EXPECT_EQ(status(f.send(bye(*f.door, "alice", "a1", 2, "other-tag"))), "SIP/2.0 481 ");
   EXPECT_EQ(status(f.send(invite("alice", "a2"))), "SIP/2.0 503 ");  // a1 still holds the slot
-  EXPECT_EQ(status(f.send(invite("alice", "a1", 3, "t1", "BYE"))), "SIP/2.0 200 ");
+  EXPECT_EQ(status(f.send(bye(*f.door, "alice", "a1", 3))), "SIP/2.0 200 ");
   EXPECT_EQ(status(f.send(invite("alice", "a3"))), "SIP/2.0 200 ");
   EXPECT_EQ(f.door->stats().released, 1u);
   EXPECT_EQ(f.door->stats().unknown_byes, 2u);
+}
+
+// Our To tag is a keyed hash of the dialog, and a BYE must carry it: one who
+// knows alice's Call-ID, From tag and number but never saw our answer frees
+// nothing, and a forged BYE does not poison the cache for the real one that
+// follows with the same CSeq.
+TEST(SipFrontDoor, AByeWithoutOurToTagReleasesNothing) {
+  door_fixture f(sipfd::policy{"100/15min", 1, std::chrono::hours{1}});
+  const std::string ok = f.send(invite("alice", "a1"));
+  ASSERT_EQ(status(ok), "SIP/2.0 200 ");
+  const std::string tag = to_tag(ok);
+  EXPECT_EQ(tag, f.door->dialog_tag("a1", "t1"));
+  EXPECT_EQ(tag.size(), 18u);  // "fd" and 16 hex digits
+  EXPECT_EQ(status(f.send(invite("alice", "a1", 2, "t1", "BYE"))), "SIP/2.0 481 ");  // no tag
+  std::string forged = invite("alice", "a1", 2, "t1", "BYE");
+  const std::string to = "To: <sip:service@127.0.0.1:5060>";
+  forged.insert(forged.find(to) + to.size(), ";tag=fd0123456789abcdef");
+  EXPECT_EQ(status(f.send(forged)), "SIP/2.0 481 ");
+  EXPECT_EQ(status(f.send(invite("alice", "a2"))), "SIP/2.0 503 ");  // a1 still holds the slot
+  EXPECT_EQ(status(f.send(bye(*f.door, "alice", "a1", 2))), "SIP/2.0 200 ");
+  EXPECT_EQ(status(f.send(invite("alice", "a3"))), "SIP/2.0 200 ");
+  EXPECT_EQ(f.door->stats().unknown_byes, 2u);
+  EXPECT_EQ(f.door->stats().released, 1u);
+  EXPECT_EQ(f.door->stats().bye_retransmissions, 0u);
+}
+
+// Front doors sharing a secret give one dialog one tag (a retransmission or a
+// BYE may reach another of them); other secrets, other tags.
+TEST(SipFrontDoor, DialogTagsFollowTheSecret) {
+  const auto secret = sipfd::front_door::parse_secret("00112233445566778899AABBCCDDEEFF");
+  EXPECT_EQ(secret.k0, 0x0011223344556677ULL);
+  EXPECT_EQ(secret.k1, 0x8899aabbccddeeffULL);
+  const auto door = [](ratelimit::detail::siphash_key k) {
+    return sipfd::front_door(nullptr, "sip:fd@h", 10, 1 << 20, k);
+  };
+  const sipfd::front_door a = door(secret), b = door(secret);
+  const sipfd::front_door c = door(sipfd::front_door::parse_secret(std::string(32, '0')));
+  EXPECT_EQ(a.dialog_tag("x", "y"), b.dialog_tag("x", "y"));
+  EXPECT_NE(a.dialog_tag("x", "y"), c.dialog_tag("x", "y"));
+  EXPECT_NE(a.dialog_tag("x", "y"), a.dialog_tag("x", "z"));
+  EXPECT_NE(a.dialog_tag("1", "23"), a.dialog_tag("12", "3"));  // no ambiguous join
+  EXPECT_NE(door(sipfd::front_door::random_secret()).dialog_tag("x", "y"),
+            door(sipfd::front_door::random_secret()).dialog_tag("x", "y"));
+  for (const std::string& bad : {std::string(31, '0'), std::string(33, '0'), std::string(),
+                                 std::string(31, '0') + "g", std::string(31, '0') + " "}) {
+    EXPECT_THROW((void)sipfd::front_door::parse_secret(bad), std::invalid_argument) << bad;
+  }
 }
 
 // An INVITE of a live dialog with a new CSeq and no To tag (a UAC retrying
@@ -502,9 +570,9 @@ TEST(SipFrontDoor, StoreFailureIs500AndNotCached) {
   sipfd::front_door door2(std::make_unique<flaky_admission>(0), "sip:fd@h");
   ASSERT_TRUE(door2.handle(invite("bob", "b1"), now, out));
   sipfd::front_door door3(std::make_unique<flaky_admission>(1), "sip:fd@h");
-  ASSERT_TRUE(door3.handle(invite("bob", "b1", 2, "t1", "BYE"), now, out));
+  ASSERT_TRUE(door3.handle(bye(door3, "bob", "b1", 2), now, out));
   EXPECT_EQ(status(out), "SIP/2.0 500 ");
-  ASSERT_TRUE(door3.handle(invite("bob", "b1", 2, "t1", "BYE"), now, out));
+  ASSERT_TRUE(door3.handle(bye(door3, "bob", "b1", 2), now, out));
   EXPECT_EQ(status(out), "SIP/2.0 200 ");
   EXPECT_EQ(door3.stats().errors, 1u);
   EXPECT_EQ(door3.stats().bye_retransmissions, 0u);
@@ -584,7 +652,7 @@ TEST(SipFrontDoor, MadeUpNumbersAreCapped) {
   }
   EXPECT_EQ(admitted, 64);
   EXPECT_EQ(f.door->stats().rejected, 936u);
-  EXPECT_EQ(status(f.send(invite("n0", "c0", 2, "t1", "BYE"))), "SIP/2.0 200 ");
+  EXPECT_EQ(status(f.send(bye(*f.door, "n0", "c0", 2))), "SIP/2.0 200 ");
   f.advance(2s);  // n0 is idle now (no lease, its rate window passed)
   EXPECT_EQ(status(f.send(invite("new", "x1"))), "SIP/2.0 200 ");
   EXPECT_EQ(status(f.send(invite("newer", "x2"))), "SIP/2.0 503 ");

@@ -189,7 +189,18 @@ stop_server rate
 check_rate_run rate
 
 # --- calls in progress: carol's third call while two are held is refused.
-start_server inprogress --rate 100/15min --max-calls 2 --max-call-seconds 60
+# A bad dialog secret file is refused at start, naming the file's fault.
+printf 'xyz\n' >"$work/bad.secret"
+rc=0
+"$server_exe" --listen 127.0.0.1:0 --dialog-secret-file "$work/bad.secret" \
+  >"$work/badsecret.server.out" 2>&1 || rc=$?
+[ "$rc" -eq 2 ] || fail "bad --dialog-secret-file: exit code $rc, expected 2"
+grep -q 'needs 32 hex digits' "$work/badsecret.server.out" ||
+  fail "bad --dialog-secret-file: no reason given"
+# This run's To tags come from a given secret (its BYEs must carry them).
+printf '00112233445566778899aabbccddeeff\n' >"$work/good.secret"
+start_server inprogress --rate 100/15min --max-calls 2 --max-call-seconds 60 \
+  --dialog-secret-file "$work/good.secret"
 # Junk first: dropped and counted, the server carries on. Each file goes out
 # as one datagram (cat writes it with one write()).
 printf 'garbage' >"$work/junk1"

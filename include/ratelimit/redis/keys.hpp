@@ -5,9 +5,9 @@
 #pragma once
 
 #include <cstddef>
+#include <stdexcept>
 #include <string>
 #include <string_view>
-#include <stdexcept>
 #include <utility>
 #include <vector>
 
