@@ -19,6 +19,7 @@
 #include "ratelimit/concurrency.hpp"
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis/cluster_store.hpp"
+#include "support/fork_child.hpp"
 #include "support/reference.hpp"
 
 namespace {
@@ -130,36 +131,11 @@ long grab(rated& c, int process) {
 // granted exactly N = 3 leases on one key (the rate, 5, does not bind).
 TEST(LeasesCluster, ProcessesAndThreadsGrantExactlyN) {
   const auto o = cluster_opts("procs");
-  std::vector<std::pair<pid_t, int>> children;
-  for (int p = 0; p < 2; ++p) {
-    int fds[2];
-    ASSERT_EQ(::pipe(fds), 0);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(fds[0]);
-      long n = -1;
-      try {
-        redis::cluster_store store(o);
-        auto c = make_rated(store);
-        n = grab(c, p);
-      } catch (...) {
-      }
-      (void)!::write(fds[1], &n, sizeof n);
-      ::_exit(0);
-    }
-    ::close(fds[1]);
-    children.emplace_back(pid, fds[0]);
-  }
-  long total = 0;
-  for (auto [pid, fd] : children) {
-    long n = -1;
-    EXPECT_EQ(::read(fd, &n, sizeof n), static_cast<ssize_t>(sizeof n));
-    EXPECT_GE(n, 0) << "a child process failed";
-    total += n;
-    ::close(fd);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-  }
+  const long total = rltest::sum_in_children(2, [&](int p) {
+    redis::cluster_store store(o);
+    auto c = make_rated(store);
+    return grab(c, p);
+  });
   EXPECT_EQ(total, 3);
   // And threads of this process on another key of the same store.
   redis::cluster_store store(o);

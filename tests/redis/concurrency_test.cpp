@@ -15,6 +15,7 @@
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis/redis_store.hpp"
 #include "redis_server.hpp"
+#include "support/fork_child.hpp"
 
 namespace {
 
@@ -45,35 +46,7 @@ long run_threads(const redis::options& o, const Config& cfg, Time when) {
 /// 2 processes x 8 threads; returns the total admitted.
 template <class Config, class Time>
 long admitted_across_processes(const redis::options& o, const Config& cfg, Time when) {
-  std::vector<std::pair<pid_t, int>> children;
-  for (int p = 0; p < processes; ++p) {
-    int fds[2];
-    if (::pipe(fds) != 0) throw std::runtime_error("pipe");
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(fds[0]);
-      long n = -1;
-      try {
-        n = run_threads(o, cfg, when);
-      } catch (...) {
-      }
-      (void)!::write(fds[1], &n, sizeof n);
-      ::_exit(0);
-    }
-    ::close(fds[1]);
-    children.emplace_back(pid, fds[0]);
-  }
-  long total = 0;
-  for (auto [pid, fd] : children) {
-    long n = -1;
-    EXPECT_EQ(::read(fd, &n, sizeof n), static_cast<ssize_t>(sizeof n));
-    EXPECT_GE(n, 0) << "a child process failed";
-    total += n;
-    ::close(fd);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-  }
-  return total;
+  return rltest::sum_in_children(processes, [&](int) { return run_threads(o, cfg, when); });
 }
 
 redis::options fresh(std::string_view what) {

@@ -18,6 +18,7 @@
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis/redis_store.hpp"
 #include "redis_server.hpp"
+#include "support/fork_child.hpp"
 #include "support/reference.hpp"
 
 namespace {
@@ -384,36 +385,10 @@ long grab(Limiter& c, int process, timestamp now) {
 /// 2 processes x 8 threads of `make()` limiters; returns the total granted.
 template <class Make>
 long across_processes(Make make, timestamp now) {
-  std::vector<std::pair<pid_t, int>> children;
-  for (int p = 0; p < 2; ++p) {
-    int fds[2];
-    if (::pipe(fds) != 0) throw std::runtime_error("pipe");
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(fds[0]);
-      long n = -1;
-      try {
-        auto c = make();
-        n = grab(c, p, now);
-      } catch (...) {
-      }
-      (void)!::write(fds[1], &n, sizeof n);
-      ::_exit(0);
-    }
-    ::close(fds[1]);
-    children.emplace_back(pid, fds[0]);
-  }
-  long total = 0;
-  for (auto [pid, fd] : children) {
-    long n = -1;
-    EXPECT_EQ(::read(fd, &n, sizeof n), static_cast<ssize_t>(sizeof n));
-    EXPECT_GE(n, 0) << "a child process failed";
-    total += n;
-    ::close(fd);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-  }
-  return total;
+  return rltest::sum_in_children(2, [&](int p) {
+    auto c = make();
+    return grab(c, p, now);
+  });
 }
 
 // Verifies that 480 acquires from 16 threads in 2 processes grant exactly N,
