@@ -276,6 +276,24 @@ struct idempotent {
     return run<true>(c, s, now, cost);
   }
 
+  /// access::peek (memory_store calls it on the held state itself): the
+  /// decision `step` would return, reading the ids in place and stepping a
+  /// copy of P's state only, so that a peek never copies the key's heap
+  /// block of ids.
+  static decision peek(const config& c, const state& s, timestamp now, units cost) {
+    if (c.op() == id_op::reset) return decision{};
+    if (c.op() == id_op::once) {
+      const std::size_t held = s.find(c.fa(), c.fb());
+      if (held != s.ids() && now.count() < s.at(held).until) {
+        decision d = s.at(held).first();
+        d.repeat = true;
+        return d;
+      }
+    }
+    base_state copy = s.inner;
+    return P::step(c.base(), copy, now, cost);
+  }
+
   /// Idle when P's state is and every id was dropped (one retention after
   /// its own ended).
   static bool idle(const config& c, const state& s, timestamp now) noexcept {
