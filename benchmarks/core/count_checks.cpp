@@ -16,6 +16,10 @@
 //
 // Usage: ratelimit_count_core POLICY [--keys N]
 //   POLICY: floor fixed_window sliding_log sliding_counter token_bucket gcra
+//           idempotent_new idempotent_repeat (checks with request ids through
+//           idempotent_store<fixed_window>: new ids, or the last pass's again)
+//           lease_pair lease_pair_long (a lease acquire and its release per
+//           key, 9-byte or 44-byte lease ids)
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -51,6 +55,67 @@ std::uint64_t run(typename P::config cfg, const std::vector<std::string>& keys,
   return checks_pass(order, [&](const std::string& k) {
     now += 10;
     return static_cast<std::uint64_t>(lim.try_acquire(k, rl::timestamp{now}).remaining);
+  });
+}
+
+/// Idempotent checks through idempotent_store<fixed_window>, as in
+/// ratelimit_request_id_bench: a retention of one pass, three passes with new
+/// ids first (so every key holds the ids of the last two passes, its steady
+/// state), then the counted pass: new ids, or with `repeat` the last pass's
+/// ids again at its times. Ids "a84c1f0e-<pass>-<i>@10.0.0.5;1 INVITE".
+std::uint64_t run_idempotent(const std::vector<std::string>& keys, const key_order& order,
+                             bool repeat) {
+  const rl::fixed_window::config cfg{rl::rate{1'000'000, std::chrono::milliseconds{1}}};
+  rl::limiter<rl::fixed_window, rl::idempotent_store<rl::fixed_window>> lim(cfg);
+  const std::int64_t step = 10;
+  lim.set_idempotency(
+      {.retention = std::chrono::microseconds{static_cast<std::int64_t>(keys.size()) * step}});
+  std::vector<std::string> ids(keys.size());
+  std::int64_t now = 1'000'000'000;
+  const auto pass_ids = [&](int pass) {
+    for (std::size_t v = 0; v < order.size(); ++v)
+      ids[v] = "a84c1f0e-" + std::to_string(pass) + "-" + std::to_string(v) + "@10.0.0.5;1 INVITE";
+  };
+  for (int pass = 0; pass < 3; ++pass) {
+    pass_ids(pass);
+    for (std::size_t v = 0; v < order.size(); ++v) {
+      (void)lim.try_acquire(*order[v], rl::request_id{ids[v]}, rl::timestamp{now});
+      now += step;
+    }
+  }
+  if (repeat) {
+    now -= static_cast<std::int64_t>(order.size()) * step;
+  } else {
+    pass_ids(3);
+  }
+  std::size_t v = 0;
+  return checks_pass(order, [&](const std::string& k) {
+    const rl::decision d = lim.try_acquire(k, rl::request_id{ids[v++]}, rl::timestamp{now});
+    now += step;
+    return static_cast<std::uint64_t>(d.remaining) + (d.repeat ? 1 : 0);
+  });
+}
+
+/// Lease acquire/release pairs (concurrency_limiter<>, 5 leases per key, as
+/// in ratelimit_leases_paired), on keys held by the store without a lease,
+/// after one pair per key with the same id (as in that benchmark's later
+/// rounds, a long id's heap block is then already there). `id` is the
+/// pair's lease id. Counts one pair per key.
+std::uint64_t run_lease_pairs(const std::vector<std::string>& keys, const key_order& order,
+                              const std::string& id) {
+  const rl::concurrency_config conc{5, std::chrono::hours{1}, {.name = "calls"}};
+  rl::concurrency_limiter<> lim(conc);
+  std::int64_t now = 1'000'000'000;
+  for (const auto& k : keys) (void)lim.acquire(k, "call-0000", rl::timestamp{now});
+  for (const auto& k : keys) (void)lim.release(k, "call-0000", rl::timestamp{now});
+  for (const auto& k : keys) {
+    (void)lim.acquire(k, id, rl::timestamp{now});
+    (void)lim.release(k, id, rl::timestamp{now});
+  }
+  return checks_pass(order, [&](const std::string& k) {
+    now += 10;
+    return static_cast<std::uint64_t>(lim.acquire(k, id, rl::timestamp{now}).remaining) +
+           static_cast<std::uint64_t>(lim.release(k, id, rl::timestamp{now}).allowed);
   });
 }
 
@@ -98,6 +163,12 @@ int main(int argc, char** argv) {
     sum = run<rl::gcra>(rl::gcra::config{rl::rate{1, std::chrono::microseconds{1}},
                                          rl::bucket_options{1'000'000'000}},
                         keys, order);
+  } else if (policy == "lease_pair") {
+    sum = run_lease_pairs(keys, order, "call-0001");
+  } else if (policy == "lease_pair_long") {
+    sum = run_lease_pairs(keys, order, "3f2b8c1e-9d4a-4e7b-a6c5-1b2d3e4f5a6b@10.0.0.5");
+  } else if (policy == "idempotent_new" || policy == "idempotent_repeat") {
+    sum = run_idempotent(keys, order, policy == "idempotent_repeat");
   } else {
     std::fprintf(stderr, "ratelimit_count_core: unknown policy '%s'\n", argv[1]);
     return 2;

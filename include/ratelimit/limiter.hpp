@@ -185,11 +185,13 @@ class limiter {
   /// keeps them (idempotent_store, the Redis stores) keeps every id it holds
   /// until the end of retention it was recorded with, and ignores `max_ids`
   /// and `stripes`. Not to be called concurrently with checks.
-  /// @throws std::invalid_argument for a bad retention, or a bad stripe count
-  ///   when the limiter keeps the id table
+  /// Every field is checked whatever the store; on a throw nothing changed.
+  /// @throws std::invalid_argument naming the value for a bad retention or
+  ///   stripe count (see idempotency_options)
   void set_idempotency(const idempotency_options& o) {
-    retention_ = detail::retention_for(cfg_, o);
+    const std::chrono::microseconds r = detail::retention_for(cfg_, o);
     if constexpr (!stores_ids) ids_ = std::make_unique<detail::id_table>(o);
+    retention_ = r;
   }
   /// Request ids the in-process id table holds (0 for stores that keep ids
   /// themselves, as the Redis stores do).

@@ -95,11 +95,26 @@ template <class Config>
   }
 }
 
-/// The retention of ids under `o` for `cfg`.
-/// @throws std::invalid_argument for a negative retention or one over max_time
+/// Most stripes an id table takes (idempotency_options::stripes).
+inline constexpr std::size_t max_id_stripes = 65536;
+
+/// @throws std::invalid_argument for a stripe count over max_id_stripes
+inline void check_id_stripes(std::size_t s) {
+  if (s > max_id_stripes) {
+    throw std::invalid_argument("ratelimit: idempotency_options::stripes " + std::to_string(s) +
+                                " is over the maximum of " + std::to_string(max_id_stripes));
+  }
+}
+
+/// The retention of ids under `o` for `cfg`, after checking every field of
+/// `o`, whichever store the limiter has (one that keeps ids itself ignores
+/// max_ids and stripes, but a value no store accepts is refused all the same).
+/// @throws std::invalid_argument for a negative retention or one over
+///   max_time, or a stripe count over max_id_stripes
 template <class Config>
 [[nodiscard]] std::chrono::microseconds retention_for(const Config& cfg,
                                                       const idempotency_options& o) {
+  check_id_stripes(o.stripes);
   if (o.retention.count() < 0 || o.retention > max_time) {
     throw std::invalid_argument("ratelimit: request id retention " +
                                 std::to_string(o.retention.count()) + "us is outside 0.." +
@@ -392,10 +407,7 @@ class id_table {
   }
 
   static std::size_t normalise_stripes(std::size_t s) {
-    if (s > 65536) {
-      throw std::invalid_argument("ratelimit: idempotency_options::stripes " + std::to_string(s) +
-                                  " is over the maximum of 65536");
-    }
+    check_id_stripes(s);
     return std::bit_ceil(s == 0 ? std::size_t{64} : s);
   }
 

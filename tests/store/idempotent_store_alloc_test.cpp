@@ -130,23 +130,42 @@ TEST(IdempotentStoreAlloc, AFailedPolicyStepRecordsNoId) {
   EXPECT_EQ(lim.peek("k", t0 + microseconds{20}).remaining, 1000 - 12 - 1);
 }
 
-// A peek steps a copy of the key's state, heap block included: when that
-// copy cannot be made the peek throws and the key is as it was.
-TEST(IdempotentStoreAlloc, AFailedPeekCopyChangesNothing) {
+// A peek, state_of and ids_of read the key's ids in place: with the key's
+// heap block of ids held and every allocation failing, none of them throws,
+// and they see what a check would.
+TEST(IdempotentStoreAlloc, PeekingAKeyNeverAllocates) {
   limiter<fixed_window, idempotent_store<fixed_window>> lim{fixed_window::config{"100/min"}};
   const timestamp t0{60'000'000};
   for (int i = 1; i <= 5; ++i) (void)lim.try_acquire("k", request_id{std::to_string(i)}, t0);
   const auto before = lim.store().memory().state_of("k");
-  int failures = 0;
-  decision seen;
-  fail_each_allocation([&] { seen = lim.peek("k", request_id{"6"}, t0); },
-                       [&] {
-                         ++failures;
-                         EXPECT_TRUE(lim.store().memory().state_of("k") == before);
-                       });
-  EXPECT_GE(failures, 1);
-  EXPECT_FALSE(seen.repeat);
-  EXPECT_EQ(seen.remaining, 100 - 6);
+  ASSERT_GT(before.heap_records(), 0U);  // ids 3 to 5 live in the heap block
+  decision fresh;
+  decision held;
+  decision plain;
+  fixed_window::state inner;
+  std::size_t ids = 0;
+  allocations_before_failure = 0;  // the next allocation throws
+  try {
+    fresh = lim.peek("k", request_id{"6"}, t0);
+    held = lim.peek("k", request_id{"4"}, t0);
+    plain = lim.peek("k", t0);
+    inner = lim.store().state_of("k");
+    ids = lim.store().ids_of("k");
+  } catch (const std::bad_alloc&) {
+    allocations_before_failure = -1;
+    FAIL() << "a peek allocated";
+  }
+  const bool nothing_allocated = allocations_before_failure == 0;
+  allocations_before_failure = -1;
+  EXPECT_TRUE(nothing_allocated);
+  EXPECT_FALSE(fresh.repeat);
+  EXPECT_EQ(fresh.remaining, 100 - 6);
+  EXPECT_TRUE(held.repeat);
+  EXPECT_EQ(held.remaining, 100 - 4);
+  EXPECT_FALSE(plain.repeat);
+  EXPECT_EQ(plain.remaining, 100 - 6);
+  EXPECT_EQ(inner.count, 5);
+  EXPECT_EQ(ids, 5U);
   EXPECT_TRUE(lim.store().memory().state_of("k") == before);
   expect_ids(lim, "k", 1, 5, t0);
 }

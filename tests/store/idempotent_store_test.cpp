@@ -76,6 +76,30 @@ TEST(IdempotentStore, BadOptionsAreRefusedNamingTheValue) {
   EXPECT_THROW(idempotent_store<gcra>({.shards = max_shards + 1}), std::invalid_argument);
 }
 
+// set_idempotency checks every option whatever the store: a store that
+// keeps ids itself ignores `stripes`, but a count no store accepts is
+// refused, naming the value, and the limiter is left as it was.
+TEST(IdempotentStore, BadIdempotencyOptionsAreRefusedNamingTheValue) {
+  keyed_limiter<fixed_window> lim{fixed_window::config{"100/s"}};
+  lim.set_idempotency({.retention = microseconds{250}});
+  const auto refused = [&](const idempotency_options& o, const std::string& value) {
+    try {
+      lim.set_idempotency(o);
+      ADD_FAILURE() << value << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(value), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(lim.retention(), microseconds{250});
+  };
+  refused({.retention = microseconds{-1}}, "-1us");
+  refused({.retention = max_time + microseconds{1}},
+          std::to_string((max_time + microseconds{1}).count()));
+  refused({.retention = microseconds{100}, .stripes = 65537}, "65537");
+  refused({.stripes = std::size_t{1} << 40}, std::to_string(std::size_t{1} << 40));
+  lim.set_idempotency({.retention = microseconds{100}, .max_ids = 1, .stripes = 65536});
+  EXPECT_EQ(lim.retention(), microseconds{100});
+}
+
 TEST(IdempotentStore, DegradedDecisionsAreNotRecorded) {
   keyed_limiter<fixed_window> lim{
       fixed_window::config{"5/s"},

@@ -199,22 +199,39 @@ struct idempotent {
       return n;
     }
 
-    /// Whether every record is droppable at `now`.
-    [[nodiscard]] bool ids_idle(std::int64_t now) const noexcept {
-      for (std::size_t i = 0; i < count_; ++i) {
-        if (!droppable(at(i), now)) return false;
+    /// What one pass over the records finds for an id at `now`: the index
+    /// of its record (`held`, ids() when none) and, when it has none, the
+    /// first record droppable at `now` in storage order (`free`, ids()
+    /// when none), in one pass.
+    struct lookup_result {
+      std::size_t held;
+      std::size_t free;
+    };
+    [[nodiscard]] lookup_result lookup(std::uint64_t fa, std::uint32_t fb,
+                                       std::int64_t now) const noexcept {
+      const std::size_t n = count_;
+      const std::int64_t upto = now - grace_;
+      std::size_t free = n;
+      const std::size_t in_node = std::min<std::size_t>(n, inline_ids);
+      for (std::size_t i = 0; i < in_node; ++i) {
+        const id_record& r = first_[i];
+        if (r.fa == fa && r.fb == fb) return {i, n};
+        if (free == n && r.until <= upto) free = i;
       }
-      return true;
+      for (std::size_t i = inline_ids; i < n; ++i) {
+        const id_record& r = more_[i - inline_ids];
+        if (r.fa == fa && r.fb == fb) return {i, n};
+        if (free == n && r.until <= upto) free = i;
+      }
+      return {n, free};
     }
 
-    /// The place for a new record at `now` under a cap of `cap` ids: a
-    /// dropped record's, else a new one (growing the heap block; on
-    /// std::bad_alloc nothing changed), else at the cap the record whose
-    /// retention ends first (the first such in storage order).
-    [[nodiscard]] std::size_t place_for(std::int64_t now, std::size_t cap) {
-      for (std::size_t i = 0; i < count_; ++i) {
-        if (droppable(at(i), now)) return i;
-      }
+    /// The place for a new record under a cap of `cap` ids when no record
+    /// is droppable (lookup() found none, else its `free` is the place): a
+    /// new one (growing the heap block; on std::bad_alloc nothing changed),
+    /// else at the cap the record whose retention ends first (the first
+    /// such in storage order).
+    [[nodiscard]] std::size_t place_when_none_droppable(std::size_t cap) {
       if (count_ < cap) {
         if (count_ >= inline_ids && count_ - inline_ids == capacity_) grow(cap);
         return count_;  // one past the end: the caller appends
@@ -226,7 +243,16 @@ struct idempotent {
       return victim;
     }
 
-    /// Writes the record at `i` (from place_for); noexcept.
+    /// Whether every record is droppable at `now`.
+    [[nodiscard]] bool ids_idle(std::int64_t now) const noexcept {
+      for (std::size_t i = 0; i < count_; ++i) {
+        if (!droppable(at(i), now)) return false;
+      }
+      return true;
+    }
+
+    /// Writes the record at `i` (a place from lookup() or
+    /// place_when_none_droppable()); noexcept.
     void write(std::size_t i, std::uint64_t fa, std::uint32_t fb, std::int64_t until,
                std::int64_t retention, const decision& d) noexcept {
       if (i == count_) ++count_;
@@ -276,6 +302,24 @@ struct idempotent {
     return run<true>(c, s, now, cost);
   }
 
+  /// access::peek (memory_store calls it on the held state itself): the
+  /// decision `step` would return, reading the ids in place and stepping a
+  /// copy of P's state only, so that a peek never copies the key's heap
+  /// block of ids.
+  static decision peek(const config& c, const state& s, timestamp now, units cost) {
+    if (c.op() == id_op::reset) return decision{};
+    if (c.op() == id_op::once) {
+      const std::size_t held = s.find(c.fa(), c.fb());
+      if (held != s.ids() && now.count() < s.at(held).until) {
+        decision d = s.at(held).first();
+        d.repeat = true;
+        return d;
+      }
+    }
+    base_state copy = s.inner;
+    return P::step(c.base(), copy, now, cost);
+  }
+
   /// Idle when P's state is and every id was dropped (one retention after
   /// its own ended).
   static bool idle(const config& c, const state& s, timestamp now) noexcept {
@@ -301,7 +345,7 @@ struct idempotent {
       return decision{};
     }
     const std::int64_t t = now.count();
-    const std::size_t held = s.find(c.fa(), c.fb());
+    const auto [held, free] = s.lookup(c.fa(), c.fb(), t);
     if (held != s.ids() && t < s.at(held).until) {
       decision d = s.at(held).first();
       d.repeat = true;
@@ -314,7 +358,9 @@ struct idempotent {
     // reclaim if that was later (memory_store's reclaim rule): the id was
     // sent at its stamp, and its retention ends as for the other stores.
     const std::int64_t r = c.retention_us();
-    const std::size_t place = held != s.ids() ? held : s.place_for(t, c.max_per_key());
+    const std::size_t place = held != s.ids()   ? held
+                              : free != s.ids() ? free
+                                                : s.place_when_none_droppable(c.max_per_key());
     const decision d = base_step<Forced>(c, s, now, cost);
     const std::int64_t from = std::min(t, c.stamped_us());
     const std::int64_t until = from > max_time_us - r ? max_time_us : from + r;

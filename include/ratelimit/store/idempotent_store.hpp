@@ -98,11 +98,16 @@ class idempotent_store {
   [[nodiscard]] std::size_t size() const noexcept { return store_.size(); }
   /// Ids `key` holds (ended ones not yet dropped included): a diagnostic.
   [[nodiscard]] std::size_t ids_of(std::string_view key) const {
-    return store_.state_of(key).ids();
+    return store_.inspect(key, [](const typename wrapped::state* s) noexcept {
+      return s != nullptr ? s->ids() : std::size_t{0};
+    });
   }
-  /// P's state for `key`, or a value-initialised one.
+  /// P's state for `key`, or a value-initialised one (a copy of P's state
+  /// alone: the key's ids are not copied).
   [[nodiscard]] typename P::state state_of(std::string_view key) const {
-    return store_.state_of(key).inner;
+    return store_.inspect(key, [](const typename wrapped::state* s) {
+      return s != nullptr ? s->inner : typename P::state{};
+    });
   }
   [[nodiscard]] std::size_t max_ids_per_key() const noexcept { return max_per_key_; }
   [[nodiscard]] const memory_store_options& options() const noexcept { return store_.options(); }

@@ -179,11 +179,19 @@ class memory_store {
 
   /// Copy of the state held for `key`, or a value-initialised one.
   [[nodiscard]] state_type state_of(std::string_view key) const {
+    return inspect(key, [](const state_type* s) { return s != nullptr ? *s : state_type{}; });
+  }
+
+  /// Returns `f(held)` called under the shard's lock, `held` pointing to the
+  /// state held for `key` or null when none is: reads a part of a state
+  /// without copying all of it. `f` must not call into this store.
+  template <class F>
+  decltype(auto) inspect(std::string_view key, F&& f) const {
     const std::uint64_t h = hash(key);
     shard& sh = shard_for(h);
     std::lock_guard<detail::spin_lock> guard(sh.lock);
     const node* n = sh.find(h, key);
-    return n != nullptr ? n->state : state_type{};
+    return std::forward<F>(f)(n != nullptr ? &n->state : static_cast<const state_type*>(nullptr));
   }
 
   [[nodiscard]] const memory_store_options& options() const noexcept { return options_; }
@@ -518,12 +526,18 @@ class memory_store {
     return apply_new(sh, cfg, h, key, now, cost, a);
   }
 
-  /// The policy step on a key the shard holds; a peek steps a copy.
+  /// The policy step on a key the shard holds; a peek steps a copy, or
+  /// calls `P::peek` on the state itself when P has one (a policy whose
+  /// state holds more than the step reads, as idempotent<P>'s ids).
   static decision step_held(const config_type& cfg, state_type& held, timestamp now, units cost,
                             access a) {
     if (a == access::peek) {
-      state_type copy = held;
-      return P::step(cfg, copy, now, cost);
+      if constexpr (requires(const state_type& s) { P::peek(cfg, s, now, cost); }) {
+        return P::peek(cfg, std::as_const(held), now, cost);
+      } else {
+        state_type copy = held;
+        return P::step(cfg, copy, now, cost);
+      }
     }
     if (a == access::force) [[unlikely]]
       return detail::forced_step<P>(cfg, held, now, cost);
