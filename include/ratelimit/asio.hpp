@@ -135,6 +135,13 @@ auto start(Limiter& l, std::string_view key, units cost, Token&& token, Args... 
   ratelimit::detail::check_key(key);
   ratelimit::detail::check_cost(cost);
   (ratelimit::detail::check_time(now), ...);
+  // A store whose range of times is narrower (the Redis stores: 2^52 us)
+  // says so here: once the operation is initiated an error can only reach
+  // the handler (use_awaitable initiates inside a noexcept await_suspend).
+  using store_type = typename Limiter::store_type;
+  if constexpr (requires(timestamp t) { store_type::check_caller_time(t); }) {
+    (store_type::check_caller_time(now), ...);
+  }
   return ::asio::async_initiate<Token, signature>(initiate_acquire<Limiter>{&l}, token,
                                                   std::string(key), now..., cost);
 }
@@ -177,7 +184,8 @@ auto async_try_acquire(Limiter& l, std::string_view key, CompletionToken&& token
 
 /// As above, decided at `now` (microseconds since the limiter clock's epoch;
 /// for limiters whose store takes explicit times).
-/// @throws std::invalid_argument for a bad key, cost or time
+/// @throws std::invalid_argument for a bad key, cost or time (also a time
+///   outside the store's `check_caller_time`, when it has one)
 template <class Limiter, class CompletionToken>
 auto async_try_acquire(Limiter& l, std::string_view key, timestamp now, units cost,
                        CompletionToken&& token) {

@@ -284,4 +284,33 @@ TEST(AsioRedis, StoreDestroyedInFlight) {
   }
 }
 
+// Verifies the documented rule "bad input (key, cost, time) throws from the
+// initiating function itself for every token; the handler is then never
+// called" for a time the Redis store refuses (above 2^52 us, where Lua numbers
+// stop being exact) though the limiter accepts it (up to 2^62 us): the
+// operation started and completed the handler with the std::invalid_argument.
+TEST(AsioRedis, TimeOnlyTheStoreRefusesThrowsFromTheCall) {
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("asio-time");
+  const fixed_window::config cfg("5/1s", window_options{.name = "t"});
+  limiter<fixed_window, redis::redis_store> l(cfg, redis::redis_store(o));
+  const timestamp too_late{(std::int64_t{1} << 52) + 1};
+  ::asio::io_context io;
+  completions c(1);
+  EXPECT_THROW(ratelimit::asio::async_try_acquire(l, "k", too_late, 1,
+                                                  ::asio::bind_executor(io, c.handler(0))),
+               std::invalid_argument);
+  EXPECT_THROW((void)ratelimit::asio::async_try_acquire(l, "k", too_late, 1, ::asio::use_future),
+               std::invalid_argument);
+  EXPECT_THROW(
+      (void)ratelimit::asio::async_try_acquire(l, "k", too_late, 1, rltest::deferred_token),
+      std::invalid_argument);
+  io.run();
+  EXPECT_EQ(c.calls[0], 0);
+  // The last microsecond the store accepts is decided.
+  std::future<decision> f = ratelimit::asio::async_try_acquire(
+      l, "k", timestamp{std::int64_t{1} << 52}, 1, ::asio::use_future);
+  EXPECT_TRUE(f.get().allowed);
+}
+
 }  // namespace
