@@ -14,15 +14,19 @@
 #include <asio/io_context.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/read_until.hpp>
+#include <asio/redirect_error.hpp>
 #include <asio/signal_set.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <iostream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 #include "ratelimit/asio.hpp"
 #include "ratelimit/ratelimit.hpp"
@@ -73,11 +77,24 @@ template <class Limiter>
   }
 }
 
+/// Accepts until the acceptor is closed. A failed accept (out of file
+/// descriptors or memory: too many connections) pauses accepting briefly
+/// instead of ending it: connections that close free what the next needs.
 template <class Limiter>
 ::asio::awaitable<void> accept(Limiter& limiter, tcp::acceptor& acceptor) {
+  ::asio::steady_timer pause(acceptor.get_executor());
   for (;;) {
-    tcp::socket socket = co_await acceptor.async_accept(::asio::use_awaitable);
-    ::asio::co_spawn(acceptor.get_executor(), serve(limiter, std::move(socket)), ::asio::detached);
+    std::error_code ec;
+    tcp::socket socket = co_await acceptor.async_accept(
+        ::asio::redirect_error(::asio::use_awaitable, ec));
+    if (!ec) {
+      ::asio::co_spawn(acceptor.get_executor(), serve(limiter, std::move(socket)),
+                       ::asio::detached);
+      continue;
+    }
+    if (ec == ::asio::error::operation_aborted || !acceptor.is_open()) co_return;
+    pause.expires_after(std::chrono::milliseconds(50));
+    co_await pause.async_wait(::asio::use_awaitable);
   }
 }
 

@@ -2,7 +2,11 @@
 // The Asio example server (examples/asio) as a user runs it: the line
 // protocol over TCP, in process and on a real redis-server shared by two
 // servers, bad requests, bad options, SIGTERM.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <asio/connect.hpp>
@@ -37,7 +41,7 @@ class process : public rltest::child_process {
 };
 
 /// The port from the server's first line "listening on PORT".
-unsigned short port_of(process& p) {
+unsigned short port_of(rltest::child_process& p) {
   const std::string l = p.line();
   const std::string prefix = "listening on ";
   if (l.rfind(prefix, 0) != 0) throw std::runtime_error("unexpected first line: " + l);
@@ -103,6 +107,70 @@ TEST(AsioExample, BadOptions) {
     EXPECT_EQ(p.wait(), 2) << args[0];
     EXPECT_NE(out.find("usage:"), std::string::npos) << out;
   }
+}
+
+/// A TCP connection to 127.0.0.1:`port` (a raw descriptor), or -1.
+int connect_raw(unsigned short port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/// Sends `line` on a new connection and returns the reply line, or "" when
+/// none came within `limit` (a server that does not accept never answers).
+std::string ask_within(unsigned short port, const std::string& line,
+                       std::chrono::milliseconds limit) {
+  const int fd = connect_raw(port);
+  if (fd < 0) return "";
+  const std::string out = line + "\n";
+  std::string got;
+  if (::send(fd, out.data(), out.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(out.size())) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (got.find('\n') == std::string::npos) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
+      pollfd p{fd, POLLIN, 0};
+      if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+      char buf[256];
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fd);
+  const std::size_t nl = got.find('\n');
+  return nl == std::string::npos ? std::string() : got.substr(0, nl);
+}
+
+// Verifies that running out of file descriptors does not stop the server
+// for good (many connections are hostile input too): with `ulimit -n 24`,
+// 60 clients connect (the kernel queues those the server cannot accept),
+// then all close, and a new client is served. The accept loop ended at the
+// first EMFILE: the server ran on but never accepted again.
+TEST(AsioExample, OutOfDescriptorsDoesNotStopAccepting) {
+  rltest::child_process p("/bin/sh",
+                          {"-c", "ulimit -n 24 && exec \"$0\" --rate 1000/1h", RATELIMIT_ASIO_EXE});
+  const unsigned short port = port_of(p);
+  EXPECT_EQ(ask_within(port, "CHECK k", 5s), "ALLOW 999");
+  std::vector<int> many;
+  for (int i = 0; i < 60; ++i) {
+    const int fd = connect_raw(port);
+    ASSERT_GE(fd, 0) << i;
+    many.push_back(fd);
+  }
+  std::this_thread::sleep_for(300ms);  // the server reaches its limit
+  for (const int fd : many) ::close(fd);
+  EXPECT_EQ(ask_within(port, "CHECK k", 5s), "ALLOW 998");  // 0.4 s refill 0.1 unit
+  p.signal(SIGTERM);
+  EXPECT_EQ(p.wait(), 0) << p.rest();
 }
 
 #ifdef RATELIMIT_ASIO_HAVE_REDIS
