@@ -100,8 +100,13 @@ TEST(AsioExample, LineProtocolInProcess) {
 
 // Verifies that bad options exit 2 with a usage message.
 TEST(AsioExample, BadOptions) {
-  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
-           {"--port", "70000"}, {"--store", "nosuch://x"}, {"--frobnicate", "1"}, {"--port"}}) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"--port", "70000"},
+                                             {"--store", "nosuch://x"},
+                                             {"--frobnicate", "1"},
+                                             {"--port"},
+                                             {"--idle-timeout-ms", "0"},
+                                             {"--idle-timeout-ms", "x"}}) {
     process p(args);
     const std::string out = p.rest();
     EXPECT_EQ(p.wait(), 2) << args[0];
@@ -171,6 +176,52 @@ TEST(AsioExample, OutOfDescriptorsDoesNotStopAccepting) {
   EXPECT_EQ(ask_within(port, "CHECK k", 5s), "ALLOW 998");  // 0.4 s refill 0.1 unit
   p.signal(SIGTERM);
   EXPECT_EQ(p.wait(), 0) << p.rest();
+}
+
+/// Milliseconds until the server closes `fd` (recv sees EOF or a reset),
+/// or -1 when it is still open after `limit`.
+long long closed_after(int fd, std::chrono::milliseconds limit) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const auto left = limit - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::steady_clock::now() - start);
+    pollfd p{fd, POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) return -1;
+    char buf[256];
+    if (::recv(fd, buf, sizeof buf, 0) <= 0) {
+      return std::chrono::duration_cast<std::chrono::milliseconds>(
+                 std::chrono::steady_clock::now() - start)
+          .count();
+    }
+  }
+}
+
+// Verifies that slow clients are bounded in time (with a timeout of 300 ms):
+// a silent connection and one whose line never ends are closed after about
+// 300 ms, while a client asking every 100 ms for 900 ms keeps its connection.
+// Without it, idle connections held their descriptors for ever (with the
+// limit on descriptors, they shut everyone else out).
+TEST(AsioExample, IdleConnectionsAreClosed) {
+  process p({"--rate", "100/1s", "--idle-timeout-ms", "300"});
+  const unsigned short port = port_of(p);
+  const int silent = connect_raw(port);
+  const int partial = connect_raw(port);
+  ASSERT_GE(silent, 0);
+  ASSERT_GE(partial, 0);
+  ASSERT_EQ(::send(partial, "CHECK k", 7, MSG_NOSIGNAL), 7);
+  client active(port);
+  for (int i = 0; i < 9; ++i) {
+    EXPECT_EQ(active.ask("CHECK a").rfind("ALLOW ", 0), 0U) << i;
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(active.ask("CHECK a").rfind("ALLOW ", 0), 0U);
+  // Both idle ones were closed at about 300 ms, during the active client's 900 ms.
+  EXPECT_GE(closed_after(silent, 100ms), 0);
+  EXPECT_GE(closed_after(partial, 100ms), 0);
+  ::close(silent);
+  ::close(partial);
+  p.signal(SIGTERM);
+  EXPECT_EQ(p.wait(), 0);
 }
 
 #ifdef RATELIMIT_ASIO_HAVE_REDIS
