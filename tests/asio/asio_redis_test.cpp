@@ -313,4 +313,59 @@ TEST(AsioRedis, TimeOnlyTheStoreRefusesThrowsFromTheCall) {
   EXPECT_TRUE(f.get().allowed);
 }
 
+// Verifies cancellation racing completion on a live server: 600 checks in
+// flight from one io_context, a terminal cancellation emitted for every
+// other one at staggered moments while replies arrive. Every handler runs
+// exactly once (a decision or operation_aborted), never both; and since a
+// cancellation never withdraws a check, every script ran: the key holds
+// exactly 600 units afterwards. use_future rethrows the store's own error
+// type (throw_error, server gone).
+TEST(AsioRedis, CancellationRacingRepliesEveryHandlerOnceAndEveryScriptRuns) {
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("asio-race");
+  o.multiplex = 2;
+  o.command_timeout = 5s;
+  const fixed_window::config cfg("1000/1h", window_options{.name = "t"});
+  limiter<fixed_window, redis::redis_store, redis::server_clock> l(cfg, redis::redis_store(o));
+  ASSERT_EQ(l.peek("k").remaining, 999);
+  ::asio::io_context io;
+  constexpr std::size_t n = 600;
+  completions c(n);
+  std::vector<::asio::cancellation_signal> signals(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    ratelimit::asio::async_try_acquire(
+        l, "k",
+        ::asio::bind_cancellation_slot(signals[i].slot(), ::asio::bind_executor(io, c.handler(i))));
+    if (i % 2 == 1) {
+      // Emitted from the io_context (as Asio requires), after 0..2 other
+      // handlers ran: some before the reply, some after it.
+      ::asio::post(io, [&, i] { signals[i].emit(::asio::cancellation_type::terminal); });
+    }
+  }
+  io.run();
+  std::size_t aborted = 0, decided = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(c.calls[i], 1) << i;
+    if (rltest::aborted(c.errors[i])) {
+      ++aborted;
+      EXPECT_EQ(i % 2, 1U) << i;
+    } else {
+      ASSERT_FALSE(c.errors[i]) << i;
+      EXPECT_TRUE(c.decisions[i].allowed) << i;
+      ++decided;
+    }
+  }
+  EXPECT_EQ(aborted + decided, n);
+  EXPECT_EQ(l.peek("k").remaining, 999 - static_cast<units>(n));
+
+  redis::options gone = o;
+  gone.port = 1;  // nothing listens there
+  gone.on_failure = redis::failure_policy::throw_error;
+  gone.connect_timeout = 200ms;
+  limiter<fixed_window, redis::redis_store, redis::server_clock> down(cfg,
+                                                                      redis::redis_store(gone));
+  std::future<decision> f = ratelimit::asio::async_try_acquire(down, "k", ::asio::use_future);
+  EXPECT_THROW((void)f.get(), redis::connection_error);
+}
+
 }  // namespace
