@@ -368,4 +368,42 @@ TEST(AsioRedis, CancellationRacingRepliesEveryHandlerOnceAndEveryScriptRuns) {
   EXPECT_THROW((void)f.get(), redis::connection_error);
 }
 
+// Verifies a handler that destroys the limiter (its store's last copy) with
+// other checks in flight, on the io_context's thread: each other handler
+// still runs exactly once, with its decision or multiplexer_stopped, and the
+// io_context's run() returns (no work guard is left behind).
+TEST(AsioRedis, HandlerDestroysTheLimiterWithChecksInFlight) {
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("asio-destroy-in-handler");
+  o.multiplex = 1;
+  const fixed_window::config cfg("1000/1h", window_options{.name = "t"});
+  using limiter_t = limiter<fixed_window, redis::redis_store, redis::server_clock>;
+  auto l = std::make_unique<limiter_t>(cfg, redis::redis_store(o));
+  ::asio::io_context io;
+  constexpr std::size_t n = 200;
+  completions c(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    auto record = c.handler(i);
+    ratelimit::asio::async_try_acquire(
+        *l, "k",
+        ::asio::bind_executor(io, [&l, i, record](std::exception_ptr e, decision d) mutable {
+          record(std::move(e), d);
+          if (i == 0) l.reset();
+        }));
+  }
+  io.run();
+  EXPECT_EQ(l, nullptr);
+  std::size_t stopped = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(c.calls[i], 1) << i;
+    if (rltest::holds<redis::multiplexer_stopped>(c.errors[i])) {
+      ++stopped;
+    } else {
+      EXPECT_FALSE(c.errors[i]) << i;
+      EXPECT_TRUE(c.decisions[i].allowed) << i;
+    }
+  }
+  EXPECT_LT(stopped, n);
+}
+
 }  // namespace
