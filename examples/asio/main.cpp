@@ -22,10 +22,12 @@
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <exception>
 #include <iostream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -144,6 +146,16 @@ int run(::asio::io_context& io, Limiter& limiter, unsigned short port,
   return 0;
 }
 
+/// `v` as a decimal number in lo..hi: digits only (no sign, space or suffix).
+std::optional<unsigned long> number(std::string_view v, unsigned long lo, unsigned long hi) {
+  unsigned long n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (v.empty() || ec != std::errc() || end != v.data() + v.size() || n < lo || n > hi) {
+    return std::nullopt;
+  }
+  return n;
+}
+
 int usage(const char* why) {
   std::cerr << "ratelimit-asio-server: " << why
             << "\nusage: ratelimit-asio-server [--port N] [--rate R] [--store memory|redis://...]\n"
@@ -163,21 +175,13 @@ int main(int argc, char** argv) {
     if (i + 1 >= argc) return usage("missing value after an option");
     const std::string v = argv[++i];
     if (a == "--port") {
-      try {
-        const unsigned long p = std::stoul(v);
-        if (p > 65535) return usage("--port must be 0..65535");
-        port = static_cast<unsigned short>(p);
-      } catch (const std::exception&) {
-        return usage("--port must be 0..65535");
-      }
+      const auto p = number(v, 0, 65535);
+      if (!p) return usage("--port must be 0..65535");
+      port = static_cast<unsigned short>(*p);
     } else if (a == "--idle-timeout-ms") {
-      try {
-        const unsigned long ms = std::stoul(v);
-        if (ms < 1 || ms > 86'400'000) return usage("--idle-timeout-ms must be 1..86400000");
-        idle = std::chrono::milliseconds(ms);
-      } catch (const std::exception&) {
-        return usage("--idle-timeout-ms must be 1..86400000");
-      }
+      const auto ms = number(v, 1, 86'400'000);
+      if (!ms) return usage("--idle-timeout-ms must be 1..86400000");
+      idle = std::chrono::milliseconds(*ms);
     } else if (a == "--rate") {
       rate = v;
     } else if (a == "--store") {

@@ -106,10 +106,14 @@ TEST(AsioExample, BadOptions) {
                                              {"--frobnicate", "1"},
                                              {"--port"},
                                              {"--idle-timeout-ms", "0"},
-                                             {"--idle-timeout-ms", "x"}}) {
+                                             {"--idle-timeout-ms", "x"},
+                                             {"--port", "80x"},
+                                             {"--port", "-1"},
+                                             {"--port", " 80"},
+                                             {"--idle-timeout-ms", "300ms"}}) {
     process p(args);
     const std::string out = p.rest();
-    EXPECT_EQ(p.wait(), 2) << args[0];
+    EXPECT_EQ(p.wait(), 2) << args[0] << " " << (args.size() > 1 ? args[1] : "");
     EXPECT_NE(out.find("usage:"), std::string::npos) << out;
   }
 }
