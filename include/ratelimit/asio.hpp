@@ -161,8 +161,8 @@ auto start(Limiter& l, std::string_view key, units cost, Token&& token, Args... 
 /// Cancellation (the handler's associated cancellation slot): a terminal
 /// cancellation that arrives before the decision completes the handler at
 /// once with operation_aborted (see `signature`); the check itself is not
-/// withdrawn: a script already sent runs and may consume, and its reply is
-/// dropped. Partial and total cancellation are ignored (the operation cannot
+/// withdrawn: its script, queued or already sent, runs and may consume, and
+/// its reply is dropped. Partial and total cancellation are ignored (the operation cannot
 /// promise their "no side effect" guarantees). A cancellation after the
 /// decision arrived changes nothing.
 ///
