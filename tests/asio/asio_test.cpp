@@ -208,4 +208,30 @@ TEST(Asio, PlainCallbackRunsOnTheSystemExecutor) {
   EXPECT_NE(ran.get_future().get(), std::this_thread::get_id());
 }
 
+// Verifies what a handler throws: unlike limiter::async_try_acquire's
+// handlers (whose exceptions are ignored), an Asio completion handler's
+// exception leaves the executor's run() as for any Asio handler; the other
+// completions are still there for the next run(), each run once.
+TEST(Asio, WhatAHandlerThrowsLeavesRun) {
+  ::asio::io_context io;
+  limiter<fixed_window> l(two_per_second);
+  completions c(3);
+  ratelimit::asio::async_try_acquire(
+      l, "k", 0us, 1, ::asio::bind_executor(io, [&](std::exception_ptr e, decision d) {
+        c.handler(0)(std::move(e), d);
+        throw std::runtime_error("handler");
+      }));
+  ratelimit::asio::async_try_acquire(l, "k", 0us, 1, ::asio::bind_executor(io, c.handler(1)));
+  ratelimit::asio::async_try_acquire(l, "k", 0us, 1, ::asio::bind_executor(io, c.handler(2)));
+  EXPECT_THROW(io.run(), std::runtime_error);
+  EXPECT_EQ(c.calls[0], 1);
+  EXPECT_EQ(c.calls[1] + c.calls[2], 0);
+  io.run();
+  EXPECT_EQ(c.calls[0], 1);
+  EXPECT_EQ(c.calls[1], 1);
+  EXPECT_EQ(c.calls[2], 1);
+  EXPECT_TRUE(c.decisions[1].allowed);
+  EXPECT_FALSE(c.decisions[2].allowed);
+}
+
 }  // namespace
