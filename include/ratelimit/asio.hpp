@@ -43,7 +43,9 @@ class acquire_op : public std::enable_shared_from_this<acquire_op<Handler>> {
  public:
   using executor_type = ::asio::associated_executor_t<Handler, ::asio::system_executor>;
 
-  explicit acquire_op(Handler&& h)
+  /// Takes the handler by value: a named (lvalue) callback is copied, as
+  /// Asio's own operations copy it.
+  explicit acquire_op(Handler h)
       : handler_(std::move(h)),
         work_(::asio::make_work_guard(
             ::asio::get_associated_executor(*handler_, ::asio::system_executor()))),

@@ -234,4 +234,22 @@ TEST(Asio, WhatAHandlerThrowsLeavesRun) {
   EXPECT_FALSE(c.decisions[2].allowed);
 }
 
+// Verifies named (lvalue) callbacks, as Asio's own operations take them (the
+// handler is copied): with a bound executor and without. They did not
+// compile (the operation's constructor took an rvalue only).
+TEST(Asio, NamedCallbacksAreCopied) {
+  ::asio::io_context io;
+  limiter<fixed_window> l(two_per_second);
+  completions c(3);
+  auto bound = ::asio::bind_executor(io, c.handler(0));
+  ratelimit::asio::async_try_acquire(l, "k", 0us, 1, bound);
+  ratelimit::asio::async_try_acquire(l, "k", 0us, 1, bound);
+  std::promise<decision> got;
+  auto plain = [&got](std::exception_ptr, decision d) { got.set_value(d); };
+  ratelimit::asio::async_try_acquire(l, "k", 0us, 1, plain);
+  EXPECT_FALSE(got.get_future().get().allowed);
+  EXPECT_EQ(io.run(), 2U);
+  EXPECT_EQ(c.calls[0], 2);
+}
+
 }  // namespace
