@@ -194,4 +194,11 @@ auto async_try_acquire(Limiter& l, std::string_view key, timestamp now, units co
   return detail::start(l, key, cost, std::forward<CompletionToken>(token), now);
 }
 
+/// As above, cost 1.
+/// @throws std::invalid_argument for a bad key or time
+template <class Limiter, class CompletionToken>
+auto async_try_acquire(Limiter& l, std::string_view key, timestamp now, CompletionToken&& token) {
+  return detail::start(l, key, units{1}, std::forward<CompletionToken>(token), now);
+}
+
 }  // namespace ratelimit::asio

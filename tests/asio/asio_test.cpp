@@ -252,4 +252,20 @@ TEST(Asio, NamedCallbacksAreCopied) {
   EXPECT_EQ(c.calls[0], 2);
 }
 
+// Verifies the documented form async_try_acquire(limiter, key, [now,]
+// [cost,] token) with a time and no cost (cost 1): it did not exist.
+TEST(Asio, TimeWithoutCost) {
+  limiter<fixed_window> l(two_per_second);
+  EXPECT_EQ(
+      ratelimit::asio::async_try_acquire(l, "k", 999'999us, ::asio::use_future).get().remaining, 1);
+  EXPECT_EQ(
+      ratelimit::asio::async_try_acquire(l, "k", 999'999us, ::asio::use_future).get().remaining, 0);
+  const decision d =
+      ratelimit::asio::async_try_acquire(l, "k", 999'999us, ::asio::use_future).get();
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.retry_after, 1us);
+  EXPECT_THROW((void)ratelimit::asio::async_try_acquire(l, "k", -1us, ::asio::use_future),
+               std::invalid_argument);
+}
+
 }  // namespace
