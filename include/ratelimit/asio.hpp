@@ -140,9 +140,8 @@ auto start(Limiter& l, std::string_view key, units cost, Token&& token, Args... 
   // A store whose range of times is narrower (the Redis stores: 2^52 us)
   // says so here: once the operation is initiated an error can only reach
   // the handler (use_awaitable initiates inside a noexcept await_suspend).
-  using store_type = typename Limiter::store_type;
-  if constexpr (requires(timestamp t) { store_type::check_caller_time(t); }) {
-    (store_type::check_caller_time(now), ...);
+  if constexpr (requires(timestamp t) { Limiter::store_type::check_caller_time(t); }) {
+    (Limiter::store_type::check_caller_time(now), ...);
   }
   return ::asio::async_initiate<Token, signature>(initiate_acquire<Limiter>{&l}, token,
                                                   std::string(key), now..., cost);
