@@ -5,6 +5,7 @@
 // and a store destroyed with checks in flight: every handler exactly once.
 #include <gtest/gtest.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/bind_executor.hpp>
@@ -19,6 +20,7 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -404,6 +406,52 @@ TEST(AsioRedis, HandlerDestroysTheLimiterWithChecksInFlight) {
     }
   }
   EXPECT_LT(stopped, n);
+}
+
+// Verifies fork() with Asio checks in flight: in the child, a check on the
+// parent's limiter completes its handler (on the child's own io_context,
+// no thread started) with std::logic_error, as the docs say of any error
+// from starting a check; the parent's checks in flight complete once each.
+TEST(AsioRedis, ForkedChildGetsLogicErrorThroughTheHandler) {
+  rltest::redis_server server;
+  redis::options o = server.options();
+  o.prefix = rltest::unique_prefix("asio-fork");
+  o.multiplex = 1;
+  o.command_timeout = 5s;
+  const fixed_window::config cfg("10/1h", window_options{.name = "t"});
+  limiter<fixed_window, redis::redis_store, redis::server_clock> l(cfg, redis::redis_store(o));
+  ASSERT_TRUE(l.try_acquire("k").allowed);
+  ::asio::io_context io;
+  completions c(4);
+  server.pause();
+  for (std::size_t i = 0; i < 4; ++i) {
+    ratelimit::asio::async_try_acquire(l, "k", ::asio::bind_executor(io, c.handler(i)));
+  }
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::asio::io_context child_io;
+    std::exception_ptr got;
+    int calls = 0;
+    ratelimit::asio::async_try_acquire(
+        l, "k", ::asio::bind_executor(child_io, [&](std::exception_ptr e, decision) {
+          got = std::move(e);
+          ++calls;
+        }));
+    child_io.run();
+    ::_exit(calls == 1 && rltest::holds<std::logic_error>(got) ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  server.resume();
+  io.run();
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(c.calls[i], 1) << i;
+    EXPECT_FALSE(c.errors[i]) << i;
+  }
+  EXPECT_EQ(l.peek("k").remaining, 4);  // 10 - 1 - 4 - the one peek would take
 }
 
 }  // namespace
