@@ -43,7 +43,9 @@ class acquire_op : public std::enable_shared_from_this<acquire_op<Handler>> {
  public:
   using executor_type = ::asio::associated_executor_t<Handler, ::asio::system_executor>;
 
-  explicit acquire_op(Handler&& h)
+  /// Takes the handler by value: a named (lvalue) callback is copied, as
+  /// Asio's own operations copy it.
+  explicit acquire_op(Handler h)
       : handler_(std::move(h)),
         work_(::asio::make_work_guard(
             ::asio::get_associated_executor(*handler_, ::asio::system_executor()))),
@@ -135,6 +137,12 @@ auto start(Limiter& l, std::string_view key, units cost, Token&& token, Args... 
   ratelimit::detail::check_key(key);
   ratelimit::detail::check_cost(cost);
   (ratelimit::detail::check_time(now), ...);
+  // A store whose range of times is narrower (the Redis stores: 2^52 us)
+  // says so here: once the operation is initiated an error can only reach
+  // the handler (use_awaitable initiates inside a noexcept await_suspend).
+  if constexpr (requires(timestamp t) { Limiter::store_type::check_caller_time(t); }) {
+    (Limiter::store_type::check_caller_time(now), ...);
+  }
   return ::asio::async_initiate<Token, signature>(initiate_acquire<Limiter>{&l}, token,
                                                   std::string(key), now..., cost);
 }
@@ -154,8 +162,8 @@ auto start(Limiter& l, std::string_view key, units cost, Token&& token, Args... 
 /// Cancellation (the handler's associated cancellation slot): a terminal
 /// cancellation that arrives before the decision completes the handler at
 /// once with operation_aborted (see `signature`); the check itself is not
-/// withdrawn: a script already sent runs and may consume, and its reply is
-/// dropped. Partial and total cancellation are ignored (the operation cannot
+/// withdrawn: its script, queued or already sent, runs and may consume, and
+/// its reply is dropped. Partial and total cancellation are ignored (the operation cannot
 /// promise their "no side effect" guarantees). A cancellation after the
 /// decision arrived changes nothing.
 ///
@@ -177,11 +185,19 @@ auto async_try_acquire(Limiter& l, std::string_view key, CompletionToken&& token
 
 /// As above, decided at `now` (microseconds since the limiter clock's epoch;
 /// for limiters whose store takes explicit times).
-/// @throws std::invalid_argument for a bad key, cost or time
+/// @throws std::invalid_argument for a bad key, cost or time (also a time
+///   outside the store's `check_caller_time`, when it has one)
 template <class Limiter, class CompletionToken>
 auto async_try_acquire(Limiter& l, std::string_view key, timestamp now, units cost,
                        CompletionToken&& token) {
   return detail::start(l, key, cost, std::forward<CompletionToken>(token), now);
+}
+
+/// As above, cost 1.
+/// @throws std::invalid_argument for a bad key or time
+template <class Limiter, class CompletionToken>
+auto async_try_acquire(Limiter& l, std::string_view key, timestamp now, CompletionToken&& token) {
+  return detail::start(l, key, units{1}, std::forward<CompletionToken>(token), now);
 }
 
 }  // namespace ratelimit::asio

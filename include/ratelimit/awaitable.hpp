@@ -21,6 +21,9 @@ namespace ratelimit {
 /// decided without I/O). The error the handler form would receive is thrown
 /// from the co_await; bad input throws std::invalid_argument from it too.
 /// The key is copied: the awaitable may outlive the caller's string.
+/// Resumed on a Redis store's I/O thread, the coroutine runs there until it
+/// next suspends: every other check's reply waits meanwhile, and a blocking
+/// check on that store there throws std::logic_error (co_await it instead).
 ///
 /// Awaited once; not copyable. The check's handler writes into the
 /// awaitable (in the coroutine's frame) and resumes the coroutine: a

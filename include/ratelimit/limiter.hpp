@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <exception>
 #include <memory>
+#include <stdexcept>
 #include <string_view>
 #include <utility>
 
@@ -99,7 +100,9 @@ class limiter {
   /// store) calls it on its I/O thread; any other store decides inline, so
   /// the handler runs before this returns and code is written once for both.
   /// What the handler throws is ignored (it does not leave this call).
-  /// @throws std::invalid_argument for a bad key or cost (the handler is then not called)
+  /// @throws std::invalid_argument for a bad key or cost, a clock reading
+  ///   outside 0..max_time, or a time the store refuses, with every store
+  ///   (the handler is then not called)
   template <class Handler>
     requires std::invocable<Handler&, decision, std::exception_ptr>
   void async_try_acquire(std::string_view key, units cost, Handler handler) {
@@ -291,6 +294,10 @@ class limiter {
     try {
       d = decide();
       if (a == access::force) d = detail::shadowed(d);
+    } catch (const std::invalid_argument&) {
+      // Bad input (here: a clock reading out of range, or a time only the
+      // store refuses) is thrown from the call, as by a store's async_apply.
+      throw;
     } catch (...) {
       e = std::current_exception();
     }

@@ -5,6 +5,7 @@
 // and a store destroyed with checks in flight: every handler exactly once.
 #include <gtest/gtest.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/bind_executor.hpp>
@@ -19,6 +20,7 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -282,6 +284,174 @@ TEST(AsioRedis, StoreDestroyedInFlight) {
     EXPECT_EQ(c.calls[i], 1);
     EXPECT_TRUE(rltest::holds<redis::multiplexer_stopped>(c.errors[i])) << i;
   }
+}
+
+// Verifies the documented rule "bad input (key, cost, time) throws from the
+// initiating function itself for every token; the handler is then never
+// called" for a time the Redis store refuses (above 2^52 us, where Lua numbers
+// stop being exact) though the limiter accepts it (up to 2^62 us): the
+// operation started and completed the handler with the std::invalid_argument.
+TEST(AsioRedis, TimeOnlyTheStoreRefusesThrowsFromTheCall) {
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("asio-time");
+  const fixed_window::config cfg("5/1s", window_options{.name = "t"});
+  limiter<fixed_window, redis::redis_store> l(cfg, redis::redis_store(o));
+  const timestamp too_late{(std::int64_t{1} << 52) + 1};
+  ::asio::io_context io;
+  completions c(1);
+  EXPECT_THROW(ratelimit::asio::async_try_acquire(l, "k", too_late, 1,
+                                                  ::asio::bind_executor(io, c.handler(0))),
+               std::invalid_argument);
+  EXPECT_THROW((void)ratelimit::asio::async_try_acquire(l, "k", too_late, 1, ::asio::use_future),
+               std::invalid_argument);
+  EXPECT_THROW(
+      (void)ratelimit::asio::async_try_acquire(l, "k", too_late, 1, rltest::deferred_token),
+      std::invalid_argument);
+  io.run();
+  EXPECT_EQ(c.calls[0], 0);
+  // The last microsecond the store accepts is decided.
+  std::future<decision> f = ratelimit::asio::async_try_acquire(
+      l, "k", timestamp{std::int64_t{1} << 52}, 1, ::asio::use_future);
+  EXPECT_TRUE(f.get().allowed);
+}
+
+// Verifies cancellation racing completion on a live server: 600 checks in
+// flight from one io_context, a terminal cancellation emitted for every
+// other one at staggered moments while replies arrive. Every handler runs
+// exactly once (a decision or operation_aborted), never both; and since a
+// cancellation never withdraws a check, every script ran: the key holds
+// exactly 600 units afterwards. use_future rethrows the store's own error
+// type (throw_error, server gone).
+TEST(AsioRedis, CancellationRacingRepliesEveryHandlerOnceAndEveryScriptRuns) {
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("asio-race");
+  o.multiplex = 2;
+  o.command_timeout = 5s;
+  const fixed_window::config cfg("1000/1h", window_options{.name = "t"});
+  limiter<fixed_window, redis::redis_store, redis::server_clock> l(cfg, redis::redis_store(o));
+  ASSERT_EQ(l.peek("k").remaining, 999);
+  ::asio::io_context io;
+  constexpr std::size_t n = 600;
+  completions c(n);
+  std::vector<::asio::cancellation_signal> signals(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    ratelimit::asio::async_try_acquire(
+        l, "k",
+        ::asio::bind_cancellation_slot(signals[i].slot(), ::asio::bind_executor(io, c.handler(i))));
+    if (i % 2 == 1) {
+      // Emitted from the io_context (as Asio requires), after 0..2 other
+      // handlers ran: some before the reply, some after it.
+      ::asio::post(io, [&, i] { signals[i].emit(::asio::cancellation_type::terminal); });
+    }
+  }
+  io.run();
+  std::size_t aborted = 0, decided = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(c.calls[i], 1) << i;
+    if (rltest::aborted(c.errors[i])) {
+      ++aborted;
+      EXPECT_EQ(i % 2, 1U) << i;
+    } else {
+      ASSERT_FALSE(c.errors[i]) << i;
+      EXPECT_TRUE(c.decisions[i].allowed) << i;
+      ++decided;
+    }
+  }
+  EXPECT_EQ(aborted + decided, n);
+  EXPECT_EQ(l.peek("k").remaining, 999 - static_cast<units>(n));
+
+  redis::options gone = o;
+  gone.port = 1;  // nothing listens there
+  gone.on_failure = redis::failure_policy::throw_error;
+  gone.connect_timeout = 200ms;
+  limiter<fixed_window, redis::redis_store, redis::server_clock> down(cfg,
+                                                                      redis::redis_store(gone));
+  std::future<decision> f = ratelimit::asio::async_try_acquire(down, "k", ::asio::use_future);
+  EXPECT_THROW((void)f.get(), redis::connection_error);
+}
+
+// Verifies a handler that destroys the limiter (its store's last copy) with
+// other checks in flight, on the io_context's thread: each other handler
+// still runs exactly once, with its decision or multiplexer_stopped, and the
+// io_context's run() returns (no work guard is left behind).
+TEST(AsioRedis, HandlerDestroysTheLimiterWithChecksInFlight) {
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("asio-destroy-in-handler");
+  o.multiplex = 1;
+  const fixed_window::config cfg("1000/1h", window_options{.name = "t"});
+  using limiter_t = limiter<fixed_window, redis::redis_store, redis::server_clock>;
+  auto l = std::make_unique<limiter_t>(cfg, redis::redis_store(o));
+  ::asio::io_context io;
+  constexpr std::size_t n = 200;
+  completions c(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    auto record = c.handler(i);
+    ratelimit::asio::async_try_acquire(
+        *l, "k",
+        ::asio::bind_executor(io, [&l, i, record](std::exception_ptr e, decision d) mutable {
+          record(std::move(e), d);
+          if (i == 0) l.reset();
+        }));
+  }
+  io.run();
+  EXPECT_EQ(l, nullptr);
+  std::size_t stopped = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(c.calls[i], 1) << i;
+    if (rltest::holds<redis::multiplexer_stopped>(c.errors[i])) {
+      ++stopped;
+    } else {
+      EXPECT_FALSE(c.errors[i]) << i;
+      EXPECT_TRUE(c.decisions[i].allowed) << i;
+    }
+  }
+  EXPECT_LT(stopped, n);
+}
+
+// Verifies fork() with Asio checks in flight: in the child, a check on the
+// parent's limiter completes its handler (on the child's own io_context,
+// no thread started) with std::logic_error, as the docs say of any error
+// from starting a check; the parent's checks in flight complete once each.
+TEST(AsioRedis, ForkedChildGetsLogicErrorThroughTheHandler) {
+  rltest::redis_server server;
+  redis::options o = server.options();
+  o.prefix = rltest::unique_prefix("asio-fork");
+  o.multiplex = 1;
+  o.command_timeout = 5s;
+  const fixed_window::config cfg("10/1h", window_options{.name = "t"});
+  limiter<fixed_window, redis::redis_store, redis::server_clock> l(cfg, redis::redis_store(o));
+  ASSERT_TRUE(l.try_acquire("k").allowed);
+  ::asio::io_context io;
+  completions c(4);
+  server.pause();
+  for (std::size_t i = 0; i < 4; ++i) {
+    ratelimit::asio::async_try_acquire(l, "k", ::asio::bind_executor(io, c.handler(i)));
+  }
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::asio::io_context child_io;
+    std::exception_ptr got;
+    int calls = 0;
+    ratelimit::asio::async_try_acquire(
+        l, "k", ::asio::bind_executor(child_io, [&](std::exception_ptr e, decision) {
+          got = std::move(e);
+          ++calls;
+        }));
+    child_io.run();
+    ::_exit(calls == 1 && rltest::holds<std::logic_error>(got) ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  server.resume();
+  io.run();
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(c.calls[i], 1) << i;
+    EXPECT_FALSE(c.errors[i]) << i;
+  }
+  EXPECT_EQ(l.peek("k").remaining, 4);  // 10 - 1 - 4 - the one peek would take
 }
 
 }  // namespace

@@ -208,4 +208,64 @@ TEST(Asio, PlainCallbackRunsOnTheSystemExecutor) {
   EXPECT_NE(ran.get_future().get(), std::this_thread::get_id());
 }
 
+// Verifies what a handler throws: unlike limiter::async_try_acquire's
+// handlers (whose exceptions are ignored), an Asio completion handler's
+// exception leaves the executor's run() as for any Asio handler; the other
+// completions are still there for the next run(), each run once.
+TEST(Asio, WhatAHandlerThrowsLeavesRun) {
+  ::asio::io_context io;
+  limiter<fixed_window> l(two_per_second);
+  completions c(3);
+  ratelimit::asio::async_try_acquire(
+      l, "k", 0us, 1, ::asio::bind_executor(io, [&](std::exception_ptr e, decision d) {
+        c.handler(0)(std::move(e), d);
+        throw std::runtime_error("handler");
+      }));
+  ratelimit::asio::async_try_acquire(l, "k", 0us, 1, ::asio::bind_executor(io, c.handler(1)));
+  ratelimit::asio::async_try_acquire(l, "k", 0us, 1, ::asio::bind_executor(io, c.handler(2)));
+  EXPECT_THROW(io.run(), std::runtime_error);
+  EXPECT_EQ(c.calls[0], 1);
+  EXPECT_EQ(c.calls[1] + c.calls[2], 0);
+  io.run();
+  EXPECT_EQ(c.calls[0], 1);
+  EXPECT_EQ(c.calls[1], 1);
+  EXPECT_EQ(c.calls[2], 1);
+  EXPECT_TRUE(c.decisions[1].allowed);
+  EXPECT_FALSE(c.decisions[2].allowed);
+}
+
+// Verifies named (lvalue) callbacks, as Asio's own operations take them (the
+// handler is copied): with a bound executor and without. They did not
+// compile (the operation's constructor took an rvalue only).
+TEST(Asio, NamedCallbacksAreCopied) {
+  ::asio::io_context io;
+  limiter<fixed_window> l(two_per_second);
+  completions c(3);
+  auto bound = ::asio::bind_executor(io, c.handler(0));
+  ratelimit::asio::async_try_acquire(l, "k", 0us, 1, bound);
+  ratelimit::asio::async_try_acquire(l, "k", 0us, 1, bound);
+  std::promise<decision> got;
+  auto plain = [&got](std::exception_ptr, decision d) { got.set_value(d); };
+  ratelimit::asio::async_try_acquire(l, "k", 0us, 1, plain);
+  EXPECT_FALSE(got.get_future().get().allowed);
+  EXPECT_EQ(io.run(), 2U);
+  EXPECT_EQ(c.calls[0], 2);
+}
+
+// Verifies the documented form async_try_acquire(limiter, key, [now,]
+// [cost,] token) with a time and no cost (cost 1): it did not exist.
+TEST(Asio, TimeWithoutCost) {
+  limiter<fixed_window> l(two_per_second);
+  EXPECT_EQ(
+      ratelimit::asio::async_try_acquire(l, "k", 999'999us, ::asio::use_future).get().remaining, 1);
+  EXPECT_EQ(
+      ratelimit::asio::async_try_acquire(l, "k", 999'999us, ::asio::use_future).get().remaining, 0);
+  const decision d =
+      ratelimit::asio::async_try_acquire(l, "k", 999'999us, ::asio::use_future).get();
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.retry_after, 1us);
+  EXPECT_THROW((void)ratelimit::asio::async_try_acquire(l, "k", -1us, ::asio::use_future),
+               std::invalid_argument);
+}
+
 }  // namespace

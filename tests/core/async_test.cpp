@@ -118,4 +118,22 @@ TEST(LimiterAsync, WhatAnInlineHandlerThrowsIsIgnored) {
   EXPECT_FALSE(l.try_acquire("k", microseconds{2}, 1).allowed);
 }
 
+// Verifies that a clock reading outside 0..2^62 us is bad input for the
+// async form as documented (thrown from the call, the handler never called),
+// as it is for a store with async_apply: the in-process store decided it
+// inline and passed the std::invalid_argument to the handler instead. The
+// co_await form throws it from the co_await.
+TEST(LimiterAsync, ClockOutOfRangeThrowsWithoutCallingTheHandler) {
+  for (const microseconds t : {microseconds{-1}, max_time + microseconds{1}}) {
+    limiter<gcra, memory_store<gcra>, manual_clock> l(gcra::config("10/s"), memory_store<gcra>{},
+                                                      manual_clock(t));
+    EXPECT_THROW((void)l.try_acquire("k"), std::invalid_argument);
+    int calls = 0;
+    const auto h = [&](decision, std::exception_ptr) { ++calls; };
+    EXPECT_THROW(l.async_try_acquire("k", h), std::invalid_argument) << t.count();
+    EXPECT_THROW(l.async_try_acquire("k", units{2}, h), std::invalid_argument) << t.count();
+    EXPECT_EQ(calls, 0) << t.count();
+  }
+}
+
 }  // namespace

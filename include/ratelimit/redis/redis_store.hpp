@@ -107,6 +107,12 @@ class redis_store {
     detail::check_named(cfg);
   }
 
+  /// Refuses a caller-supplied time the scripts cannot take: outside
+  /// 0 .. 2^52 us (Lua numbers are exact only below 2^53), narrower than the
+  /// limiter's 0 .. 2^62. ratelimit::asio calls it before starting a check.
+  /// @throws std::invalid_argument naming the time
+  static void check_caller_time(timestamp now) { check_script_time(now); }
+
   /// Applies `Config::policy_type` to `key` at the caller's time `now`.
   /// @param now  microseconds since the Unix epoch (or any epoch shared by all
   ///             callers), 0 .. 2^52 us
