@@ -53,8 +53,9 @@ struct cluster_options {
   /// node of the cluster will do, the others are discovered. At least one.
   std::vector<node_address> seeds;
   /// Settings applied to every node: user/password, connect and command
-  /// timeouts, pool size (per node), prefix, failure policy, fallback divisor,
-  /// TTL floor and circuit breaker (one breaker per node). `host` and `port`
+  /// timeouts, pool size and multiplex (per node), prefix, failure policy,
+  /// fallback divisor, TTL floor and circuit breaker (one breaker per node).
+  /// `multiplex` above 256 is refused when the store is made. `host` and `port`
   /// are ignored; `unix_socket` must be empty and `database` 0 (a cluster has
   /// only database 0).
   options node;
@@ -332,14 +333,18 @@ struct redirect {
 /// - reset() follows MOVED and ASK, and retries TRYAGAIN (a multi-key DEL
 ///   while the slot's keys are half migrated) with a growing pause for up to
 ///   the command timeout.
+/// - Single checks with options::multiplex > 0, and every async_apply(), go
+///   through the node's multiplexer (one I/O thread per node, started on
+///   first use); redirects are followed from the completion without waiting
+///   (see async_apply and docs/semantics.md).
 ///
-/// A cheap copyable handle: copies share the slot map, pools, breakers,
-/// fallback limiters, counters and the refresh thread (joined when the last
-/// copy goes).
+/// A cheap copyable handle: copies share the slot map, pools,
+/// multiplexers, breakers, fallback limiters, counters and the refresh and
+/// retry threads (joined when the last copy goes).
 ///
 /// fork(): a store belongs to the process that made it. In a child forked
-/// after, checks, reset(), ping(), refresh_topology(), node_for_slot() and
-/// known_nodes() throw std::logic_error (the pooled sockets are the
+/// after, checks (async_apply() too), reset(), ping(), refresh_topology(),
+/// node_for_slot() and known_nodes() throw std::logic_error (the pooled sockets are the
 /// parent's), and destroying the store leaks its state rather than join the
 /// parent's threads or touch locks they may have held; make a new store in
 /// the child.
@@ -404,7 +409,9 @@ class cluster_store {
   /// The handler runs on the I/O thread of the node that answered; inline on
   /// the calling thread when the check is decided without I/O (that node's
   /// circuit breaker open, or no I/O thread could be started: a
-  /// connection_error for the failure policy); and, when the store's last
+  /// connection_error for the failure policy); on the store's retry thread
+  /// when a check sent again after TRYAGAIN is decided there without I/O;
+  /// and, when the store's last
   /// copy is destroyed with the check in flight, on the destroying thread
   /// with multiplexer_stopped (no failure policy; when the last copy went on
   /// an I/O thread, on a thread the store starts for its destruction). A
