@@ -1,15 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 // Checks per second of the cluster store against a 3-master Redis Cluster and
 // of redis_store against one Redis, same workload: sequential, pooled threads,
-// batches of 100.
+// batches of 100; and the cluster store's async checks from one thread with
+// 256 in flight (per-node multiplexers) against its blocking sequential checks.
 //
 // The cluster comes from $RATELIMIT_BENCH_CLUSTER_URL (redis-cluster://...),
 // the single server from $RATELIMIT_BENCH_REDIS_URL (redis://...);
 // benchmarks/redis/run_cluster.sh starts both and prints the medians.
 #include <benchmark/benchmark.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <semaphore>
 #include <string>
 #include <vector>
 
@@ -103,8 +107,49 @@ void BM_Gcra_ClusterStore_Batch100(benchmark::State& s) {
   batches(s, cluster());
 }
 
+/// A cluster store of its own with `multiplex` connections per node.
+redis::cluster_store multiplexed_cluster(std::size_t multiplex) {
+  redis::cluster_options o = cluster().get_options();
+  o.node.multiplex = multiplex;
+  return redis::cluster_store(o);
+}
+
+// One thread keeping 256 async checks in flight over the masters (arg:
+// connections per node). Every check must be decided by Redis.
+void BM_Gcra_ClusterStore_Async256(benchmark::State& state) {
+  redis::cluster_store store = multiplexed_cluster(static_cast<std::size_t>(state.range(0)));
+  const gcra::config cfg("10/15min", bucket_options{.name = "t"});
+  const auto& keys = phones();
+  store.refresh_topology();
+  std::counting_semaphore<256> slots(256);
+  std::atomic<std::int64_t> failed{0};
+  std::size_t i = 0;
+  for (auto _ : state) {
+    slots.acquire();
+    store.async_apply(cfg, keys[i++ % keys.size()], store_time, 1, access::consume,
+                      [&](decision d, std::exception_ptr e) {
+                        if (e || d.source != decision_source::store) {
+                          failed.fetch_add(1, std::memory_order_relaxed);
+                        }
+                        slots.release();
+                      });
+  }
+  for (int k = 0; k < 256; ++k) slots.acquire();  // every check completed
+  if (failed.load() != 0) state.SkipWithError("async checks not decided by Redis");
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+}
+
+// Blocking single checks through the per-node multiplexers (one connection
+// per node), from 1 or 16 threads sharing one store.
+void BM_Gcra_ClusterStore_Multiplexed(benchmark::State& state) {
+  static redis::cluster_store shared = multiplexed_cluster(1);
+  checks(state, shared);
+}
+
 BENCHMARK(BM_Gcra_RedisStore_Pool)->ThreadRange(1, 16)->UseRealTime();
 BENCHMARK(BM_Gcra_ClusterStore_Pool)->ThreadRange(1, 16)->UseRealTime();
+BENCHMARK(BM_Gcra_ClusterStore_Async256)->ArgName("conns")->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK(BM_Gcra_ClusterStore_Multiplexed)->Threads(1)->Threads(16)->UseRealTime();
 BENCHMARK(BM_Gcra_RedisStore_Batch100)->ThreadRange(1, 4)->UseRealTime();
 BENCHMARK(BM_Gcra_ClusterStore_Batch100)->ThreadRange(1, 4)->UseRealTime();
 

@@ -13,9 +13,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <sstream>
@@ -263,11 +265,27 @@ using policies =
 TYPED_TEST_SUITE(ClusterDifferential, policies);
 
 // Verifies identical decisions (every field) to memory_store on seeded random
-// traces with caller time, keys spread over the masters, half of the traces
-// sent as batches that span several nodes.
+// traces with caller time, keys spread over the masters: half of the traces
+// sent as batches that span several nodes, a quarter as async checks all in
+// flight at once (per-node multiplexers), an eighth as sync checks through
+// the multiplexers, the rest one check per round trip on the pools.
 TYPED_TEST(ClusterDifferential, MatchesMemoryStoreOnRandomTraces) {
   using P = TypeParam;
   auto store = make_store(P::name);
+  // Same key space, single checks through per-node multiplexers.
+  auto mo = store.get_options();
+  mo.node.multiplex = 1;
+  redis::cluster_store mux_store(mo);
+  {
+    // Every master has the script cached: a NOSCRIPT resend would otherwise
+    // put an async check behind later ones of its key.
+    std::mt19937_64 rng(1);
+    const auto warm = random_config<P>(rng);
+    for (int k = 0; k < 32; ++k) {
+      (void)mux_store.apply(warm, "warm" + std::to_string(k), microseconds{1'732'950'000'000'000},
+                            1, access::peek);
+    }
+  }
   const int traces = rltest::diff_traces(300);
   std::set<std::string> nodes;
   for (int seed = 0; seed < traces; ++seed) {
@@ -275,6 +293,8 @@ TYPED_TEST(ClusterDifferential, MatchesMemoryStoreOnRandomTraces) {
     const auto cfg = random_config<P>(rng);
     const auto trace = random_trace<P>(rng, cfg, seed);
     const bool batched = seed % 2 == 1;
+    const bool async = seed % 4 == 2;
+    const bool mux_sync = seed % 8 == 4;
     std::map<std::string, memory_store<P>> memory;
     std::vector<decision> expected;
     for (const event& e : trace) {
@@ -291,6 +311,40 @@ TYPED_TEST(ClusterDifferential, MatchesMemoryStoreOnRandomTraces) {
       const event& e = trace[i];
       if (e.kind == event::reset) {
         store.reset(cfg, e.key);
+        ++i;
+      } else if (async) {
+        // Every event up to the next reset in flight at once; each key's
+        // checks go to one node in order, so they are applied in order.
+        std::mutex m;
+        std::condition_variable cv;
+        std::size_t left = 0;
+        std::vector<std::exception_ptr> errors(trace.size());
+        std::vector<int> calls(trace.size(), 0);
+        const std::size_t first = i;
+        while (i < trace.size() && trace[i].kind != event::reset) ++i;
+        left = i - first;
+        for (std::size_t j = first; j < i; ++j) {
+          mux_store.async_apply(cfg, trace[j].key, microseconds{trace[j].t}, trace[j].cost,
+                                access_of(trace[j].kind),
+                                [&, j](decision d, std::exception_ptr err) {
+                                  std::lock_guard<std::mutex> lock(m);
+                                  got[j] = d;
+                                  errors[j] = err;
+                                  ++calls[j];
+                                  --left;
+                                  cv.notify_one();
+                                });
+        }
+        {
+          std::unique_lock<std::mutex> lock(m);
+          cv.wait(lock, [&] { return left == 0; });
+        }
+        for (std::size_t j = first; j < i; ++j) {
+          ASSERT_EQ(calls[j], 1) << "event " << j;
+          ASSERT_FALSE(errors[j]) << "event " << j;
+        }
+      } else if (mux_sync) {
+        got[i] = mux_store.apply(cfg, e.key, microseconds{e.t}, e.cost, access_of(e.kind));
         ++i;
       } else if (!batched) {
         got[i] = store.apply(cfg, e.key, microseconds{e.t}, e.cost, access_of(e.kind));
@@ -312,7 +366,8 @@ TYPED_TEST(ClusterDifferential, MatchesMemoryStoreOnRandomTraces) {
       if (trace[j].kind == event::reset) continue;
       nodes.insert(store.node_for_slot(store.template slot_for<P>(trace[j].key)));
       ASSERT_EQ(describe(got[j]), describe(expected[j]))
-          << P::name << " seed " << seed << " event " << j << (batched ? " (batched)" : "");
+          << P::name << " seed " << seed << " event " << j
+          << (batched ? " (batched)" : (async ? " (async)" : (mux_sync ? " (multiplexed)" : "")));
     }
     for (const auto& [key, m] : memory) store.reset(cfg, key);
   }
@@ -320,6 +375,10 @@ TYPED_TEST(ClusterDifferential, MatchesMemoryStoreOnRandomTraces) {
   const auto s = store.stats();
   EXPECT_EQ(s.errors, 0u);
   EXPECT_EQ(s.fail_open + s.fail_closed + s.fallback, 0u);
+  const auto ms = mux_store.stats();
+  EXPECT_GT(ms.store, 0u);
+  EXPECT_EQ(ms.errors, 0u);
+  EXPECT_EQ(ms.fail_open + ms.fail_closed + ms.fallback, 0u);
 }
 
 // ---- concurrency -------------------------------------------------------------

@@ -12,8 +12,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <exception>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -154,6 +157,42 @@ TEST(TlsCluster, ChecksOnEveryMasterAsOverPlainTcp) {
   for (const int p : cluster.plain_ports()) {
     const std::string n = rltest::redis_cluster::ask(p, {"DBSIZE"});
     EXPECT_GE(std::stoi(n), 2) << p;  // tls: and tcp: keys of its slots
+  }
+  // Multiplexed and async over TLS (?multiplex=2 in the URL): 3 checks per
+  // key in flight at once, exactly 2 admitted per key, all decided by Redis.
+  {
+    redis::cluster_options mux = redis::parse_cluster_url(
+        "rediss-cluster://127.0.0.1:" + std::to_string(cluster.tls_ports()[0]) +
+        "?ca=" + certs.crt("ca") + "&multiplex=2");
+    ASSERT_EQ(mux.node.multiplex, 2u);
+    mux.node.connect_timeout = 1000ms;
+    mux.node.command_timeout = 2000ms;
+    mux.node.prefix = "tlsmux:";
+    redis::cluster_store mux_store(mux);
+    std::mutex m;
+    std::condition_variable cv;
+    std::size_t left = 90, errors = 0, not_store = 0;
+    std::map<std::string, int> admitted;
+    for (int k = 0; k < 30; ++k) {
+      const std::string key = "k" + std::to_string(k);
+      for (int i = 0; i < 3; ++i) {
+        mux_store.async_apply(cfg, key, microseconds{t0}, 1, access::consume,
+                              [&, key](decision d, std::exception_ptr e) {
+                                std::lock_guard<std::mutex> lock(m);
+                                errors += e ? 1 : 0;
+                                not_store += d.source == decision_source::store ? 0 : 1;
+                                admitted[key] += d.allowed ? 1 : 0;
+                                --left;
+                                cv.notify_all();
+                              });
+      }
+    }
+    std::unique_lock<std::mutex> lock(m);
+    ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return left == 0; }));
+    EXPECT_EQ(errors, 0u);
+    EXPECT_EQ(not_store, 0u);
+    ASSERT_EQ(admitted.size(), 30u);
+    for (const auto& [key, n] : admitted) EXPECT_EQ(n, 2) << key;
   }
   // Nodes are verified too: with a CA that signed nothing here, no check passes.
   redis::cluster_options untrusted = over_tls;

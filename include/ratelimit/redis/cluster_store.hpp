@@ -31,83 +31,17 @@
 #include "ratelimit/concepts.hpp"
 #include "ratelimit/decision.hpp"
 #include "ratelimit/redis/cluster/hash_slot.hpp"
+#include "ratelimit/redis/cluster/node.hpp"
+#include "ratelimit/redis/cluster/options.hpp"
+#include "ratelimit/redis/cluster/redirect.hpp"
 #include "ratelimit/redis/connection_pool.hpp"
 #include "ratelimit/redis/errors.hpp"
+#include "ratelimit/redis/multiplexer.hpp"
 #include "ratelimit/redis/options.hpp"
 #include "ratelimit/redis/redis_store.hpp"
 #include "ratelimit/redis/scripts/script_for.hpp"
 
 namespace ratelimit::redis {
-
-/// A node's TCP address.
-struct node_address {
-  std::string host = "127.0.0.1";
-  int port = 6379;
-  friend bool operator==(const node_address&, const node_address&) = default;
-};
-
-/// Where the cluster is and how to talk to each of its nodes. An aggregate.
-struct cluster_options {
-  /// Nodes asked for the slot map (CLUSTER SLOTS) until one answers; any
-  /// node of the cluster will do, the others are discovered. At least one.
-  std::vector<node_address> seeds;
-  /// Settings applied to every node: user/password, connect and command
-  /// timeouts, pool size (per node), prefix, failure policy, fallback divisor,
-  /// TTL floor and circuit breaker (one breaker per node). `host` and `port`
-  /// are ignored; `unix_socket` must be empty and `database` 0 (a cluster has
-  /// only database 0).
-  options node;
-  /// Redirects (MOVED, ASK, TRYAGAIN) one check follows before it is given up
-  /// with a script_error; 0 = 5.
-  std::size_t max_redirects = 5;
-  /// Shortest interval between two background refreshes of the slot map; 0 = 100 ms.
-  std::chrono::milliseconds refresh_interval{100};
-};
-
-/// Parses `redis-cluster://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]`
-/// (port 6379 when omitted) into cluster_options with default node settings;
-/// `rediss-cluster://` is the same over TLS, with the parameters of a
-/// `rediss://` URL (see parse_url) after `?`, applied to every node.
-/// @throws std::invalid_argument quoting the URL
-[[nodiscard]] inline cluster_options parse_cluster_url(std::string_view url) {
-  constexpr std::string_view scheme = "redis-cluster://";
-  constexpr std::string_view tls_scheme = "rediss-cluster://";
-  const bool tls = url.starts_with(tls_scheme);
-  if (!tls && !url.starts_with(scheme)) {
-    throw std::invalid_argument("ratelimit: redis cluster URL \"" + detail::redacted_url(url) +
-                                "\" must start with redis-cluster:// or rediss-cluster://");
-  }
-  std::string_view rest = url.substr(tls ? tls_scheme.size() : scheme.size());
-  cluster_options o;
-  o.node.tls.enabled = tls;
-  detail::take_tls_query(rest, o.node.tls, url);
-  std::string cred;
-  if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
-    cred = std::string(rest.substr(0, at + 1));
-    rest = rest.substr(at + 1);
-  }
-  for (;;) {
-    const auto comma = rest.find(',');
-    const std::string_view part = rest.substr(0, comma);
-    if (part.empty() || part.find('/') != std::string_view::npos) {
-      throw std::invalid_argument("ratelimit: redis cluster URL \"" + detail::redacted_url(url) +
-                                  "\" needs HOST[:PORT] items separated by commas (no /DB)");
-    }
-    options one;
-    try {
-      one = parse_url("redis://" + cred + std::string(part));
-    } catch (const std::invalid_argument&) {
-      throw std::invalid_argument("ratelimit: bad node \"" + std::string(part) +
-                                  "\" in redis cluster URL \"" + detail::redacted_url(url) + "\"");
-    }
-    o.seeds.push_back(node_address{one.host, one.port});
-    o.node.user = one.user;
-    o.node.password = one.password;
-    if (comma == std::string_view::npos) break;
-    rest.remove_prefix(comma + 1);
-  }
-  return o;
-}
 
 /// Counters of a cluster store (and its copies): those of store_stats summed
 /// over every node, plus the cluster's own. A snapshot.
@@ -125,84 +59,6 @@ namespace detail {
 
 /// Lets tests reach into a cluster_store (declared here, defined by tests only).
 struct cluster_test_access;
-
-/// One cluster node: its connection pool and circuit breaker. Owned by the
-/// slot map and by the checks and probes using it: a node that left the map
-/// is closed when the last of them lets go.
-struct cluster_node : std::enable_shared_from_this<cluster_node> {
-  cluster_node(std::string n, options o)
-      : name(std::move(n)), opts(std::move(o)), pool(opts), gate(opts) {}
-  std::string name;  ///< "host:port"
-  options opts;
-  connection_pool pool;
-  breaker gate;
-};
-
-/// `host:port` of an address.
-[[nodiscard]] inline std::string node_name(const node_address& a) {
-  return a.host + ":" + std::to_string(a.port);
-}
-
-/// Parses the `host:port` of a MOVED/ASK answer; an empty host means the
-/// host of the node that answered.
-[[nodiscard]] inline std::optional<node_address> parse_endpoint(std::string_view s,
-                                                                const std::string& asked_host) {
-  const auto colon = s.rfind(':');
-  if (colon == std::string_view::npos || colon + 1 >= s.size() || s.size() - colon > 6) {
-    return std::nullopt;
-  }
-  int port = 0;
-  for (const char c : s.substr(colon + 1)) {
-    if (c < '0' || c > '9') return std::nullopt;
-    port = port * 10 + (c - '0');
-  }
-  // No node listens on port 0 or past 65535: such an answer is not a redirect.
-  if (port < 1 || port > 65535) return std::nullopt;
-  std::string host(s.substr(0, colon));
-  if (host.empty() || host == "?") host = asked_host;
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
-  return node_address{std::move(host), port};
-}
-
-/// A redirect in an error reply: `MOVED <slot> <host:port>` or `ASK <slot> <host:port>`.
-struct redirect {
-  bool ask = false;
-  std::uint16_t slot = 0;
-  node_address to;
-};
-
-[[nodiscard]] inline std::optional<redirect> parse_redirect(const redisReply& r,
-                                                            const std::string& asked_host) {
-  if (r.type != REDIS_REPLY_ERROR) return std::nullopt;
-  std::string_view s(r.str, r.len);
-  redirect d;
-  if (s.starts_with("MOVED ")) {
-    s.remove_prefix(6);
-  } else if (s.starts_with("ASK ")) {
-    d.ask = true;
-    s.remove_prefix(4);
-  } else {
-    return std::nullopt;
-  }
-  const auto space = s.find(' ');
-  if (space == std::string_view::npos || space == 0 || space > 5) return std::nullopt;
-  unsigned slot = 0;
-  for (const char c : s.substr(0, space)) {
-    if (c < '0' || c > '9') return std::nullopt;
-    slot = slot * 10 + static_cast<unsigned>(c - '0');
-  }
-  if (slot >= cluster_slots) return std::nullopt;
-  auto to = parse_endpoint(s.substr(space + 1), asked_host);
-  if (!to) return std::nullopt;
-  d.slot = static_cast<std::uint16_t>(slot);
-  d.to = std::move(*to);
-  return d;
-}
-
-[[nodiscard]] inline bool error_starts(const redisReply& r, std::string_view word) noexcept {
-  return r.type == REDIS_REPLY_ERROR && std::string_view(r.str, r.len).starts_with(word);
-}
 
 }  // namespace detail
 
@@ -230,14 +86,18 @@ struct redirect {
 /// - reset() follows MOVED and ASK, and retries TRYAGAIN (a multi-key DEL
 ///   while the slot's keys are half migrated) with a growing pause for up to
 ///   the command timeout.
+/// - Single checks with options::multiplex > 0, and every async_apply(), go
+///   through the node's multiplexer (one I/O thread per node, started on
+///   first use); redirects are followed from the completion without waiting
+///   (see async_apply and docs/semantics.md).
 ///
-/// A cheap copyable handle: copies share the slot map, pools, breakers,
-/// fallback limiters, counters and the refresh thread (joined when the last
-/// copy goes).
+/// A cheap copyable handle: copies share the slot map, pools,
+/// multiplexers, breakers, fallback limiters, counters and the refresh and
+/// retry threads (joined when the last copy goes).
 ///
 /// fork(): a store belongs to the process that made it. In a child forked
-/// after, checks, reset(), ping(), refresh_topology(), node_for_slot() and
-/// known_nodes() throw std::logic_error (the pooled sockets are the
+/// after, checks (async_apply() too), reset(), ping(), refresh_topology(),
+/// node_for_slot() and known_nodes() throw std::logic_error (the pooled sockets are the
 /// parent's), and destroying the store leaks its state rather than join the
 /// parent's threads or touch locks they may have held; make a new store in
 /// the child.
@@ -248,8 +108,7 @@ class cluster_store {
  public:
   /// Connects lazily: construction never touches the network.
   /// @throws std::invalid_argument without seeds, with a unix socket or a database other than 0
-  explicit cluster_store(cluster_options o)
-      : shared_(new shared(std::move(o)), detail::delete_unless_forked<shared>{}) {}
+  explicit cluster_store(cluster_options o) : shared_(new shared(std::move(o)), shared_deleter{}) {}
 
   /// Refuses an unnamed config (see redis_store::check_config).
   /// @throws std::invalid_argument when `cfg.name()` is empty
@@ -269,6 +128,7 @@ class cluster_store {
     detail::check_named(cfg);
     detail::check_input(key, cost);
     detail::check_script_time(now);
+    if (shared_->opts.node.multiplex > 0) return run_multiplexed(cfg, key, now, cost, a);
     return run(cfg, std::span<const std::string_view>(&key, 1), std::span<const units>(&cost, 1),
                std::span<const timestamp>(&now, 1), a)
         .front();
@@ -281,9 +141,59 @@ class cluster_store {
                  access a = access::consume) {
     detail::check_named(cfg);
     detail::check_input(key, cost);
+    if (shared_->opts.node.multiplex > 0) {
+      return run_multiplexed(cfg, key, std::optional<timestamp>{}, cost, a);
+    }
     return run(cfg, std::span<const std::string_view>(&key, 1), std::span<const units>(&cost, 1),
                std::span<const timestamp>(), a)
         .front();
+  }
+
+  /// Applies `Config::policy_type` to `key` at `now` without blocking, as
+  /// redis_store::async_apply does: the check goes through the multiplexer
+  /// of the master owning the key's slot (options::multiplex connections per
+  /// node, at least one) and `handler(decision, std::exception_ptr)` is
+  /// called exactly once, with the decision or with the error the sync
+  /// apply() would throw. MOVED, ASK, TRYAGAIN and NOSCRIPT (the script did
+  /// not run) are followed from the completion, which queues the check on the
+  /// other node's multiplexer; nothing waits. Before the first slot map is
+  /// read, or for a slot it does not name, the check goes to a seed node
+  /// (which answers it or redirects it) and the map is read in the background.
+  /// The handler runs on the I/O thread of the node that answered; inline on
+  /// the calling thread when the check is decided without I/O (that node's
+  /// circuit breaker open, or no I/O thread could be started: a
+  /// connection_error for the failure policy); on the store's retry thread
+  /// when a check sent again after TRYAGAIN is decided there without I/O;
+  /// and, when the store's last
+  /// copy is destroyed with the check in flight, on the destroying thread
+  /// with multiplexer_stopped (no failure policy; when the last copy went on
+  /// an I/O thread, on a thread the store starts for its destruction). A
+  /// handler must not block on this store (a sync apply() there throws
+  /// std::logic_error) and should not throw (what it throws is ignored).
+  /// @throws std::invalid_argument for a bad key, cost or time (before
+  ///   anything starts; the handler is then not called); std::logic_error in
+  ///   a child forked after the store was made; multiplexer_stopped when
+  ///   called (from a handler) while the store is being destroyed
+  template <class Config, class Handler>
+    requires policy<typename Config::policy_type> &&
+             std::invocable<Handler&, decision, std::exception_ptr>
+  void async_apply(const Config& cfg, std::string_view key, timestamp now, units cost, access a,
+                   Handler handler) {
+    detail::check_named(cfg);
+    detail::check_input(key, cost);
+    detail::check_script_time(now);
+    start_check(cfg, key, std::optional<timestamp>{now}, cost, a, std::move(handler));
+  }
+
+  /// As above, at the TIME of the Redis master owning the key.
+  template <class Config, class Handler>
+    requires policy<typename Config::policy_type> &&
+             std::invocable<Handler&, decision, std::exception_ptr>
+  void async_apply(const Config& cfg, std::string_view key, store_time_t, units cost, access a,
+                   Handler handler) {
+    detail::check_named(cfg);
+    detail::check_input(key, cost);
+    start_check(cfg, key, std::optional<timestamp>{}, cost, a, std::move(handler));
   }
 
   /// Idempotent check (see redis_store::apply_once): one script on the
@@ -493,13 +403,125 @@ class cluster_store {
     shared& operator=(const shared&) = delete;
 
     ~shared() {
-      prober.stop();  // its probes use the nodes
+      stop_retries();  // sends to the nodes
+      stop_io();       // completions use the prober, refresher and counters
+      prober.stop();   // its probes use the nodes
       {
         std::lock_guard<std::mutex> lock(refresh_mutex);
         stopping = true;
       }
       refresh_cv.notify_all();
       if (refresher.joinable()) refresher.join();
+    }
+
+    /// Has `job` sent again at `due` by the retry thread (started on first
+    /// use), or at once when no thread can be started.
+    /// @return false after stop_retries() began (`job` kept)
+    bool resend_at(deadline due, std::unique_ptr<mux_job>& job) noexcept {
+      try {
+        std::lock_guard<std::mutex> lock(retry_mutex);
+        if (retry_stopping) return false;
+        if (!retrier.joinable()) retrier = std::thread([this] { retry_loop(); });
+        retries.push_back(delayed{due, nullptr});
+        retries.back().job = std::move(job);
+      } catch (...) {
+        if (job == nullptr) return true;  // queued; only the notify is left
+        static_cast<detail::cluster_job*>(job.get())->resend(job);
+        return true;
+      }
+      retry_cv.notify_one();
+      return true;
+    }
+
+    void retry_loop() noexcept {
+      retry_thread_id.store(std::this_thread::get_id(), std::memory_order_release);
+      std::unique_lock<std::mutex> lock(retry_mutex);
+      while (!retry_stopping) {
+        deadline next = deadline::max();
+        const deadline now = deadline_clock::now();
+        std::vector<std::unique_ptr<mux_job>> due;
+        for (auto it = retries.begin(); it != retries.end();) {
+          if (it->due <= now) {
+            due.push_back(std::move(it->job));
+            it = retries.erase(it);
+          } else {
+            next = std::min(next, it->due);
+            ++it;
+          }
+        }
+        if (!due.empty()) {
+          lock.unlock();
+          for (auto& j : due) static_cast<detail::cluster_job*>(j.get())->resend(j);
+          lock.lock();
+          continue;
+        }
+        if (next == deadline::max()) {
+          retry_cv.wait(lock);
+        } else {
+          retry_cv.wait_until(lock, next);
+        }
+      }
+    }
+
+    /// Joins the retry thread; the checks it held get multiplexer_stopped.
+    void stop_retries() noexcept {
+      std::vector<delayed> left;
+      {
+        std::lock_guard<std::mutex> lock(retry_mutex);
+        retry_stopping = true;
+        left.swap(retries);
+      }
+      retry_cv.notify_all();
+      if (retrier.joinable()) retrier.join();
+      {
+        std::lock_guard<std::mutex> lock(retry_mutex);
+        for (auto& d : retries) left.push_back(std::move(d));
+        retries.clear();
+      }
+      const auto err = std::make_exception_ptr(multiplexer_stopped(
+          "ratelimit: redis: the store was destroyed with this check in flight"));
+      for (auto& d : left) {
+        mux_job* j = d.job.get();
+        j->complete(std::move(d.job), nullptr, err);
+      }
+    }
+
+    /// Stops the multiplexers of every node made so far (the slot map's and
+    /// those it left, still held by checks in flight): their checks get
+    /// multiplexer_stopped. A completion that was following a redirect as
+    /// this began may queue its check on another node, even a new one: rounds
+    /// go on until one finds no node it has not stopped.
+    void stop_io() noexcept {
+      stopping_io.store(true, std::memory_order_release);
+      std::vector<node_ptr> stopped;
+      for (;;) {
+        std::vector<node_ptr> round;
+        {
+          std::lock_guard<std::mutex> lock(registry_mutex);
+          for (const auto& w : registry) {
+            node_ptr n = w.lock();
+            if (n != nullptr && std::find(stopped.begin(), stopped.end(), n) == stopped.end()) {
+              round.push_back(std::move(n));
+            }
+          }
+        }
+        if (round.empty()) return;
+        for (const node_ptr& n : round) n->stop_io();
+        stopped.insert(stopped.end(), round.begin(), round.end());
+      }
+    }
+
+    /// True on the I/O thread of one of this store's nodes, or its retry
+    /// thread (where a blocking check could wait for itself).
+    [[nodiscard]] bool on_io_thread() noexcept {
+      if (retry_thread_id.load(std::memory_order_acquire) == std::this_thread::get_id()) {
+        return true;
+      }
+      std::lock_guard<std::mutex> lock(registry_mutex);
+      return std::any_of(registry.begin(), registry.end(), [](const auto& w) {
+        const node_ptr n = w.lock();
+        return n != nullptr && n->on_io_thread();
+      });
     }
 
     /// Counts a failed round trip to `node`; when it opens the node's breaker,
@@ -528,6 +550,7 @@ class cluster_store {
             "ratelimit: redis cluster: nodes are reached over TCP and have only database 0");
       }
       if (o.node.tls.enabled) (void)detail::tls_context_for(o.node.tls);  // names a bad file
+      (void)multiplexer::checked(o.node.multiplex);
       if (!o.node.sentinel.master_name.empty() || !o.node.sentinel.sentinels.empty()) {
         throw std::invalid_argument(
             "ratelimit: redis cluster: Sentinel is for redis_store (a cluster fails over by "
@@ -544,13 +567,18 @@ class cluster_store {
     /// The node at `a`, made on first use. Caller holds topo_mutex exclusively.
     node_ptr node_locked(const node_address& a) {
       std::string name = detail::node_name(a);
-      auto& n = nodes[name];
-      if (n == nullptr) {
-        options o = opts.node;
-        o.host = a.host;
-        o.port = a.port;
-        n = std::make_shared<detail::cluster_node>(std::move(name), std::move(o));
+      if (const auto it = nodes.find(name); it != nodes.end()) return it->second;
+      options o = opts.node;
+      o.host = a.host;
+      o.port = a.port;
+      node_ptr n(new detail::cluster_node(name, std::move(o)), detail::cluster_node_deleter{});
+      {
+        std::lock_guard<std::mutex> lock(registry_mutex);
+        std::erase_if(registry,
+                      [](const std::weak_ptr<detail::cluster_node>& w) { return w.expired(); });
+        registry.push_back(n);
       }
+      nodes.emplace(std::move(name), n);
       return n;
     }
 
@@ -868,8 +896,23 @@ class cluster_store {
       }
     }
 
-    const pid_t owner_pid = ::getpid();  ///< see detail::delete_unless_forked
+    const pid_t owner_pid = ::getpid();  ///< see shared_deleter
     cluster_options opts;
+    /// Every node made, as long as something holds it (see stop_io).
+    std::mutex registry_mutex;
+    std::vector<std::weak_ptr<detail::cluster_node>> registry;
+    std::atomic<bool> stopping_io{false};  ///< the store is being destroyed
+    /// A check waiting to be sent again (after TRYAGAIN).
+    struct delayed {
+      deadline due;
+      std::unique_ptr<mux_job> job;
+    };
+    std::mutex retry_mutex;
+    std::condition_variable retry_cv;
+    std::vector<delayed> retries;  ///< guarded by retry_mutex
+    bool retry_stopping = false;   ///< guarded by retry_mutex
+    std::thread retrier;
+    std::atomic<std::thread::id> retry_thread_id{};
     std::mutex tls_failure_mutex;
     std::string tls_failure;  ///< the TLS failure of the last slot map read, if any
     std::chrono::milliseconds command_timeout;
@@ -903,6 +946,307 @@ class cluster_store {
     /// and installing its map.
     std::function<void()> slots_read_hook;
   };
+
+  /// Destroys the shared state with the last copy of the store, as
+  /// detail::delete_unless_forked (leaked in a forked child). When the last
+  /// copy goes on an I/O thread of one of its nodes (a handler held it), that
+  /// thread cannot join itself: a thread of its own destroys the state, and
+  /// the checks still in flight get multiplexer_stopped there.
+  struct shared_deleter {
+    void operator()(shared* p) const noexcept {
+      if (p->owner_pid != ::getpid()) return;
+      if (p->on_io_thread()) {
+        try {
+          std::thread([p] { delete p; }).detach();
+          return;
+        } catch (...) {
+          // No thread: joining itself below ends in std::terminate.
+        }
+      }
+      delete p;
+    }
+  };
+
+  /// The ASKING sent right before a check an ASK redirected (its reply, +OK,
+  /// is dropped; a failure shows in the check's own reply).
+  struct asking_job final : mux_job {
+    node_ptr node;  ///< keeps the node (and the multiplexer it is queued on) alive
+    void complete(std::unique_ptr<mux_job>, reply_ptr, std::exception_ptr) noexcept override {}
+  };
+
+  /// One single check through the nodes' multiplexers: EVALSHA (EVAL once
+  /// after NOSCRIPT), sent again after MOVED, ASK or TRYAGAIN (the script did
+  /// not run) from the completion, to the node named; never sent again after
+  /// a failure or timeout (it may have run). Holds its node, so a node that
+  /// left the slot map lives until its last check completes.
+  template <class Config, class Handler>
+  struct check_job final : detail::cluster_job {
+    check_job(shared* st, const Config& c, std::string_view k, std::optional<timestamp> t, units n,
+              access acc, Handler&& h)
+        : s(st),
+          cfg(c),
+          key(k),
+          keys(detail::redis_keys(st->opts.node.prefix, c, k)),
+          slot(key_slot(keys.front())),
+          now(t),
+          cost(n),
+          a(acc),
+          handler(std::move(h)) {}
+
+    shared* s;
+    Config cfg;
+    std::string key;
+    std::vector<std::string> keys;
+    std::uint16_t slot;
+    std::optional<timestamp> now;
+    units cost;
+    access a;
+    Handler handler;
+    node_ptr node;
+    std::size_t hops = 0;
+    bool asking = false;
+    bool with_text = false;
+
+    /// The command: EVALSHA, or EVAL with the script's text.
+    void build() {
+      using P = typename Config::policy_type;
+      std::vector<std::string> policy_args;
+      script_for<P>::append_args(cfg, policy_args);
+      const std::string time_arg = now ? std::to_string(now->count()) : std::string();
+      const std::string cost_arg = std::to_string(cost);
+      const std::string_view floor = now ? std::string_view(s->floor_ms) : std::string_view("0");
+      bytes.clear();
+      bytes.reserve(with_text ? script_for<P>::text.size() + 256 : 256);
+      detail::append_eval<P>(bytes, with_text, keys, time_arg, cost_arg, a, policy_args, floor);
+    }
+
+    void deliver(const decision& d, std::exception_ptr e) noexcept {
+      try {
+        handler(d, std::move(e));
+      } catch (...) {
+      }
+    }
+
+    /// Counts `e` and has the failure policy decide.
+    void fail(const std::exception_ptr& e) noexcept {
+      detail::count_error(s->stats, e);
+      decision d;
+      try {
+        d = s->degrader.degrade(s->stats, cfg, key, now, cost, a, e);
+      } catch (...) {
+        deliver(decision{}, std::current_exception());
+        return;
+      }
+      deliver(d, nullptr);
+    }
+
+    /// Queues this check, owned by `self`, on its node's multiplexer (behind
+    /// an ASKING after an ASK), or decides it here when the node's breaker
+    /// is open or no I/O thread can be started (`self` then consumed).
+    /// Nothing of this job is touched once it is queued: another thread may
+    /// complete it at once.
+    /// @return false when the multiplexer is stopped (the store is being
+    ///   destroyed; `self` kept)
+    /// @throws std::bad_alloc (nothing queued)
+    bool send(std::unique_ptr<mux_job>& self) {
+      const node_ptr n = node;  // outlives the submit even if the check completes meanwhile
+      if (n->gate.enter() == detail::breaker::verdict::refuse) {
+        s->stats.short_circuited.fetch_add(1, std::memory_order_relaxed);
+        s->request_refresh();
+        const auto err = std::make_exception_ptr(connection_error(
+            "ratelimit: redis: circuit breaker of " + n->name + " open (it failed recently)"));
+        decision d;
+        std::exception_ptr e;
+        try {
+          d = s->degrader.degrade(s->stats, cfg, key, now, cost, a, err);
+        } catch (...) {
+          e = std::current_exception();
+        }
+        deliver(d, std::move(e));
+        self.reset();
+        return true;
+      }
+      build();
+      try {
+        if (!asking) return n->mux.submit(self);
+        auto ask_job = std::make_unique<asking_job>();
+        const std::string_view ask_args[] = {"ASKING"};
+        append_command(ask_job->bytes, ask_args, 1);
+        ask_job->until = until;
+        ask_job->node = n;
+        std::unique_ptr<mux_job> ask_base(std::move(ask_job));
+        // Both on the one connection of ask_mux, nothing queued between them.
+        std::lock_guard<std::mutex> lock(n->ask_mutex);
+        if (!n->ask_mux.submit(ask_base)) return false;
+        return n->ask_mux.submit(self);
+      } catch (const connection_error&) {
+        // No eventfd or I/O thread: nothing of this check was sent.
+        mux_job* j = self.get();
+        j->complete(std::move(self), nullptr, std::current_exception());
+        return true;
+      }
+    }
+
+    /// Sends the check again (the script did not run).
+    void resend(std::unique_ptr<mux_job>& self) noexcept override {
+      std::exception_ptr error;
+      try {
+        if (send(self)) return;
+        deliver(decision{}, std::make_exception_ptr(multiplexer_stopped(
+                                "ratelimit: redis: the store is being destroyed")));
+        return;
+      } catch (...) {
+        error = std::current_exception();
+      }
+      fail(error);
+    }
+
+    void complete(std::unique_ptr<mux_job> self, reply_ptr r,
+                  std::exception_ptr error) noexcept override {
+      if (error) {
+        if (s->stopping_io.load(std::memory_order_acquire)) {
+          deliver(decision{}, error);
+          return;
+        }
+        // Never resent: it may have run. The node may be gone or demoted.
+        s->gate_failed(*node);
+        s->request_refresh();
+        fail(error);
+        return;
+      }
+      node->gate.success();  // the node answered
+      if (r->type != REDIS_REPLY_ERROR) {
+        decision d;
+        try {
+          d = detail::parse_reply(cfg, *r);
+        } catch (...) {
+          fail(std::current_exception());
+          return;
+        }
+        s->stats.store.fetch_add(1, std::memory_order_relaxed);
+        deliver(d, nullptr);
+        return;
+      }
+      // Every answer below but the last two means the script did not run.
+      const bool again = ++hops <= s->max_redirects;
+      try {
+        if (detail::is_noscript(*r)) {
+          s->stats.script_reloads.fetch_add(1, std::memory_order_relaxed);
+          with_text = true;
+        } else if (auto d = detail::parse_redirect(*r, node->opts.host)) {
+          if (d->ask) {
+            s->ask.fetch_add(1, std::memory_order_relaxed);
+            node = s->node_at(d->to);
+            asking = true;
+          } else {
+            s->moved.fetch_add(1, std::memory_order_relaxed);
+            node = s->learn(d->slot, d->to);
+            asking = false;
+            s->request_refresh();
+          }
+        } else if (detail::error_starts(*r, "TRYAGAIN")) {
+          s->tryagain.fetch_add(1, std::memory_order_relaxed);
+          asking = false;
+          if (node_ptr o = s->owner(slot)) node = std::move(o);
+          // The rest of the slot's keys are being moved: sent again 5 ms
+          // later (by the retry thread: nothing waits here), at once when
+          // that would pass the deadline.
+          const deadline due = deadline_clock::now() + std::chrono::milliseconds(5);
+          if (again && due < until) {
+            if (s->resend_at(due, self)) return;
+            deliver(decision{}, std::make_exception_ptr(multiplexer_stopped(
+                                    "ratelimit: redis: the store is being destroyed")));
+            return;
+          }
+        } else if (detail::error_starts(*r, "CLUSTERDOWN") ||
+                   detail::error_starts(*r, "MASTERDOWN") || detail::error_starts(*r, "LOADING")) {
+          s->request_refresh();
+          fail(std::make_exception_ptr(connection_error(
+              "ratelimit: redis: " + node->name + " answered " + std::string(r->str, r->len))));
+          return;
+        } else {
+          fail(std::make_exception_ptr(
+              script_error("ratelimit: redis: script failed: " + std::string(r->str, r->len))));
+          return;
+        }
+        if (!again) {
+          fail(std::make_exception_ptr(script_error(
+              "ratelimit: redis: more than " + std::to_string(s->max_redirects) +
+              " redirects for one check (last: " + std::string(r->str, r->len) + ")")));
+          return;
+        }
+      } catch (...) {
+        fail(std::current_exception());  // bad_alloc learning a node
+        return;
+      }
+      if (s->stopping_io.load(std::memory_order_acquire)) {
+        deliver(decision{}, std::make_exception_ptr(multiplexer_stopped(
+                                "ratelimit: redis: the store is being destroyed")));
+        return;
+      }
+      resend(self);
+    }
+  };
+
+  /// Starts one check on the multiplexer of the node owning its slot (a
+  /// seed when the slot has no known owner), or decides it at once when
+  /// that node's breaker is open. `handler` gets the outcome exactly once.
+  template <class Config, class Handler>
+  void start_check(const Config& cfg, std::string_view key, std::optional<timestamp> now,
+                   units cost, access a, Handler&& handler) {
+    detail::check_same_process(shared_->owner_pid);
+    shared& st = *shared_;
+    using job_t = check_job<Config, std::decay_t<Handler>>;
+    auto job = std::make_unique<job_t>(&st, cfg, key, now, cost, a, std::move(handler));
+    job->until = deadline_clock::now() + st.command_timeout;
+    job->node = st.owner(job->slot);
+    if (job->node == nullptr) {
+      // No map yet, or none naming the slot: a seed answers or redirects.
+      st.request_refresh();
+      job->node = st.node_at(st.opts.seeds[job->slot % st.opts.seeds.size()]);
+    }
+    job_t* j = job.get();
+    std::unique_ptr<mux_job> base(std::move(job));
+    if (!j->send(base)) throw multiplexer_stopped("ratelimit: redis: the store is being destroyed");
+  }
+
+  /// A single check through the multiplexers, waited for on this thread.
+  template <class Config>
+  decision run_multiplexed(const Config& cfg, std::string_view key, std::optional<timestamp> now,
+                           units cost, access a) {
+    detail::check_same_process(shared_->owner_pid);
+    shared& st = *shared_;
+    if (st.on_io_thread()) {
+      throw std::logic_error(
+          "ratelimit: redis: a blocking check on the cluster store's I/O thread (inside an async "
+          "handler) would wait for itself; use async_apply there");
+    }
+    try {
+      st.ensure_map();
+    } catch (const connection_error&) {
+      const std::exception_ptr e = std::current_exception();
+      detail::count_error(st.stats, e);
+      return st.degrader.degrade(st.stats, cfg, key, now, cost, a, e);
+    }
+    struct waiter {
+      std::mutex m;
+      std::condition_variable cv;
+      bool done = false;
+      decision d;
+      std::exception_ptr e;
+    } w;
+    start_check(cfg, key, now, cost, a, [&w](decision d, std::exception_ptr e) {
+      std::lock_guard<std::mutex> lock(w.m);
+      w.d = d;
+      w.e = std::move(e);
+      w.done = true;
+      w.cv.notify_one();  // under the lock: `w` lives until the waiter sees `done`
+    });
+    std::unique_lock<std::mutex> lock(w.m);
+    w.cv.wait(lock, [&] { return w.done; });
+    if (w.e) std::rethrow_exception(w.e);
+    return w.d;
+  }
 
   /// What became of one check.
   enum class fate : unsigned char {

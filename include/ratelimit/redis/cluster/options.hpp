@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+// Where a Redis Cluster is and how to reach its nodes: cluster_options and
+// the redis-cluster:// / rediss-cluster:// URL.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ratelimit/redis/multiplexer.hpp"
+#include "ratelimit/redis/options.hpp"
+
+namespace ratelimit::redis {
+
+/// A node's TCP address.
+struct node_address {
+  std::string host = "127.0.0.1";
+  int port = 6379;
+  friend bool operator==(const node_address&, const node_address&) = default;
+};
+
+/// Where the cluster is and how to talk to each of its nodes. An aggregate.
+struct cluster_options {
+  /// Nodes asked for the slot map (CLUSTER SLOTS) until one answers; any
+  /// node of the cluster will do, the others are discovered. At least one.
+  std::vector<node_address> seeds;
+  /// Settings applied to every node: user/password, connect and command
+  /// timeouts, pool size and multiplex (per node), prefix, failure policy,
+  /// fallback divisor, TTL floor and circuit breaker (one breaker per node).
+  /// `multiplex` above 256 is refused when the store is made. `host` and `port`
+  /// are ignored; `unix_socket` must be empty and `database` 0 (a cluster has
+  /// only database 0).
+  options node;
+  /// Redirects (MOVED, ASK, TRYAGAIN) one check follows before it is given up
+  /// with a script_error; 0 = 5.
+  std::size_t max_redirects = 5;
+  /// Shortest interval between two background refreshes of the slot map; 0 = 100 ms.
+  std::chrono::milliseconds refresh_interval{100};
+};
+
+namespace detail {
+
+/// Takes `multiplex=N` (0..multiplexer::max_connections, at most once) out
+/// of the query of a cluster URL, the query starting at the first `?` after
+/// the last `@`; what is left of the query stays in `rest`.
+/// @return N, or 0 without the parameter
+/// @throws std::invalid_argument naming the bad value and the URL (redacted)
+[[nodiscard]] inline std::size_t take_multiplex_query(std::string& rest, std::string_view url) {
+  const auto at = rest.rfind('@');
+  const auto q = rest.find('?', at == std::string::npos ? 0 : at + 1);
+  if (q == std::string::npos) return 0;
+  std::string kept;
+  std::size_t n = 0;
+  bool seen = false;
+  std::string_view query = std::string_view(rest).substr(q + 1);
+  for (;;) {
+    const auto amp = query.find('&');
+    const std::string_view item = query.substr(0, amp);
+    if (item.starts_with("multiplex=") || item == "multiplex") {
+      if (seen) bad_url(url, "gives parameter \"multiplex\" twice");
+      seen = true;
+      n = static_cast<std::size_t>(
+          parse_url_int(item.substr(std::min(item.size(), std::size_t{10})), url, "multiplex", 0,
+                        static_cast<long long>(multiplexer::max_connections)));
+    } else {
+      if (!kept.empty()) kept += '&';
+      kept += item;
+    }
+    if (amp == std::string_view::npos) break;
+    query.remove_prefix(amp + 1);
+  }
+  rest = rest.substr(0, q) + (kept.empty() ? std::string() : "?" + kept);
+  return n;
+}
+
+}  // namespace detail
+
+/// Parses `redis-cluster://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...][?multiplex=N]`
+/// (port 6379 when omitted) into cluster_options with default node settings;
+/// `rediss-cluster://` is the same over TLS, with the parameters of a
+/// `rediss://` URL (see parse_url) after `?` as well, applied to every node.
+/// `multiplex=N` (0..256) sets options::multiplex of every node.
+/// @throws std::invalid_argument quoting the URL
+[[nodiscard]] inline cluster_options parse_cluster_url(std::string_view url) {
+  constexpr std::string_view scheme = "redis-cluster://";
+  constexpr std::string_view tls_scheme = "rediss-cluster://";
+  const bool tls = url.starts_with(tls_scheme);
+  if (!tls && !url.starts_with(scheme)) {
+    throw std::invalid_argument("ratelimit: redis cluster URL \"" + detail::redacted_url(url) +
+                                "\" must start with redis-cluster:// or rediss-cluster://");
+  }
+  std::string after_scheme(url.substr(tls ? tls_scheme.size() : scheme.size()));
+  cluster_options o;
+  o.node.multiplex = detail::take_multiplex_query(after_scheme, url);
+  std::string_view rest = after_scheme;
+  o.node.tls.enabled = tls;
+  detail::take_tls_query(rest, o.node.tls, url);
+  std::string cred;
+  if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
+    cred = std::string(rest.substr(0, at + 1));
+    rest = rest.substr(at + 1);
+  }
+  for (;;) {
+    const auto comma = rest.find(',');
+    const std::string_view part = rest.substr(0, comma);
+    if (part.empty() || part.find('/') != std::string_view::npos) {
+      throw std::invalid_argument("ratelimit: redis cluster URL \"" + detail::redacted_url(url) +
+                                  "\" needs HOST[:PORT] items separated by commas (no /DB)");
+    }
+    options one;
+    try {
+      one = parse_url("redis://" + cred + std::string(part));
+    } catch (const std::invalid_argument&) {
+      throw std::invalid_argument("ratelimit: bad node \"" + std::string(part) +
+                                  "\" in redis cluster URL \"" + detail::redacted_url(url) + "\"");
+    }
+    o.seeds.push_back(node_address{one.host, one.port});
+    o.node.user = one.user;
+    o.node.password = one.password;
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return o;
+}
+
+}  // namespace ratelimit::redis
