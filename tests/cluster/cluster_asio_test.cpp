@@ -12,6 +12,7 @@
 #include <chrono>
 #include <future>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,22 @@ TEST(AsioCluster, SameDecisionsAsInProcess) {
         remote.store().node_for_slot(remote.store().slot_for(cfg, "user" + std::to_string(k))));
   }
   EXPECT_EQ(nodes.size(), 3u);
+}
+
+// Verifies that a time only the scripts refuse (over 2^52 us, which the
+// limiter itself accepts) throws from the initiating call, as on redis_store,
+// and the last microsecond the scripts take is decided.
+TEST(AsioCluster, TimeOnlyTheStoreRefusesThrowsFromTheCall) {
+  auto o = rltest::shared_cluster().options();
+  o.node.prefix = "rlasio-t:" + std::to_string(::getpid()) + ":";
+  const fixed_window::config cfg("5/1s", window_options{.name = "t"});
+  limiter<fixed_window, redis::cluster_store> l(cfg, redis::cluster_store(o));
+  const timestamp too_late{(std::int64_t{1} << 52) + 1};
+  EXPECT_THROW((void)ratelimit::asio::async_try_acquire(l, "k", too_late, 1, ::asio::use_future),
+               std::invalid_argument);
+  std::future<decision> f = ratelimit::asio::async_try_acquire(
+      l, "k", timestamp{std::int64_t{1} << 52}, 1, ::asio::use_future);
+  EXPECT_TRUE(f.get().allowed);
 }
 
 }  // namespace

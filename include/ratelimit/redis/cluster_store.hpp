@@ -117,6 +117,12 @@ class cluster_store {
     detail::check_named(cfg);
   }
 
+  /// Refuses a caller-supplied time the scripts cannot take (see
+  /// redis_store::check_caller_time). ratelimit::asio calls it before
+  /// starting a check.
+  /// @throws std::invalid_argument naming the time
+  static void check_caller_time(timestamp now) { detail::check_script_time(now); }
+
   /// Applies `Config::policy_type` to `key` at the caller's time `now`
   /// (microseconds since the Unix epoch, 0 .. 2^52).
   /// @throws std::invalid_argument for a bad key, cost or time; store_error
