@@ -110,6 +110,13 @@ struct options {
   /// max(1, multiplex) connections. Batches, apply_once, reset and ping use the pool.
   /// At most 256 (more throws std::invalid_argument when the store is made).
   std::size_t multiplex = 0;
+  /// Most checks one multiplexer holds at a time, from submission to answer
+  /// (queued, being written, or written and waiting for their reply); 0 =
+  /// 65536. A check submitted while that many are pending is refused with
+  /// multiplexer_full (a connection_error naming this cap), decided by the
+  /// failure policy and counted as a failed round trip: a stalled server
+  /// cannot make the queue grow without bound.
+  std::size_t multiplex_max_pending = 0;
   /// Prefix of every Redis key: `<prefix>{<user key>}:<policy>`; may be empty.
   std::string prefix = "rl:";
   /// What a check does when Redis fails (see failure_policy).
