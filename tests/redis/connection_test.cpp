@@ -2,8 +2,11 @@
 // Connections against a real redis-server: idle connections the server closed,
 // answers meaning "wrong node", bounded name resolution, authentication,
 // URL parsing and the maxmemory-policy warning.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -450,6 +453,45 @@ TEST(RedisResolve, ResolverAddressesAreTriedInOrder) {
   } catch (const redis::connection_error& e) {
     EXPECT_NE(std::string(e.what()).find("no numeric address"), std::string::npos) << e.what();
   }
+}
+
+// Verifies that a first address that never answers gets only its share of
+// connect_timeout: 127.0.0.3 on the server's port has a full accept queue
+// (backlog 0, one connection waiting), so the kernel drops further SYNs and
+// a connect there hangs; with 1000 ms to connect and two addresses, it gets
+// 500 ms and 127.0.0.1 the rest. Before, it took all 1000 ms and the connect
+// failed with timeout_error.
+TEST(RedisResolve, DeadFirstAddressGetsOnlyItsShareOfTheConnectTimeout) {
+  rltest::redis_server server;
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(server.port()));
+  ASSERT_EQ(::inet_pton(AF_INET, "127.0.0.3", &a.sin_addr), 1);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener, 0), 0);
+  // Fills the accept queue (never accepted).
+  const int filler = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(::connect(filler, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
+  auto o = store_options(server, redis::failure_policy::throw_error);
+  o.host = "redis.test";
+  o.connect_timeout = 1000ms;
+  o.resolver = [](const std::string&) {
+    return std::vector<std::string>{"127.0.0.3", "127.0.0.1"};
+  };
+  redis::redis_store store(o);
+  const auto start = clk::now();
+  EXPECT_EQ(store
+                .apply(gcra::config("10/1h", bucket_options{.name = "c"}), "k", store_time, 1,
+                       access::consume)
+                .source,
+            decision_source::store);
+  const auto took = clk::now() - start;
+  EXPECT_GE(took, 450ms) << "the first address was not tried";
+  EXPECT_LT(took, 1000ms);
+  ::close(filler);
+  ::close(listener);
 }
 
 // Verifies the system resolver (localhost, from /etc/hosts) and an IPv6 URL.
