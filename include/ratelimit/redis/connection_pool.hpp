@@ -179,11 +179,18 @@ inline constexpr std::size_t max_reply_bytes = std::size_t{64} << 20;
   return functions.createArray == nullptr ? nullptr : &functions;
 }
 
-/// True when `host` is an IPv4 or IPv6 address (no resolution needed).
+/// True when `host` is an IPv4 or IPv6 address, the latter with an optional
+/// zone id (`fe80::1%eth0`, which getaddrinfo takes as a numeric host): no
+/// resolution needed.
 [[nodiscard]] inline bool is_numeric_host(const std::string& host) noexcept {
   in6_addr buf{};
-  return ::inet_pton(AF_INET, host.c_str(), &buf) == 1 ||
-         ::inet_pton(AF_INET6, host.c_str(), &buf) == 1;
+  if (::inet_pton(AF_INET, host.c_str(), &buf) == 1) return true;
+  const auto pct = host.find('%');
+  if (pct == std::string::npos) return ::inet_pton(AF_INET6, host.c_str(), &buf) == 1;
+  if (pct + 1 == host.size() || pct >= INET6_ADDRSTRLEN) return false;
+  char addr[INET6_ADDRSTRLEN] = {};
+  host.copy(addr, pct);
+  return ::inet_pton(AF_INET6, addr, &buf) == 1;
 }
 
 /// The numeric addresses of `host` from getaddrinfo (IPv4 and IPv6, as the
