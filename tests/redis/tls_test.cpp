@@ -289,6 +289,47 @@ TEST_F(Tls, ForkChildLeavesTheParentsSession) {
   EXPECT_EQ(c->command(ping, 1, redis::deadline_clock::now() + 2s)->type, REDIS_REPLY_STATUS);
 }
 
+// Verifies that the SSL_CTX cache tells option sets apart even when paths
+// hold newlines (the key joined the fields with '\n'): A = {ca "D/x\ny"}
+// and B = {ca "D/x", ca_dir "y", key "\n"} joined to the same text, and
+// with "D/x" a hard link of "D/x\ny" their files had the same stamps, so B
+// got A's context instead of its error (a key without a certificate).
+TEST_F(Tls, ContextCacheKeyTellsNewlinesInPathsApart) {
+  char dir_template[] = "/tmp/rltest-tls-key-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::string joined = dir + "/x\ny";
+  const std::string link = dir + "/x";
+  {
+    std::ifstream in(certs_->crt("ca"), std::ios::binary);
+    std::ofstream out(joined, std::ios::binary);
+    out << in.rdbuf();
+  }
+  ASSERT_EQ(::link(joined.c_str(), link.c_str()), 0);
+  struct stat st {};
+  ASSERT_NE(::stat("y", &st), 0) << "a file \"y\" in the working directory";
+  ASSERT_NE(::stat("\n", &st), 0);
+  redis::tls_options a;
+  a.enabled = true;
+  a.ca_file = joined;
+  const std::shared_ptr<SSL_CTX> ctx = redis::detail::tls_context_for(a);
+  ASSERT_NE(ctx, nullptr);
+  redis::tls_options b;
+  b.enabled = true;
+  b.ca_file = link;
+  b.ca_dir = "y";
+  b.key_file = "\n";
+  EXPECT_THROW((void)redis::detail::tls_context_for(b), std::invalid_argument);
+  redis::options o = tls_options(*server_, "cache-key");
+  o.tls = b;
+  EXPECT_THROW(redis::redis_store{o}, std::invalid_argument);
+  // A itself is still served from the cache.
+  EXPECT_EQ(redis::detail::tls_context_for(a), ctx);
+  ::unlink(link.c_str());
+  ::unlink(joined.c_str());
+  ::rmdir(dir.c_str());
+}
+
 // Verifies bad TLS settings are named in std::invalid_argument when the store
 // is made: a missing CA file, a certificate without its key, a key that is
 // not the certificate's, a file that is no key, TLS over a unix socket.

@@ -199,8 +199,15 @@ inline void require_readable(const std::string& path, const char* what, bool dir
   };
   static std::mutex mutex;
   static std::map<std::string, entry> cache;
-  std::string key = t.ca_file + '\n' + t.ca_dir + '\n' + t.cert_file + '\n' + t.key_file + '\n' +
-                    static_cast<char>('0' + static_cast<int>(t.verify));
+  // Each field as <length>:<bytes>: no path (a file name may hold any byte
+  // but NUL and '/') can make two different option sets one key.
+  std::string key;
+  for (const std::string* field : {&t.ca_file, &t.ca_dir, &t.cert_file, &t.key_file}) {
+    key += std::to_string(field->size());
+    key += ':';
+    key += *field;
+  }
+  key += static_cast<char>('0' + static_cast<int>(t.verify));
   std::string stamp = file_stamp(t.ca_file) + ' ' + file_stamp(t.cert_file) + ' ' +
                       file_stamp(t.key_file) + ' ' + file_stamp(t.ca_dir);
   {
