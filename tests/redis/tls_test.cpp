@@ -330,6 +330,41 @@ TEST_F(Tls, ContextCacheKeyTellsNewlinesInPathsApart) {
   ::rmdir(dir.c_str());
 }
 
+// Verifies that a child forked while another thread held the SSL_CTX
+// cache's lock can still make TLS stores: two threads of the parent take
+// contexts from the cache in a loop while the test forks 80 children, each of
+// which takes a context and decides a check over TLS with a store of its own.
+// Before, a child forked with the lock held waited on it forever.
+TEST_F(Tls, ChildForkedWhileTheContextCacheIsLockedMakesStores) {
+  redis::options o = tls_options(*server_, "fork-cache");
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> busy;
+  for (int i = 0; i < 2; ++i) {
+    busy.emplace_back([&] {
+      while (!stop.load(std::memory_order_relaxed)) (void)redis::detail::tls_context_for(o.tls);
+    });
+  }
+  int hung = 0;
+  int failed = 0;
+  for (int i = 0; i < 80; ++i) {
+    const rltest::child_end end = rltest::in_child(
+        [&] {
+          if (redis::detail::tls_context_for(o.tls) == nullptr) return 2;
+          redis::redis_store store(o);
+          const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
+          return store.apply(cfg, "k", microseconds{t0}, 1).source == decision_source::store ? 0
+                                                                                             : 3;
+        },
+        3s);
+    hung += end.hung ? 1 : 0;
+    failed += !end.hung && end.status != 0 ? 1 : 0;
+  }
+  stop = true;
+  for (auto& t : busy) t.join();
+  EXPECT_EQ(hung, 0);
+  EXPECT_EQ(failed, 0);
+}
+
 // Verifies bad TLS settings are named in std::invalid_argument when the store
 // is made: a missing CA file, a certificate without its key, a key that is
 // not the certificate's, a file that is no key, TLS over a unix socket.

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
@@ -188,17 +189,42 @@ inline void require_readable(const std::string& path, const char* what, bool dir
   return ctx;
 }
 
-/// The SSL_CTX for `t`, shared by every connection with the same settings
-/// and files: made on first use and made again when a file named in `t` was
-/// replaced (a renewed certificate is used by the next new connection).
-/// @throws std::invalid_argument as make_tls_context
-[[nodiscard]] inline std::shared_ptr<SSL_CTX> tls_context_for(const tls_options& t) {
+/// The SSL_CTX cache of one process: its own lock and map. A child forked
+/// while a thread of the parent held the parent's lock would wait on it
+/// forever, so a process other than the one that made the cache makes a
+/// cache of its own, and leaves the parent's untouched (leaked: its lock may
+/// be held and its map half-changed).
+struct tls_context_cache {
   struct entry {
     std::string stamp;
     std::shared_ptr<SSL_CTX> ctx;
   };
-  static std::mutex mutex;
-  static std::map<std::string, entry> cache;
+  const pid_t pid = ::getpid();
+  std::mutex mutex;
+  std::map<std::string, entry> map;
+
+  /// This process's cache (made on first use, never destroyed).
+  [[nodiscard]] static tls_context_cache& mine() {
+    static std::atomic<tls_context_cache*> current{nullptr};
+    const pid_t self = ::getpid();
+    tls_context_cache* c = current.load(std::memory_order_acquire);
+    while (c == nullptr || c->pid != self) {
+      auto* fresh = new tls_context_cache;
+      if (current.compare_exchange_strong(c, fresh, std::memory_order_acq_rel)) return *fresh;
+      delete fresh;  // another thread of this process won; `c` is its cache
+    }
+    return *c;
+  }
+};
+
+/// The SSL_CTX for `t`, shared by every connection with the same settings
+/// and files: made on first use and made again when a file named in `t` was
+/// replaced (a renewed certificate is used by the next new connection). One
+/// cache per process (see tls_context_cache: a forked child never locks the
+/// parent's).
+/// @throws std::invalid_argument as make_tls_context
+[[nodiscard]] inline std::shared_ptr<SSL_CTX> tls_context_for(const tls_options& t) {
+  tls_context_cache& cache = tls_context_cache::mine();
   // Each field as <length>:<bytes>: no path (a file name may hold any byte
   // but NUL and '/') can make two different option sets one key.
   std::string key;
@@ -211,14 +237,14 @@ inline void require_readable(const std::string& path, const char* what, bool dir
   std::string stamp = file_stamp(t.ca_file) + ' ' + file_stamp(t.cert_file) + ' ' +
                       file_stamp(t.key_file) + ' ' + file_stamp(t.ca_dir);
   {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (const auto it = cache.find(key); it != cache.end() && it->second.stamp == stamp) {
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    if (const auto it = cache.map.find(key); it != cache.map.end() && it->second.stamp == stamp) {
       return it->second.ctx;
     }
   }
   std::shared_ptr<SSL_CTX> ctx = make_tls_context(t);  // outside the lock: reads files
-  std::lock_guard<std::mutex> lock(mutex);
-  cache[std::move(key)] = entry{std::move(stamp), ctx};
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  cache.map[std::move(key)] = tls_context_cache::entry{std::move(stamp), ctx};
   return ctx;
 }
 
