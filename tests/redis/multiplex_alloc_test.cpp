@@ -31,6 +31,8 @@ namespace {
 /// Allocations off the main thread that succeed before one fails; negative: none fails.
 std::atomic<long> allocations_before_failure{-1};
 std::atomic<long> failures_injected{0};
+/// When set, every allocation off the main thread after the n-th fails too.
+std::atomic<bool> sticky{false};
 const std::thread::id main_thread = std::this_thread::get_id();
 
 void* counted_allocation(std::size_t size) {
@@ -41,6 +43,7 @@ void* counted_allocation(std::size_t size) {
     }
     if (left == 0) {
       failures_injected.fetch_add(1);
+      if (sticky.load()) allocations_before_failure.store(0);
       throw std::bad_alloc();
     }
   }
@@ -146,6 +149,59 @@ TEST(RedisMultiplexAlloc, EachAllocationOnTheIoThreadFailingInTurn) {
   EXPECT_LT(n, 400) << "the burst never ran without a failure";
   EXPECT_GE(failed_rounds, 5);
   EXPECT_EQ(failures_injected.load(), failed_rounds);
+}
+
+// Verifies the same when, from the n-th on, every allocation off the main
+// thread fails until the burst is over (memory stays short): failing checks
+// (dropping a connection, a timeout's error, the failure policy) must itself
+// allocate nothing that ends the I/O thread; every handler is called once.
+TEST(RedisMultiplexAlloc, AllocationsFailingFromTheNthOnUntilTheBurstEnds) {
+  rltest::redis_server server;
+  redis::options o = server.options();
+  o.prefix = rltest::unique_prefix("mux-alloc-sticky");
+  o.multiplex = 2;
+  o.command_timeout = 2000ms;
+  o.breaker_threshold = 1000000;
+  o.on_warning = [](std::string_view) {};
+  const fixed_window::config cfg("1000000/1h", window_options{.name = "t"});
+  constexpr std::size_t burst = 8;
+  sticky = true;
+  long n = 0;
+  for (; n < 400; ++n) {
+    redis::redis_store store(o);
+    outcomes out(burst);
+    failures_injected = 0;
+    allocations_before_failure.store(n);
+    for (std::size_t i = 0; i < burst; ++i) {
+      store.async_apply(cfg, "k", store_time, 1, access::consume,
+                        [&out, i](decision d, std::exception_ptr e) {
+                          std::lock_guard<std::mutex> lock(out.m);
+                          ++out.calls[i];
+                          out.sources[i] = d.source;
+                          out.errors[i] = std::move(e);
+                          --out.left;
+                          out.cv.notify_all();
+                        });
+    }
+    {
+      std::unique_lock<std::mutex> lock(out.m);
+      ASSERT_TRUE(out.cv.wait_for(lock, 10s, [&] { return out.left == 0; })) << "allocation " << n;
+    }
+    allocations_before_failure.store(-1);
+    const bool injected = failures_injected.load() > 0;
+    {
+      std::lock_guard<std::mutex> lock(out.m);
+      for (std::size_t i = 0; i < burst; ++i) {
+        EXPECT_EQ(out.calls[i], 1) << "allocation " << n << " check " << i;
+      }
+    }
+    if (!injected) break;
+    EXPECT_EQ(store.apply(cfg, "k", store_time, 1).source, decision_source::store)
+        << "allocation " << n;
+  }
+  sticky = false;
+  EXPECT_LT(n, 400) << "the burst never ran without a failure";
+  EXPECT_GE(n, 5);
 }
 
 }  // namespace

@@ -289,6 +289,10 @@ class multiplexer {
     std::vector<std::unique_ptr<mux_job>> incoming;  ///< guarded by mutex_
     std::deque<std::unique_ptr<mux_job>> queued;     ///< not yet written (I/O thread)
     std::deque<std::unique_ptr<mux_job>> inflight;   ///< written, or being written, in order
+    /// Jobs being failed (swapped in from queued or inflight, empty
+    /// otherwise): made with the lane, because making a std::deque
+    /// allocates, and failing jobs must not (std::bad_alloc).
+    std::deque<std::unique_ptr<mux_job>> failing;
     std::unique_ptr<connection> conn;
     std::unique_ptr<redisReader, reader_deleter> reader;
     std::string out;               ///< bytes of the write in progress
@@ -341,14 +345,12 @@ class multiplexer {
     l.out.clear();
     l.written = 0;
     l.batch_first = 0;
-    std::deque<std::unique_ptr<mux_job>> written;
-    std::deque<std::unique_ptr<mux_job>> queued;
-    written.swap(l.inflight);
-    queued.swap(l.queued);
-    for (auto* jobs : {&written, &queued}) {
-      for (auto& j : *jobs) {
+    for (auto* jobs : {&l.inflight, &l.queued}) {
+      l.failing.swap(*jobs);
+      for (auto& j : l.failing) {
         if (j != nullptr) finish(std::move(j), nullptr, why);
       }
+      l.failing.clear();  // keeps its node: allocates nothing
     }
   }
 
@@ -362,11 +364,10 @@ class multiplexer {
     l.out.clear();
     l.written = 0;
     l.batch_first = 0;
-    std::deque<std::unique_ptr<mux_job>> failed;
-    failed.swap(l.inflight);
+    l.failing.swap(l.inflight);
     const deadline now = deadline_clock::now();
     std::exception_ptr late;
-    for (auto& j : failed) {
+    for (auto& j : l.failing) {
       if (j->until <= now) {
         if (!late) late = timed_out("ratelimit: redis: command timed out");
         finish(std::move(j), nullptr, late);
@@ -374,6 +375,7 @@ class multiplexer {
         finish(std::move(j), nullptr, why);
       }
     }
+    l.failing.clear();
   }
 
   /// Connects the lane (blocking, within connect_timeout); queued jobs get
@@ -401,9 +403,9 @@ class multiplexer {
       l.conn.reset();
       l.reader.reset();
       const std::exception_ptr e = std::current_exception();
-      std::deque<std::unique_ptr<mux_job>> failed;
-      failed.swap(l.queued);
-      for (auto& j : failed) finish(std::move(j), nullptr, e);
+      l.failing.swap(l.queued);
+      for (auto& j : l.failing) finish(std::move(j), nullptr, e);
+      l.failing.clear();
       return;
     }
     const auto took = deadline_clock::now() - start;
