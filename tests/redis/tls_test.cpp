@@ -374,6 +374,25 @@ TEST_F(Tls, ChildForkedWhileTheContextCacheIsLockedMakesStores) {
   EXPECT_EQ(failed, 0);
 }
 
+// Verifies TLS to an IPv6 address with a zone id ([::1%251]: zone 1, the
+// loopback): the certificate is checked against the address alone (its
+// subjectAltName holds IP:::1), and the check is decided by Redis. Before,
+// "::1%1" was taken for a host name and failed the name check.
+TEST_F(Tls, Ipv6ZoneIdIsCheckedAsTheAddress) {
+  std::vector<std::string> args = certs_->server_args("server");
+  args.insert(args.end(), {"--bind", "127.0.0.1 ::1"});
+  rltest::redis_server v6(args, true);
+  redis::options o = redis::parse_url("rediss://[::1%251]:" + std::to_string(v6.tls_port()) +
+                                      "?ca=" + certs_->crt("ca"));
+  EXPECT_EQ(o.host, "::1%1");
+  o.connect_timeout = 5s;
+  o.command_timeout = 5s;
+  o.prefix = rltest::unique_prefix("tls-zone");
+  redis::redis_store store(o);
+  const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
+  EXPECT_EQ(store.apply(cfg, "k", microseconds{t0}, 1).source, decision_source::store);
+}
+
 // Verifies bad TLS settings are named in std::invalid_argument when the store
 // is made: a missing CA file, a certificate without its key, a key that is
 // not the certificate's, a file that is no key, TLS over a unix socket.

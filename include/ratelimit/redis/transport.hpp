@@ -354,14 +354,22 @@ class transport {
     ::SSL_set_bio(ssl_, bio, bio);
     SSL_set_app_data(ssl_, &cert_asked_);
     in6_addr ip{};
-    const bool numeric = ::inet_pton(AF_INET, name.c_str(), &ip) == 1 ||
-                         ::inet_pton(AF_INET6, name.c_str(), &ip) == 1;
-    if (!numeric && ::SSL_set_tlsext_host_name(ssl_, name.c_str()) != 1) {
+    // An IPv6 address with a zone id (fe80::1%eth0) is checked as the
+    // address alone: the zone names a local interface, no certificate holds it.
+    std::string checked = name;
+    if (const auto pct = name.find('%'); pct != std::string::npos) {
+      const std::string address = name.substr(0, pct);
+      if (::inet_pton(AF_INET6, address.c_str(), &ip) == 1) checked = address;
+    }
+    const bool numeric = ::inet_pton(AF_INET, checked.c_str(), &ip) == 1 ||
+                         ::inet_pton(AF_INET6, checked.c_str(), &ip) == 1;
+    if (!numeric && ::SSL_set_tlsext_host_name(ssl_, checked.c_str()) != 1) {
       throw tls_error("ratelimit: redis: TLS to " + where + ": bad server name \"" + name + "\"");
     }
     if (verify == tls_verify::full) {
-      const int ok = numeric ? ::X509_VERIFY_PARAM_set1_ip_asc(::SSL_get0_param(ssl_), name.c_str())
-                             : ::SSL_set1_host(ssl_, name.c_str());
+      const int ok = numeric
+                         ? ::X509_VERIFY_PARAM_set1_ip_asc(::SSL_get0_param(ssl_), checked.c_str())
+                         : ::SSL_set1_host(ssl_, checked.c_str());
       if (ok != 1) {
         throw tls_error("ratelimit: redis: TLS to " + where + ": bad server name \"" + name + "\"");
       }
