@@ -2,8 +2,11 @@
 // Connections against a real redis-server: idle connections the server closed,
 // answers meaning "wrong node", bounded name resolution, authentication,
 // URL parsing and the maxmemory-policy warning.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -452,6 +455,61 @@ TEST(RedisResolve, ResolverAddressesAreTriedInOrder) {
   }
 }
 
+// Verifies that a first address that never answers gets only its share of
+// connect_timeout: 127.0.0.3 on the server's port has a full accept queue
+// (backlog 0, one connection waiting), so the kernel drops further SYNs and
+// a connect there hangs; with 1000 ms to connect and two addresses, it gets
+// 500 ms and 127.0.0.1 the rest. Before, it took all 1000 ms and the connect
+// failed with timeout_error.
+TEST(RedisResolve, DeadFirstAddressGetsOnlyItsShareOfTheConnectTimeout) {
+  rltest::redis_server server;
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(server.port()));
+  ASSERT_EQ(::inet_pton(AF_INET, "127.0.0.3", &a.sin_addr), 1);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener, 0), 0);
+  // Fills the accept queue (never accepted).
+  const int filler = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(::connect(filler, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
+  auto o = store_options(server, redis::failure_policy::throw_error);
+  o.host = "redis.test";
+  o.connect_timeout = 1000ms;
+  o.resolver = [](const std::string&) {
+    return std::vector<std::string>{"127.0.0.3", "127.0.0.1"};
+  };
+  redis::redis_store store(o);
+  const auto start = clk::now();
+  EXPECT_EQ(store
+                .apply(gcra::config("10/1h", bucket_options{.name = "c"}), "k", store_time, 1,
+                       access::consume)
+                .source,
+            decision_source::store);
+  const auto took = clk::now() - start;
+  EXPECT_GE(took, 450ms) << "the first address was not tried";
+  EXPECT_LT(took, 1000ms);
+  ::close(filler);
+  ::close(listener);
+}
+
+// Verifies that a zone id reaches getaddrinfo: [::1%251] (zone 1, the
+// loopback's interface index; glibc takes interface names for link-local
+// addresses only) connects to a server on ::1.
+TEST(RedisResolve, Ipv6ZoneIdIsConnectedTo) {
+  rltest::redis_server server({"--bind", "127.0.0.1 ::1"});
+  auto o = redis::parse_url("redis://[::1%251]:" + std::to_string(server.port()));
+  EXPECT_EQ(o.host, "::1%1");
+  o.connect_timeout = 10s;
+  redis::redis_store store(o);
+  EXPECT_EQ(store
+                .apply(gcra::config("10/1h", bucket_options{.name = "c"}), "k", store_time, 1,
+                       access::consume)
+                .source,
+            decision_source::store);
+}
+
 // Verifies the system resolver (localhost, from /etc/hosts) and an IPv6 URL.
 TEST(RedisResolve, LocalhostAndIpv6Url) {
   rltest::redis_server server({"--bind", "127.0.0.1 -::1"});
@@ -616,6 +674,53 @@ TEST(RedisUrl, Ipv6HostsInBrackets) {
   EXPECT_NE(url_error("redis://h]:6379").find("bracket"), std::string::npos);
   EXPECT_NE(url_error("redis://[::1]:0").find("port \"0\""), std::string::npos);
   EXPECT_NE(url_error("redis://[::1]:").find("port \"\""), std::string::npos);
+}
+
+// Verifies unix socket paths holding '@' (read as a userinfo before) and
+// that a userinfo still ends at "@/"; and messages hide only the password.
+TEST(RedisUrl, UnixSocketPathsMayHoldAnAt) {
+  const auto a = redis::parse_url("unix:///tmp/a@b.sock");
+  EXPECT_EQ(a.unix_socket, "/tmp/a@b.sock");
+  EXPECT_EQ(a.password, "");
+  EXPECT_EQ(a.user, "");
+  const auto b = redis::parse_url("unix://u:p@ss@/tmp/x@y/s.sock?db=3");
+  EXPECT_EQ(b.user, "u");
+  EXPECT_EQ(b.password, "p@ss");
+  EXPECT_EQ(b.unix_socket, "/tmp/x@y/s.sock");
+  EXPECT_EQ(b.database, 3);
+  const auto c = redis::parse_url("unix://:pw@/tmp/s");
+  EXPECT_EQ(c.password, "pw");
+  EXPECT_EQ(c.unix_socket, "/tmp/s");
+  const std::string what = url_error("unix:///tmp/a@b.sock?db=x");
+  EXPECT_NE(what.find("unix:///tmp/a@b.sock?db=x"), std::string::npos) << what;
+  EXPECT_EQ(url_error("unix://:s3cret@/tmp/a@b?db=x").find("s3cret"), std::string::npos);
+}
+
+// Verifies IPv6 zone ids (RFC 6874: %25 then the zone, percent-decoded), and
+// that a zone id with anything but letters, digits and -._~ is refused.
+TEST(RedisUrl, Ipv6ZoneIds) {
+  const auto a = redis::parse_url("redis://[fe80::1%25eth0]:6380/1");
+  EXPECT_EQ(a.host, "fe80::1%eth0");
+  EXPECT_EQ(a.port, 6380);
+  EXPECT_EQ(a.database, 1);
+  EXPECT_EQ(redis::parse_url("redis://[fe80::1%25en%30]").host, "fe80::1%en0");
+  EXPECT_EQ(redis::parse_url("rediss://[fe80::a%252]:7000").host, "fe80::a%2");
+  const auto s = redis::parse_url("redis-sentinel://[fe80::1%25eth0]:26380/m");
+  ASSERT_EQ(s.sentinel.sentinels.size(), 1u);
+  EXPECT_EQ(s.sentinel.sentinels[0].host, "fe80::1%eth0");
+  EXPECT_EQ(s.sentinel.sentinels[0].port, 26380);
+  for (const std::string bad :
+       {"redis://[fe80::1%eth0]", "redis://[fe80::1%25]", "redis://[fe80::1%]",
+        "redis://[fe80::1%25eth%000]", "redis://[fe80::1%25eth%0A]", "redis://[fe80::1%25eth%0d]",
+        "redis://[fe80::1%25a%20b]", "redis://[fe80::1%25a%2Fb]", "redis://[fe80::1%25a%2]",
+        "redis://[fe80::1%25a%zz]", "redis://[fe80::1%25a%25]", "redis://[fe80::1%25eth0%25x]"}) {
+    const std::string what = url_error(bad);
+    EXPECT_NE(what.find("zone id"), std::string::npos) << bad << ": " << what;
+  }
+  EXPECT_NE(url_error("redis://[fe80::1%25" + std::string(65, 'a') + "]").find("64 bytes"),
+            std::string::npos);
+  EXPECT_EQ(redis::parse_url("redis://[fe80::1%25" + std::string(64, 'a') + "]").host.size(),
+            8u + 64u);
 }
 
 TEST(RedisUrl, HostsPortsAndDatabases) {

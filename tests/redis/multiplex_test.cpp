@@ -864,4 +864,66 @@ TEST(RedisMultiplex, EveryHandlerOnceWhileConnectionsAreKilled) {
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(out.calls[i], 1) << i;
 }
 
+// Verifies the cap on pending checks: with multiplex_max_pending 8 and the
+// server holding every check (CLIENT PAUSE WRITE), 8 async checks are
+// pending and the next 12 are refused at once, each handler called once with
+// multiplexer_full naming the cap (throw_error); a sync check refused the
+// same way is decided by the failure policy (fail_closed); once the server
+// answers, the 8 held checks are decided by Redis and new checks go through.
+TEST(RedisMultiplex, PendingChecksAreCappedAndTheRefusedOnesFailThroughThePolicy) {
+  rltest::redis_server server;
+  redis::options o = own(server, "mux-cap");
+  o.multiplex = 1;
+  o.multiplex_max_pending = 8;
+  o.command_timeout = 5000ms;
+  o.breaker_threshold = 1000;
+  redis::redis_store store(o);
+  redis::options closed = o;
+  closed.on_failure = redis::failure_policy::fail_closed;
+  redis::redis_store closed_store(closed);
+  const fixed_window::config cfg("1000/1h", window_options{.name = "t"});
+  ASSERT_EQ(store.apply(cfg, "warm", store_time, 1).source, decision_source::store);
+  ASSERT_EQ(closed_store.apply(cfg, "warm", store_time, 1).source, decision_source::store);
+  constexpr std::size_t n = 20, cap = 8;
+  outcomes out(n);
+  (void)rltest::command(o, {"CLIENT", "PAUSE", "1000", "WRITE"});
+  for (std::size_t i = 0; i < n; ++i) {
+    store.async_apply(cfg, "k", store_time, 1, access::consume, out.handler(i));
+  }
+  {
+    // The refused ones were called inline, before async_apply returned.
+    std::lock_guard<std::mutex> lock(out.m);
+    for (std::size_t i = cap; i < n; ++i) {
+      ASSERT_EQ(out.calls[i], 1) << i;
+      ASSERT_TRUE(holds<redis::multiplexer_full>(out.errors[i])) << i;
+      try {
+        std::rethrow_exception(out.errors[i]);
+      } catch (const redis::multiplexer_full& e) {
+        EXPECT_NE(std::string(e.what()).find("8 checks already pending"), std::string::npos)
+            << e.what();
+        EXPECT_NE(std::string(e.what()).find("multiplex_max_pending"), std::string::npos);
+      }
+    }
+    for (std::size_t i = 0; i < cap; ++i) EXPECT_EQ(out.calls[i], 0) << i;
+  }
+  // The fail_closed store, full too: its sync check is decided by the policy.
+  outcomes held(cap);
+  for (std::size_t i = 0; i < cap; ++i) {
+    closed_store.async_apply(cfg, "c", store_time, 1, access::consume, held.handler(i));
+  }
+  const decision refused = closed_store.apply(cfg, "c", store_time, 1);
+  EXPECT_EQ(refused.source, decision_source::fail_closed);
+  EXPECT_FALSE(refused.allowed);
+  EXPECT_EQ(closed_store.stats().fail_closed, 1u);
+  ASSERT_TRUE(out.wait());
+  ASSERT_TRUE(held.wait());
+  for (std::size_t i = 0; i < cap; ++i) {
+    EXPECT_FALSE(out.errors[i]) << i;
+    EXPECT_EQ(out.decisions[i].source, decision_source::store) << i;
+    EXPECT_EQ(held.decisions[i].source, decision_source::store) << i;
+  }
+  EXPECT_EQ(store.stats().store, 1 + cap);
+  EXPECT_EQ(store.apply(cfg, "k", store_time, 1).remaining, 1000u - cap - 1);
+}
+
 }  // namespace

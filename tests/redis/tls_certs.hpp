@@ -16,7 +16,7 @@ namespace rltest {
 
 /// Certificates for TLS tests (EC P-256 keys: quick to make):
 /// - ca: the trusted CA; other_ca: a CA the client does not trust
-/// - server: signed by ca for DNS:localhost and IP:127.0.0.1, valid 2 days
+/// - server: signed by ca for DNS:localhost, IP:127.0.0.1 and IP:::1, valid 2 days
 /// - expired: the same names, signed by ca, expired yesterday
 /// - stranger: the same names, signed by other_ca
 /// - client: a client certificate signed by ca
@@ -28,7 +28,7 @@ class tls_certs {
     dir_ = tmpl;
     ca("ca");
     ca("other_ca");
-    leaf("server", "ca", "2", "subjectAltName=DNS:localhost,IP:127.0.0.1");
+    leaf("server", "ca", "2", "subjectAltName=DNS:localhost,IP:127.0.0.1,IP:::1");
     leaf("expired", "ca", "-1", "subjectAltName=DNS:localhost,IP:127.0.0.1");
     leaf("stranger", "other_ca", "2", "subjectAltName=DNS:localhost,IP:127.0.0.1");
     leaf("client", "ca", "2", "extendedKeyUsage=clientAuth");

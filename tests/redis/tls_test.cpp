@@ -289,6 +289,110 @@ TEST_F(Tls, ForkChildLeavesTheParentsSession) {
   EXPECT_EQ(c->command(ping, 1, redis::deadline_clock::now() + 2s)->type, REDIS_REPLY_STATUS);
 }
 
+// Verifies that the SSL_CTX cache tells option sets apart even when paths
+// hold newlines (the key joined the fields with '\n'): A = {ca "D/x\ny"}
+// and B = {ca "D/x", ca_dir "y", key "\n"} joined to the same text, and
+// with "D/x" a hard link of "D/x\ny" their files had the same stamps, so B
+// got A's context instead of its error (a key without a certificate).
+TEST_F(Tls, ContextCacheKeyTellsNewlinesInPathsApart) {
+  char dir_template[] = "/tmp/rltest-tls-key-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::string joined = dir + "/x\ny";
+  const std::string link = dir + "/x";
+  {
+    std::ifstream in(certs_->crt("ca"), std::ios::binary);
+    std::ofstream out(joined, std::ios::binary);
+    out << in.rdbuf();
+  }
+  ASSERT_EQ(::link(joined.c_str(), link.c_str()), 0);
+  struct stat st {};
+  ASSERT_NE(::stat("y", &st), 0) << "a file \"y\" in the working directory";
+  ASSERT_NE(::stat("\n", &st), 0);
+  redis::tls_options a;
+  a.enabled = true;
+  a.ca_file = joined;
+  const std::shared_ptr<SSL_CTX> ctx = redis::detail::tls_context_for(a);
+  ASSERT_NE(ctx, nullptr);
+  redis::tls_options b;
+  b.enabled = true;
+  b.ca_file = link;
+  b.ca_dir = "y";
+  b.key_file = "\n";
+  EXPECT_THROW((void)redis::detail::tls_context_for(b), std::invalid_argument);
+  redis::options o = tls_options(*server_, "cache-key");
+  o.tls = b;
+  EXPECT_THROW(redis::redis_store{o}, std::invalid_argument);
+  // A itself is still served from the cache.
+  EXPECT_EQ(redis::detail::tls_context_for(a), ctx);
+  ::unlink(link.c_str());
+  ::unlink(joined.c_str());
+  ::rmdir(dir.c_str());
+}
+
+// Verifies that a child forked while another thread held the SSL_CTX
+// cache's lock can still make TLS stores: two threads of the parent take
+// contexts from the cache in a loop while the test forks 80 children, each of
+// which takes a context and decides a check over TLS with a store of its own.
+// Before, a child forked with the lock held waited on it forever.
+TEST_F(Tls, ChildForkedWhileTheContextCacheIsLockedMakesStores) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers' allocators are not fork-safe here: a child forked while "
+                  "another thread allocates can block in malloc before our code runs";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+  GTEST_SKIP() << "the sanitizers' allocators are not fork-safe here: a child forked while "
+                  "another thread allocates can block in malloc before our code runs";
+#endif
+#endif
+  redis::options o = tls_options(*server_, "fork-cache");
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> busy;
+  for (int i = 0; i < 2; ++i) {
+    busy.emplace_back([&] {
+      while (!stop.load(std::memory_order_relaxed)) (void)redis::detail::tls_context_for(o.tls);
+    });
+  }
+  int hung = 0;
+  int failed = 0;
+  for (int i = 0; i < 80; ++i) {
+    const rltest::child_end end = rltest::in_child(
+        [&] {
+          if (redis::detail::tls_context_for(o.tls) == nullptr) return 2;
+          redis::redis_store store(o);
+          const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
+          return store.apply(cfg, "k", microseconds{t0}, 1).source == decision_source::store ? 0
+                                                                                             : 3;
+        },
+        3s);
+    hung += end.hung ? 1 : 0;
+    failed += !end.hung && end.status != 0 ? 1 : 0;
+  }
+  stop = true;
+  for (auto& t : busy) t.join();
+  EXPECT_EQ(hung, 0);
+  EXPECT_EQ(failed, 0);
+}
+
+// Verifies TLS to an IPv6 address with a zone id ([::1%251]: zone 1, the
+// loopback): the certificate is checked against the address alone (its
+// subjectAltName holds IP:::1), and the check is decided by Redis. Before,
+// "::1%1" was taken for a host name and failed the name check.
+TEST_F(Tls, Ipv6ZoneIdIsCheckedAsTheAddress) {
+  std::vector<std::string> args = certs_->server_args("server");
+  args.insert(args.end(), {"--bind", "127.0.0.1 ::1"});
+  rltest::redis_server v6(args, true);
+  redis::options o = redis::parse_url("rediss://[::1%251]:" + std::to_string(v6.tls_port()) +
+                                      "?ca=" + certs_->crt("ca"));
+  EXPECT_EQ(o.host, "::1%1");
+  o.connect_timeout = 5s;
+  o.command_timeout = 5s;
+  o.prefix = rltest::unique_prefix("tls-zone");
+  redis::redis_store store(o);
+  const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
+  EXPECT_EQ(store.apply(cfg, "k", microseconds{t0}, 1).source, decision_source::store);
+}
+
 // Verifies bad TLS settings are named in std::invalid_argument when the store
 // is made: a missing CA file, a certificate without its key, a key that is
 // not the certificate's, a file that is no key, TLS over a unix socket.

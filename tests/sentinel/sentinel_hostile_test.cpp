@@ -537,3 +537,142 @@ TEST(SentinelHostile, SecondStopWaitsForTheThreadToEnd) {
   EXPECT_EQ(s.closed(), 1);  // the thread ended (its connection closed) before stop() returned
   first.join();
 }
+
+namespace {
+
+/// A TCP server on 127.0.0.1 that accepts each connection and closes it at
+/// once, counting them.
+class closing_server {
+ public:
+  closing_server() {
+    listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(listen_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(listen_, 16) != 0 ||
+        ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      throw std::runtime_error("closing_server: cannot listen");
+    }
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        pollfd p{listen_, POLLIN, 0};
+        if (::poll(&p, 1, 10) <= 0) continue;
+        const int fd = ::accept(listen_, nullptr, nullptr);
+        if (fd < 0) continue;
+        ++accepted_;
+        ::close(fd);
+      }
+    });
+  }
+  closing_server(const closing_server&) = delete;
+  closing_server& operator=(const closing_server&) = delete;
+  ~closing_server() {
+    stop_ = true;
+    thread_.join();
+    ::close(listen_);
+  }
+  [[nodiscard]] int port() const noexcept { return port_; }
+  [[nodiscard]] int accepted() const noexcept { return accepted_.load(); }
+
+ private:
+  int listen_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> accepted_{0};
+  std::thread thread_;
+};
+
+}  // namespace
+
+// Verifies the watcher's pause between rounds with a connect_timeout beyond
+// poll()'s int milliseconds: 2^32 + 20 ms wrapped round to a 20 ms pause, so a
+// sentinel that closes every connection was reconnected to ~20 times in
+// 400 ms; clamped, the watcher waits (about 24.8 days) after its first try.
+TEST(SentinelHostile, WatcherPauseBeyondPollsRangeIsClamped) {
+  EXPECT_EQ(redis::detail::poll_ms(std::chrono::milliseconds{(1LL << 32) + 20}), 2147483647);
+  EXPECT_EQ(redis::detail::poll_ms(std::chrono::milliseconds{-5}), 0);
+  EXPECT_EQ(redis::detail::poll_ms(std::chrono::milliseconds{1500}), 1500);
+  closing_server s;
+  redis::options o = sentinel_options({s.port()}, std::chrono::milliseconds{(1LL << 32) + 20});
+  auto locator = std::make_shared<redis::sentinel_locator>(o);
+  redis::sentinel_watcher w(o, locator, [] {});
+  w.start();
+  std::this_thread::sleep_for(400ms);
+  const auto start = clk::now();
+  w.stop();
+  EXPECT_LT(clk::now() - start, 100ms);  // the pause ends at stop()
+  EXPECT_EQ(s.accepted(), 1);
+}
+
+// Verifies the locator after fork(): while a thread of the parent uses it
+// (its lock taken again and again), 20 children each find that connect(),
+// sentinels() and last_master() throw std::logic_error and prefer() does
+// nothing, without hanging on a lock the parent held at the fork; the
+// parent's locator still works.
+TEST(SentinelHostile, LocatorInAForkedChildTouchesNothing) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers' allocators are not fork-safe here: a child forked while "
+                  "another thread allocates can block in malloc before our code runs";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+  GTEST_SKIP() << "the sanitizers' allocators are not fork-safe here: a child forked while "
+                  "another thread allocates can block in malloc before our code runs";
+#endif
+#endif
+  rltest::redis_server plain;
+  redis::options o = sentinel_options({plain.port(), 1}, 300ms);
+  auto locator = std::make_shared<redis::sentinel_locator>(o);
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      locator->prefer("127.0.0.1", 1);
+      (void)locator->sentinels();
+    }
+  });
+  int bad = 0;
+  for (int i = 0; i < 20; ++i) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      int code = 0;
+      try {
+        (void)locator->connect(o);
+        code = 1;
+      } catch (const std::logic_error&) {
+      } catch (...) {
+        code = 2;
+      }
+      try {
+        (void)locator->sentinels();
+        code = 3;
+      } catch (const std::logic_error&) {
+      }
+      try {
+        (void)locator->last_master();
+        code = 4;
+      } catch (const std::logic_error&) {
+      }
+      locator->prefer("127.0.0.1", plain.port());
+      ::_exit(code);
+    }
+    int status = -1;
+    const auto deadline = clk::now() + 3s;
+    while (::waitpid(child, &status, WNOHANG) == 0) {
+      if (clk::now() > deadline) {
+        ::kill(child, SIGKILL);
+        (void)::waitpid(child, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(2ms);
+    }
+    bad += WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+  }
+  stop = true;
+  busy.join();
+  EXPECT_EQ(bad, 0);
+  const auto order = locator->sentinels();
+  ASSERT_EQ(order.size(), 2u);
+  EXPECT_EQ(order[0].port, 1);  // the parent's own prefer() calls only
+}

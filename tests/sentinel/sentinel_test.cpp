@@ -276,6 +276,38 @@ TEST(Sentinel, DemotedMasterAnswersReadonlyAndIsRefusedByRole) {
   EXPECT_EQ(d.remaining, 98);  // the READONLY check did not count
 }
 
+// Verifies that a multiplexed check failing on a demoted master (READONLY)
+// retires every shared connection, as the pool drops its idle ones: with two
+// lanes both connected to the master, the first check after the demotion
+// gets READONLY on one; the next goes out on the other lane, which must not
+// be the old connection (READONLY again) but a new one asking the sentinels
+// (which still name the demoted master: ROLE refuses it).
+TEST(Sentinel, DemotedMasterRetiresEveryMultiplexedConnection) {
+  rltest::sentinel_group g;
+  auto o = options_for(g.url(), redis::failure_policy::throw_error);
+  o.breaker_threshold = 1000;
+  o.multiplex = 2;
+  redis::redis_store store(o);
+  const auto cfg = fixed_window::config("100/1min", window_options{.name = "calls"});
+  // Lanes are used in turn: two checks connect both.
+  ASSERT_EQ(store.apply(cfg, "k", now_us, 1).source, decision_source::store);
+  ASSERT_EQ(store.apply(cfg, "k", now_us, 1).source, decision_source::store);
+  const auto master = at_port(g.master().port());
+  ASSERT_EQ(
+      str(rltest::command(master, {"REPLICAOF", "127.0.0.1", std::to_string(rltest::free_port())})),
+      "OK");
+  const std::string readonly = connection_error_of([&] { (void)store.apply(cfg, "k", now_us, 1); });
+  EXPECT_NE(readonly.find("READONLY"), std::string::npos) << readonly;
+  const std::string second = connection_error_of([&] { (void)store.apply(cfg, "k", now_us, 1); });
+  EXPECT_EQ(second.find("READONLY"), std::string::npos)
+      << "a connection to the demoted master was used again: " << second;
+  EXPECT_NE(second.find("is a replica (ROLE), not a master"), std::string::npos) << second;
+  ASSERT_EQ(str(rltest::command(master, {"REPLICAOF", "NO", "ONE"})), "OK");
+  const decision d = store.apply(cfg, "k", now_us, 1);
+  EXPECT_EQ(d.source, decision_source::store);
+  EXPECT_EQ(d.remaining, 97);  // the two failed checks did not count
+}
+
 // Verifies a failover under load: the master is killed (SIGKILL) while three
 // threads check; every check is decided (by Redis or, during the failover,
 // by the failure policy) within a bounded time; after the sentinels promote

@@ -179,11 +179,18 @@ inline constexpr std::size_t max_reply_bytes = std::size_t{64} << 20;
   return functions.createArray == nullptr ? nullptr : &functions;
 }
 
-/// True when `host` is an IPv4 or IPv6 address (no resolution needed).
+/// True when `host` is an IPv4 or IPv6 address, the latter with an optional
+/// zone id (`fe80::1%eth0`, which getaddrinfo takes as a numeric host): no
+/// resolution needed.
 [[nodiscard]] inline bool is_numeric_host(const std::string& host) noexcept {
   in6_addr buf{};
-  return ::inet_pton(AF_INET, host.c_str(), &buf) == 1 ||
-         ::inet_pton(AF_INET6, host.c_str(), &buf) == 1;
+  if (::inet_pton(AF_INET, host.c_str(), &buf) == 1) return true;
+  const auto pct = host.find('%');
+  if (pct == std::string::npos) return ::inet_pton(AF_INET6, host.c_str(), &buf) == 1;
+  if (pct + 1 == host.size() || pct >= INET6_ADDRSTRLEN) return false;
+  char addr[INET6_ADDRSTRLEN] = {};
+  host.copy(addr, pct);
+  return ::inet_pton(AF_INET6, addr, &buf) == 1;
 }
 
 /// The numeric addresses of `host` from getaddrinfo (IPv4 and IPv6, as the
@@ -434,14 +441,24 @@ class connection {
     void operator()(redisReader* r) const noexcept { redisReaderFree(r); }
   };
 
+  /// The least time one address of several gets for its TCP connect.
+  static constexpr std::chrono::milliseconds min_address_share{50};
+
   /// Resolves the host within `until` (getaddrinfo has no deadline of its
-  /// own), then connects to its addresses in turn with what is left; the
-  /// last failure is reported.
+  /// own), then connects to its addresses in turn: each but the last gets
+  /// an equal share of what is left (what is left / addresses left, at
+  /// least min_address_share, never past `until`), the last all that is
+  /// left, so a first address that never answers cannot eat the whole
+  /// connect_timeout. The last failure is reported.
   void connect_tcp(const options& o, deadline until) {
     const std::vector<std::string> addresses = detail::resolve(o, until);
     for (std::size_t i = 0;; ++i) {
       try {
-        stream_.open_tcp(addresses[i], o.port, where_, until);
+        const deadline now = deadline_clock::now();
+        const auto share = std::max<deadline_clock::duration>(
+            (until - now) / static_cast<long>(addresses.size() - i), min_address_share);
+        stream_.open_tcp(addresses[i], o.port, where_,
+                         i + 1 == addresses.size() || until - now <= share ? until : now + share);
         return;
       } catch (const connection_error&) {
         if (i + 1 == addresses.size() || deadline_clock::now() >= until) throw;

@@ -66,6 +66,13 @@ class multiplexer_stopped : public connection_error {
   using connection_error::connection_error;
 };
 
+/// The error submit() throws when the multiplexer already holds its most
+/// pending jobs (options::multiplex_max_pending): nothing was queued or sent.
+class multiplexer_full : public connection_error {
+ public:
+  using connection_error::connection_error;
+};
+
 /// A few connections to one Redis server, each shared by every thread:
 /// submit() queues a command; the I/O thread writes all commands queued while
 /// the previous write was in flight in one write, and matches replies to
@@ -86,6 +93,14 @@ class multiplexer_stopped : public connection_error {
 ///   written on it with connection_error and is replaced. A write refused
 ///   before any byte of it was accepted (the server had closed the
 ///   connection) sent nothing: its jobs are queued again.
+/// - At most max_pending() jobs are pending (submitted and not completed) at
+///   a time; submit() refuses one more with multiplexer_full, so a server
+///   that stalls cannot make the queue grow without bound.
+/// - An exception on the I/O thread (std::bad_alloc while queuing, writing,
+///   reading or failing jobs) fails the jobs of the connection it happened
+///   on (queued and written: each gets that exception, once) and drops the
+///   connection; the I/O thread carries on. A job whose deadline passed may
+///   then get it instead of timeout_error.
 /// - Connections are made lazily on the I/O thread (a connect that waits
 ///   for its connect_timeout stalls the other connections meanwhile); the
 ///   connect hook runs there too.
@@ -117,10 +132,14 @@ class multiplexer {
       : options_(std::move(o)),
         lanes_(checked(connections)),
         on_connect_(std::move(on_connect)),
-        open_(std::move(open)) {}
+        open_(std::move(open)),
+        max_pending_(options_.multiplex_max_pending == 0 ? default_max_pending
+                                                         : options_.multiplex_max_pending) {}
 
   /// Most connections one multiplexer shares.
   static constexpr std::size_t max_connections = 256;
+  /// Pending jobs one multiplexer holds when options::multiplex_max_pending is 0.
+  static constexpr std::size_t default_max_pending = 65536;
 
   /// @throws std::invalid_argument when `connections` exceeds max_connections
   static std::size_t checked(std::size_t connections) {
@@ -151,13 +170,23 @@ class multiplexer {
   /// first use. On success `job` is moved from, and its complete() will be
   /// called exactly once; otherwise `job` is left as it was.
   /// @return false after stop() began (the store is being destroyed)
-  /// @throws connection_error when the eventfd or the I/O thread cannot be
-  ///   made (no file descriptor, no thread): nothing was sent; std::bad_alloc
+  /// @throws multiplexer_full when max_pending() jobs are pending (nothing
+  ///   was queued); connection_error when the eventfd or the I/O thread
+  ///   cannot be made (no file descriptor, no thread): nothing was sent;
+  ///   std::bad_alloc
   [[nodiscard]] bool submit(std::unique_ptr<mux_job>& job) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_) return false;
+      if (pending_.load(std::memory_order_acquire) >= max_pending_) {
+        throw multiplexer_full("ratelimit: redis: " + std::to_string(max_pending_) +
+                               " checks already pending on the multiplexer "
+                               "(options::multiplex_max_pending): check refused");
+      }
       if (thread_ == nullptr) {
+        // The I/O thread's poll set never grows past this: no allocation there.
+        fds_.reserve(lanes_.size() + 1);
+        polled_.reserve(lanes_.size());
         if (wake_fd_ < 0) {
           wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
           if (wake_fd_ < 0) {
@@ -174,6 +203,7 @@ class multiplexer {
       }
       lane& l = lanes_[next_lane_ % lanes_.size()];
       l.incoming.push_back(std::move(job));
+      pending_.fetch_add(1, std::memory_order_acq_rel);
       ++next_lane_;
     }
     if (!wake_pending_.exchange(true, std::memory_order_acq_rel)) {
@@ -237,6 +267,14 @@ class multiplexer {
   /// Connections this multiplexer shares.
   [[nodiscard]] std::size_t connections() const noexcept { return lanes_.size(); }
 
+  /// Most jobs pending at a time (options::multiplex_max_pending, or default_max_pending).
+  [[nodiscard]] std::size_t max_pending() const noexcept { return max_pending_; }
+
+  /// Jobs submitted and not yet completed.
+  [[nodiscard]] std::size_t pending() const noexcept {
+    return pending_.load(std::memory_order_acquire);
+  }
+
   /// Connections broken or dropped so far (each was replaced on demand), for tests and metrics.
   [[nodiscard]] std::uint64_t connections_dropped() const noexcept {
     return dropped_.load(std::memory_order_relaxed);
@@ -251,6 +289,10 @@ class multiplexer {
     std::vector<std::unique_ptr<mux_job>> incoming;  ///< guarded by mutex_
     std::deque<std::unique_ptr<mux_job>> queued;     ///< not yet written (I/O thread)
     std::deque<std::unique_ptr<mux_job>> inflight;   ///< written, or being written, in order
+    /// Jobs being failed (swapped in from queued or inflight, empty
+    /// otherwise): made with the lane, because making a std::deque
+    /// allocates, and failing jobs must not (std::bad_alloc).
+    std::deque<std::unique_ptr<mux_job>> failing;
     std::unique_ptr<connection> conn;
     std::unique_ptr<redisReader, reader_deleter> reader;
     std::string out;               ///< bytes of the write in progress
@@ -260,6 +302,10 @@ class multiplexer {
     std::uint64_t generation = 0;  ///< generation_ when `conn` was opened
     detail::reply_budget budget;   ///< objects the reply being read may still hold
     std::size_t fed = 0;           ///< bytes fed since the last complete reply
+    /// Jobs of `incoming` that could not be queued (no memory), failed with
+    /// `refused_why` once the lock is released (I/O thread).
+    std::vector<std::unique_ptr<mux_job>> refused;
+    std::exception_ptr refused_why;
   };
 
   /// Whether `l`'s connection was opened before the last renew().
@@ -267,31 +313,69 @@ class multiplexer {
     return l.conn != nullptr && l.generation != generation_.load(std::memory_order_acquire);
   }
 
-  static void finish(std::unique_ptr<mux_job> j, reply_ptr r, std::exception_ptr e) noexcept {
+  /// Hands `j` back: it is no longer pending (so complete() may submit it again).
+  void finish(std::unique_ptr<mux_job> j, reply_ptr r, std::exception_ptr e) noexcept {
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
     mux_job* p = j.get();
     p->complete(std::move(j), std::move(r), std::move(e));
   }
 
-  /// Drops the lane's connection: fails every job written on it. Jobs whose
-  /// deadline passed get timeout_error; the others `why`.
-  void drop(lane& l, const std::exception_ptr& why) {
+  /// `make()`'s exception, or the one thrown while making it (std::bad_alloc).
+  template <class Make>
+  static std::exception_ptr error_or_current(Make make) noexcept {
+    try {
+      return make();
+    } catch (...) {
+      return std::current_exception();
+    }
+  }
+
+  [[nodiscard]] static std::exception_ptr timed_out(const char* what) noexcept {
+    return error_or_current([what] { return std::make_exception_ptr(timeout_error(what)); });
+  }
+
+  /// After an exception on the I/O thread while serving `l`: drops its
+  /// connection and fails each of its jobs (queued and written; null
+  /// entries, moved from when the exception came, are skipped) with `why`.
+  /// Allocates nothing.
+  void fail_lane(lane& l, const std::exception_ptr& why) noexcept {
     dropped_.fetch_add(1, std::memory_order_relaxed);
     l.conn.reset();
     l.reader.reset();
     l.out.clear();
     l.written = 0;
     l.batch_first = 0;
-    std::deque<std::unique_ptr<mux_job>> failed;
-    failed.swap(l.inflight);
+    for (auto* jobs : {&l.inflight, &l.queued}) {
+      l.failing.swap(*jobs);
+      for (auto& j : l.failing) {
+        if (j != nullptr) finish(std::move(j), nullptr, why);
+      }
+      l.failing.clear();  // keeps its node: allocates nothing
+    }
+  }
+
+  /// Drops the lane's connection: fails every job written on it. Jobs whose
+  /// deadline passed get timeout_error; the others `why`.
+  /// Allocates nothing but the timeout_error (or gives it `why` instead).
+  void drop(lane& l, const std::exception_ptr& why) noexcept {
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+    l.conn.reset();
+    l.reader.reset();
+    l.out.clear();
+    l.written = 0;
+    l.batch_first = 0;
+    l.failing.swap(l.inflight);
     const deadline now = deadline_clock::now();
-    for (auto& j : failed) {
+    std::exception_ptr late;
+    for (auto& j : l.failing) {
       if (j->until <= now) {
-        finish(std::move(j), nullptr,
-               std::make_exception_ptr(timeout_error("ratelimit: redis: command timed out")));
+        if (!late) late = timed_out("ratelimit: redis: command timed out");
+        finish(std::move(j), nullptr, late);
       } else {
         finish(std::move(j), nullptr, why);
       }
     }
+    l.failing.clear();
   }
 
   /// Connects the lane (blocking, within connect_timeout); queued jobs get
@@ -319,9 +403,9 @@ class multiplexer {
       l.conn.reset();
       l.reader.reset();
       const std::exception_ptr e = std::current_exception();
-      std::deque<std::unique_ptr<mux_job>> failed;
-      failed.swap(l.queued);
-      for (auto& j : failed) finish(std::move(j), nullptr, e);
+      l.failing.swap(l.queued);
+      for (auto& j : l.failing) finish(std::move(j), nullptr, e);
+      l.failing.clear();
       return;
     }
     const auto took = deadline_clock::now() - start;
@@ -329,14 +413,14 @@ class multiplexer {
   }
 
   /// Fails queued jobs whose deadline passed (they were never sent).
-  static void expire_queued(lane& l, deadline now) {
+  void expire_queued(lane& l, deadline now) noexcept {
+    std::exception_ptr late;
     for (auto it = l.queued.begin(); it != l.queued.end();) {
       if ((*it)->until <= now) {
+        if (!late) late = timed_out("ratelimit: redis: command timed out waiting to be sent");
         std::unique_ptr<mux_job> j = std::move(*it);
-        it = l.queued.erase(it);
-        finish(std::move(j), nullptr,
-               std::make_exception_ptr(
-                   timeout_error("ratelimit: redis: command timed out waiting to be sent")));
+        it = l.queued.erase(it);  // moves unique_ptrs only: no exception
+        finish(std::move(j), nullptr, late);
       } else {
         ++it;
       }
@@ -449,8 +533,8 @@ class multiplexer {
 
   void run() noexcept {
     io_thread_id_.store(std::this_thread::get_id(), std::memory_order_release);
-    std::vector<pollfd> fds;
-    std::vector<lane*> polled;
+    std::vector<pollfd>& fds = fds_;
+    std::vector<lane*>& polled = polled_;
     bool woken = true;
     for (;;) {
       // Drained before the lock: a wake-up written after it is for jobs
@@ -464,9 +548,23 @@ class multiplexer {
         if (stopping_) return;
         wake_pending_.store(false, std::memory_order_release);
         for (lane& l : lanes_) {
-          for (auto& j : l.incoming) l.queued.push_back(std::move(j));
+          try {
+            for (auto& j : l.incoming) l.queued.push_back(std::move(j));
+          } catch (...) {
+            // No memory: the jobs not moved yet fail below, out of the lock.
+            l.refused_why = std::current_exception();
+            l.refused.swap(l.incoming);
+          }
           l.incoming.clear();
         }
+      }
+      for (lane& l : lanes_) {
+        if (l.refused.empty()) continue;
+        for (auto& j : l.refused) {
+          if (j != nullptr) finish(std::move(j), nullptr, l.refused_why);
+        }
+        l.refused.clear();
+        l.refused_why = nullptr;
       }
       deadline now = deadline_clock::now();
       deadline next = deadline::max();
@@ -474,48 +572,13 @@ class multiplexer {
       polled.clear();
       fds.push_back(pollfd{wake_fd_, POLLIN, 0});
       for (lane& l : lanes_) {
-        expire_queued(l, now);
-        if (retired(l) && l.inflight.empty()) {
-          // Every check written on it has its answer: close it quietly.
-          l.conn.reset();
-          l.reader.reset();
-          l.out.clear();
-          l.written = 0;
-          l.batch_first = 0;
+        try {
+          if (!serve(l, now, next)) return;
+        } catch (...) {
+          // std::bad_alloc (or any exception) while serving the lane: its
+          // jobs get it, and the other lanes carry on.
+          fail_lane(l, std::current_exception());
         }
-        if (l.conn == nullptr && !l.queued.empty()) {
-          {
-            // stop() waits for this thread: no further connect once it began
-            // (each may take connect_timeout).
-            std::lock_guard<std::mutex> lock(mutex_);
-            if (stopping_) return;
-          }
-          connect(l);
-          now = deadline_clock::now();
-        }
-        if (l.conn == nullptr) continue;
-        // Replies first: one that arrived while this thread was busy elsewhere
-        // (another connection's handlers) answers its check, deadline or not.
-        if (l.readable) {
-          l.readable = false;
-          if (!read(l)) continue;
-        }
-        // A written job past its deadline with no reply read: the connection
-        // cannot be trusted to answer in time, and its late reply would be
-        // read for the next.
-        const bool late = std::any_of(l.inflight.begin(), l.inflight.end(),
-                                      [&](const auto& j) { return j->until <= now; });
-        if (late) {
-          drop(l, std::make_exception_ptr(connection_error(
-                      "ratelimit: redis: connection dropped: a check written on it timed out")));
-          continue;
-        }
-        if (!write(l)) continue;
-        short ev = POLLIN;  // also to see an idle connection closed by the server
-        if (l.written < l.out.size()) ev |= POLLOUT;
-        fds.push_back(pollfd{l.conn->stream().fd(), ev, 0});
-        polled.push_back(&l);
-        for (const auto& j : l.inflight) next = std::min(next, j->until);
       }
       for (lane& l : lanes_) {
         for (const auto& j : l.queued) next = std::min(next, j->until);
@@ -547,6 +610,55 @@ class multiplexer {
     }
   }
 
+  /// One round of the I/O thread for `l`: expires, connects, reads, writes;
+  /// adds the lane to the poll set and its deadlines to `next`.
+  /// @return false when stop() began (the thread must end)
+  bool serve(lane& l, deadline& now, deadline& next) {
+    expire_queued(l, now);
+    if (retired(l) && l.inflight.empty()) {
+      // Every check written on it has its answer: close it quietly.
+      l.conn.reset();
+      l.reader.reset();
+      l.out.clear();
+      l.written = 0;
+      l.batch_first = 0;
+    }
+    if (l.conn == nullptr && !l.queued.empty()) {
+      {
+        // stop() waits for this thread: no further connect once it began
+        // (each may take connect_timeout).
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (stopping_) return false;
+      }
+      connect(l);
+      now = deadline_clock::now();
+    }
+    if (l.conn == nullptr) return true;
+    // Replies first: one that arrived while this thread was busy elsewhere
+    // (another connection's handlers) answers its check, deadline or not.
+    if (l.readable) {
+      l.readable = false;
+      if (!read(l)) return true;
+    }
+    // A written job past its deadline with no reply read: the connection
+    // cannot be trusted to answer in time, and its late reply would be
+    // read for the next.
+    const bool late = std::any_of(l.inflight.begin(), l.inflight.end(),
+                                  [&](const auto& j) { return j->until <= now; });
+    if (late) {
+      drop(l, std::make_exception_ptr(connection_error(
+                  "ratelimit: redis: connection dropped: a check written on it timed out")));
+      return true;
+    }
+    if (!write(l)) return true;
+    short ev = POLLIN;  // also to see an idle connection closed by the server
+    if (l.written < l.out.size()) ev |= POLLOUT;
+    fds_.push_back(pollfd{l.conn->stream().fd(), ev, 0});
+    polled_.push_back(&l);
+    for (const auto& j : l.inflight) next = std::min(next, j->until);
+    return true;
+  }
+
   options options_;
   std::vector<lane> lanes_;
   connect_hook on_connect_;
@@ -559,6 +671,10 @@ class multiplexer {
   std::atomic<std::thread::id> io_thread_id_{};
   std::atomic<bool> wake_pending_{false};
   std::atomic<std::uint64_t> dropped_{0};
+  const std::size_t max_pending_;
+  std::atomic<std::size_t> pending_{0};  ///< submitted, not completed
+  std::vector<pollfd> fds_;              ///< the I/O thread's poll set (reserved in submit)
+  std::vector<lane*> polled_;            ///< lanes of fds_[1..]
   int wake_fd_ = -1;
   const pid_t owner_ = ::getpid();
 };

@@ -110,6 +110,13 @@ struct options {
   /// max(1, multiplex) connections. Batches, apply_once, reset and ping use the pool.
   /// At most 256 (more throws std::invalid_argument when the store is made).
   std::size_t multiplex = 0;
+  /// Most checks one multiplexer holds at a time, from submission to answer
+  /// (queued, being written, or written and waiting for their reply); 0 =
+  /// 65536. A check submitted while that many are pending is refused with
+  /// multiplexer_full (a connection_error naming this cap), decided by the
+  /// failure policy and counted as a failed round trip: a stalled server
+  /// cannot make the queue grow without bound.
+  std::size_t multiplex_max_pending = 0;
   /// Prefix of every Redis key: `<prefix>{<user key>}:<policy>`; may be empty.
   std::string prefix = "rl:";
   /// What a check does when Redis fails (see failure_policy).
@@ -154,9 +161,20 @@ struct options {
 
 namespace detail {
 
+/// Where the userinfo of `rest` (a URL after its `scheme://`) ends: its '@',
+/// or npos without one. For `unix://` the socket path starts with '/' and
+/// may hold '@': no userinfo when `rest` starts with '/', else it ends at
+/// the first "@/" (a password cannot hold "@/" there). Otherwise it ends at
+/// the last '@'.
+[[nodiscard]] inline std::size_t userinfo_end(std::string_view rest, bool unix_path) noexcept {
+  if (!unix_path) return rest.rfind('@');
+  if (rest.starts_with('/')) return std::string_view::npos;
+  return rest.find("@/");
+}
+
 /// `url` as error messages quote it, without its secrets: the password of
 /// its userinfo (all of a userinfo without ':', which parse_url reads as a
-/// password; the userinfo ends at the last '@') and the value of every query
+/// password; the userinfo ends as userinfo_end says) and the value of every query
 /// parameter (from '=' to the next '&' or the end) whose name is not one of
 /// the known, non-secret `db`, `sentinel_user`, `ca`, `ca_dir`, `cert`,
 /// `key`, `sni` and `verify`, so `sentinel_password`, and a misspelt one
@@ -165,7 +183,11 @@ namespace detail {
   std::vector<char> hide(url.size() + 1, 0);
   std::size_t empty_password_at = std::string_view::npos;
   const auto scheme = url.find("://");
-  const auto at = url.rfind('@');
+  std::size_t at = std::string_view::npos;
+  if (scheme != std::string_view::npos) {
+    const auto end = userinfo_end(url.substr(scheme + 3), url.starts_with("unix://"));
+    if (end != std::string_view::npos) at = scheme + 3 + end;
+  }
   if (scheme != std::string_view::npos && at != std::string_view::npos && at >= scheme + 3) {
     const std::string_view cred = url.substr(scheme + 3, at - scheme - 3);
     const auto colon = cred.find(':');
@@ -226,6 +248,53 @@ namespace detail {
 
 [[noreturn]] inline void bad_url(std::string_view url, const std::string& why) {
   throw std::invalid_argument("ratelimit: redis URL \"" + redacted_url(url) + "\" " + why);
+}
+
+/// True for RFC 3986's unreserved characters: letters, digits and `-._~`.
+[[nodiscard]] inline bool unreserved(char c) noexcept {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+         c == '.' || c == '_' || c == '~';
+}
+
+/// The IPv6 host `fe80::1%25eth0` of a URL (RFC 6874) as getaddrinfo takes
+/// it: `fe80::1%eth0`. The zone id after `%25` is percent-decoded; it must
+/// be 1..64 bytes, each (decoded) a letter, digit or `-._~`, so that no NUL,
+/// CR, LF, space or other control byte reaches a resolver or a message.
+/// @throws std::invalid_argument naming the URL
+[[nodiscard]] inline std::string ipv6_with_zone(std::string_view host, std::string_view url) {
+  const auto pct = host.find('%');
+  if (pct == std::string_view::npos) return std::string(host);
+  const std::string_view zone = host.substr(pct + 1);
+  if (!zone.starts_with("25") || zone.size() == 2) {
+    bad_url(url,
+            "has a '%' in its IPv6 address that does not start a zone id (write %25ZONE, "
+            "RFC 6874)");
+  }
+  std::string out(host.substr(0, pct));
+  out += '%';
+  const std::size_t start = out.size();
+  const auto hex = [](char c) {
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+  };
+  for (std::size_t i = 2; i < zone.size(); ++i) {
+    char c = zone[i];
+    if (c == '%') {
+      if (i + 2 >= zone.size() || hex(zone[i + 1]) < 0 || hex(zone[i + 2]) < 0) {
+        bad_url(url, "has a bad percent-encoding in its IPv6 zone id");
+      }
+      c = static_cast<char>(hex(zone[i + 1]) * 16 + hex(zone[i + 2]));
+      i += 2;
+    }
+    if (!unreserved(c)) {
+      bad_url(url, "has an IPv6 zone id with a byte other than letters, digits and -._~");
+    }
+    out += c;
+  }
+  if (out.size() - start > 64) bad_url(url, "has an IPv6 zone id longer than 64 bytes");
+  return out;
 }
 
 /// Applies the query `k=v&k=v` of a `rediss://` URL to `t`: ca, ca_dir, cert,
@@ -402,7 +471,12 @@ namespace detail {
 /// Parses `redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]` or
 /// `unix://[[USER]:PASSWORD@]/PATH[?db=DB]` into options (other fields keep
 /// their defaults). An IPv6 HOST is written in brackets:
-/// `redis://[::1]:6379`. PORT is 1..65535. No percent-decoding. Error
+/// `redis://[::1]:6379`, with an optional zone id after `%25` (RFC 6874:
+/// `redis://[fe80::1%25eth0]:6379` connects to `fe80::1%eth0`; the zone id
+/// is percent-decoded and must be letters, digits and `-._~`, 1..64 bytes).
+/// In `unix://` URLs the socket path may hold '@': with no userinfo the URL
+/// is `unix:///PATH`; a userinfo ends at the first `@/`. PORT is 1..65535.
+/// No other percent-decoding. Error
 /// messages quote the URL with its password replaced by `***`.
 /// `rediss://` is `redis://` over TLS (options::tls), with optional
 /// parameters `?ca=FILE&ca_dir=DIR&cert=FILE&key=FILE&sni=NAME&verify=full|chain|none`
@@ -436,7 +510,7 @@ namespace detail {
     detail::bad_url(url, "must start with redis://, rediss://, unix:// or redis-sentinel://");
   }
   if (!unix_path) detail::take_tls_query(rest, o.tls, url);
-  if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
+  if (const auto at = detail::userinfo_end(rest, unix_path); at != std::string_view::npos) {
     const std::string_view cred = rest.substr(0, at);
     rest = rest.substr(at + 1);
     if (const auto colon = cred.find(':'); colon != std::string_view::npos) {
@@ -495,7 +569,7 @@ namespace detail {
   }
   if (has_port) o.port = detail::parse_url_int(port, url, "port", 1, 65535);
   if (host.empty()) detail::bad_url(url, "has no host");
-  o.host = std::string(host);
+  o.host = rest.starts_with('[') ? detail::ipv6_with_zone(host, url) : std::string(host);
   return o;
 }
 

@@ -339,6 +339,25 @@ class redis_store {
       if (sentinel) sentinel->watcher->stop();
     }
 
+    /// Sentinel, after a multiplexed check failed with `error`: a connection
+    /// that broke or answered READONLY (a failover, a demotion) means the
+    /// master may have moved, so every shared connection is retired (as
+    /// the sentinels' announcement does) and the pool's idle ones dropped
+    /// (as a pooled check's failure does); the next checks ask the
+    /// sentinels. A check refused for a full queue says nothing of the master.
+    void master_may_have_moved(const std::exception_ptr& error) noexcept {
+      try {
+        std::rethrow_exception(error);
+      } catch (const multiplexer_full&) {
+        return;
+      } catch (const connection_error&) {
+      } catch (...) {
+        return;
+      }
+      mux.renew();
+      pool.clear();
+    }
+
     /// Counts a failed round trip; when it opens the breaker, has it probed.
     void failed() noexcept {
       if (!breaker.failure()) return;
@@ -450,6 +469,7 @@ class redis_store {
         }
         detail::count_error(s->stats, error);
         s->failed();
+        if (s->sentinel) s->master_may_have_moved(error);
         degrade_and_deliver(error);
         return;
       }

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -92,6 +93,25 @@ namespace detail {
   return text.substr(0, end) == name;
 }
 
+/// `timeout` as poll()'s int milliseconds: 0..INT_MAX (about 24.8 days), so
+/// a longer connect_timeout waits that long instead of wrapping round to a
+/// negative (endless) or tiny wait.
+[[nodiscard]] inline int poll_ms(std::chrono::milliseconds timeout) noexcept {
+  return static_cast<int>(
+      std::clamp<long long>(timeout.count(), 0, std::numeric_limits<int>::max()));
+}
+
+/// Throws when called in a child forked after `owner` made the object: a
+/// thread of the parent may have held its lock at the fork.
+/// @throws std::logic_error
+inline void sentinel_same_process(pid_t owner) {
+  if (owner != ::getpid()) {
+    throw std::logic_error(
+        "ratelimit: redis: sentinel: a locator made before fork() was used in the child; make a "
+        "new store (or locator) in the child after fork()");
+  }
+}
+
 }  // namespace detail
 
 /// Finds the master that a group of sentinels monitors, and connects to it.
@@ -109,6 +129,11 @@ namespace detail {
 /// the master connect_timeout for its connect, AUTH, SELECT and ROLE: one
 /// connect() takes at most 2 x sentinels x connect_timeout (a master already
 /// refused in this call is not tried again).
+///
+/// After fork(), in a child of the process that made it, connect(),
+/// last_master() and sentinels() throw std::logic_error and prefer() does
+/// nothing: none touches the parent's state (its lock may have been held by
+/// a parent thread at the fork). Destroying it there locks nothing.
 ///
 /// Thread safety: all member functions may be called from any number of threads.
 class sentinel_locator {
@@ -142,8 +167,10 @@ class sentinel_locator {
   /// connects to it with `o`'s user, password, database and timeouts, and
   /// checks with ROLE that it is a master.
   /// @throws connection_error naming the master and every sentinel tried,
-  ///   with what each answered, when no sentinel led to a master
+  ///   with what each answered, when no sentinel led to a master;
+  ///   std::logic_error in a child forked after the locator was made
   [[nodiscard]] std::unique_ptr<connection> connect(const options& o) {
+    detail::sentinel_same_process(owner_pid_);
     const auto timeout = o.connect_timeout.count() > 0 ? o.connect_timeout
                                                        : std::chrono::milliseconds{200};
     const std::string& name = o.sentinel.master_name;
@@ -248,7 +275,9 @@ class sentinel_locator {
 
   /// The master's address (`host:port`) found by the last successful
   /// connect(); empty before the first.
+  /// @throws std::logic_error in a child forked after the locator was made
   [[nodiscard]] std::string last_master() const {
+    detail::sentinel_same_process(owner_pid_);
     std::lock_guard<std::mutex> lock(mutex_);
     return master_;
   }
@@ -256,6 +285,7 @@ class sentinel_locator {
   /// Moves the sentinel at `host`:`port` (when listed) to the front: it is
   /// asked first from then on (it announced the latest failover).
   void prefer(const std::string& host, int port) {
+    if (owner_pid_ != ::getpid()) return;  // a forked child (see above)
     std::lock_guard<std::mutex> lock(mutex_);
     const auto it = std::find_if(order_.begin(), order_.end(), [&](const sentinel_address& x) {
       return x.host == host && x.port == port;
@@ -264,7 +294,9 @@ class sentinel_locator {
   }
 
   /// The sentinels in the order the next connect() asks them.
+  /// @throws std::logic_error in a child forked after the locator was made
   [[nodiscard]] std::vector<sentinel_address> sentinels() const {
+    detail::sentinel_same_process(owner_pid_);
     std::lock_guard<std::mutex> lock(mutex_);
     return order_;
   }
@@ -273,11 +305,13 @@ class sentinel_locator {
   mutable std::mutex mutex_;
   std::vector<sentinel_address> order_;  ///< the one that last led to the master first
   std::string master_;
+  const pid_t owner_pid_ = ::getpid();
 };
 
 /// Listens to `+switch-master` on one sentinel at a time (the first that
 /// accepts, in the locator's order; the next one when it goes away, all of
-/// them again after a pause of 1 s, or connect_timeout if longer, when none
+/// them again after a pause of 1 s, or connect_timeout if longer (at most
+/// INT_MAX ms, about 24.8 days, the longest poll() takes), when none
 /// accepts) on a background thread, and
 /// calls `on_switch` when the sentinels announce a new master for the name:
 /// a master that lost its role but is still up (a failover Sentinel was asked
@@ -420,7 +454,7 @@ class sentinel_watcher {
         }
       }
       // No sentinel accepts: wait before trying them all again.
-      (void)wait_readable(-1, static_cast<int>(std::max<long long>(timeout.count(), 1000)));
+      (void)wait_readable(-1, detail::poll_ms(std::max(timeout, std::chrono::milliseconds{1000})));
     }
   }
 

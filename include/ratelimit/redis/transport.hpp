@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
@@ -188,30 +189,62 @@ inline void require_readable(const std::string& path, const char* what, bool dir
   return ctx;
 }
 
-/// The SSL_CTX for `t`, shared by every connection with the same settings
-/// and files: made on first use and made again when a file named in `t` was
-/// replaced (a renewed certificate is used by the next new connection).
-/// @throws std::invalid_argument as make_tls_context
-[[nodiscard]] inline std::shared_ptr<SSL_CTX> tls_context_for(const tls_options& t) {
+/// The SSL_CTX cache of one process: its own lock and map. A child forked
+/// while a thread of the parent held the parent's lock would wait on it
+/// forever, so a process other than the one that made the cache makes a
+/// cache of its own, and leaves the parent's untouched (leaked: its lock may
+/// be held and its map half-changed).
+struct tls_context_cache {
   struct entry {
     std::string stamp;
     std::shared_ptr<SSL_CTX> ctx;
   };
-  static std::mutex mutex;
-  static std::map<std::string, entry> cache;
-  std::string key = t.ca_file + '\n' + t.ca_dir + '\n' + t.cert_file + '\n' + t.key_file + '\n' +
-                    static_cast<char>('0' + static_cast<int>(t.verify));
+  const pid_t pid = ::getpid();
+  std::mutex mutex;
+  std::map<std::string, entry> map;
+
+  /// This process's cache (made on first use, never destroyed).
+  [[nodiscard]] static tls_context_cache& mine() {
+    static std::atomic<tls_context_cache*> current{nullptr};
+    const pid_t self = ::getpid();
+    tls_context_cache* c = current.load(std::memory_order_acquire);
+    while (c == nullptr || c->pid != self) {
+      auto* fresh = new tls_context_cache;
+      if (current.compare_exchange_strong(c, fresh, std::memory_order_acq_rel)) return *fresh;
+      delete fresh;  // another thread of this process won; `c` is its cache
+    }
+    return *c;
+  }
+};
+
+/// The SSL_CTX for `t`, shared by every connection with the same settings
+/// and files: made on first use and made again when a file named in `t` was
+/// replaced (a renewed certificate is used by the next new connection). One
+/// cache per process (see tls_context_cache: a forked child never locks the
+/// parent's).
+/// @throws std::invalid_argument as make_tls_context
+[[nodiscard]] inline std::shared_ptr<SSL_CTX> tls_context_for(const tls_options& t) {
+  tls_context_cache& cache = tls_context_cache::mine();
+  // Each field as <length>:<bytes>: no path (a file name may hold any byte
+  // but NUL and '/') can make two different option sets one key.
+  std::string key;
+  for (const std::string* field : {&t.ca_file, &t.ca_dir, &t.cert_file, &t.key_file}) {
+    key += std::to_string(field->size());
+    key += ':';
+    key += *field;
+  }
+  key += static_cast<char>('0' + static_cast<int>(t.verify));
   std::string stamp = file_stamp(t.ca_file) + ' ' + file_stamp(t.cert_file) + ' ' +
                       file_stamp(t.key_file) + ' ' + file_stamp(t.ca_dir);
   {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (const auto it = cache.find(key); it != cache.end() && it->second.stamp == stamp) {
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    if (const auto it = cache.map.find(key); it != cache.map.end() && it->second.stamp == stamp) {
       return it->second.ctx;
     }
   }
   std::shared_ptr<SSL_CTX> ctx = make_tls_context(t);  // outside the lock: reads files
-  std::lock_guard<std::mutex> lock(mutex);
-  cache[std::move(key)] = entry{std::move(stamp), ctx};
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  cache.map[std::move(key)] = tls_context_cache::entry{std::move(stamp), ctx};
   return ctx;
 }
 
@@ -321,14 +354,22 @@ class transport {
     ::SSL_set_bio(ssl_, bio, bio);
     SSL_set_app_data(ssl_, &cert_asked_);
     in6_addr ip{};
-    const bool numeric = ::inet_pton(AF_INET, name.c_str(), &ip) == 1 ||
-                         ::inet_pton(AF_INET6, name.c_str(), &ip) == 1;
-    if (!numeric && ::SSL_set_tlsext_host_name(ssl_, name.c_str()) != 1) {
+    // An IPv6 address with a zone id (fe80::1%eth0) is checked as the
+    // address alone: the zone names a local interface, no certificate holds it.
+    std::string checked = name;
+    if (const auto pct = name.find('%'); pct != std::string::npos) {
+      const std::string address = name.substr(0, pct);
+      if (::inet_pton(AF_INET6, address.c_str(), &ip) == 1) checked = address;
+    }
+    const bool numeric = ::inet_pton(AF_INET, checked.c_str(), &ip) == 1 ||
+                         ::inet_pton(AF_INET6, checked.c_str(), &ip) == 1;
+    if (!numeric && ::SSL_set_tlsext_host_name(ssl_, checked.c_str()) != 1) {
       throw tls_error("ratelimit: redis: TLS to " + where + ": bad server name \"" + name + "\"");
     }
     if (verify == tls_verify::full) {
-      const int ok = numeric ? ::X509_VERIFY_PARAM_set1_ip_asc(::SSL_get0_param(ssl_), name.c_str())
-                             : ::SSL_set1_host(ssl_, name.c_str());
+      const int ok = numeric
+                         ? ::X509_VERIFY_PARAM_set1_ip_asc(::SSL_get0_param(ssl_), checked.c_str())
+                         : ::SSL_set1_host(ssl_, checked.c_str());
       if (ok != 1) {
         throw tls_error("ratelimit: redis: TLS to " + where + ": bad server name \"" + name + "\"");
       }

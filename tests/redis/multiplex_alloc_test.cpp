@@ -1,0 +1,207 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests that std::bad_alloc on a multiplexer's I/O thread fails the checks it
+// hit, each handler called once, and that the I/O thread carries on.
+//
+// This binary replaces the global operator new so that the n-th allocation
+// made off the test's main thread (in practice: on the store's I/O thread)
+// throws std::bad_alloc. For n = 0, 1, 2, ... a fresh store runs a burst of
+// async checks with that allocation failing, until a burst needs fewer
+// allocations than n. Before the fix, the first failure outside a check's own
+// reply handling (queuing, writing, reading, failing jobs) reached the I/O
+// thread's noexcept loop and terminated the process.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ratelimit/ratelimit.hpp"
+#include "ratelimit/redis/redis_store.hpp"
+#include "redis_server.hpp"
+
+namespace {
+/// Allocations off the main thread that succeed before one fails; negative: none fails.
+std::atomic<long> allocations_before_failure{-1};
+std::atomic<long> failures_injected{0};
+/// When set, every allocation off the main thread after the n-th fails too.
+std::atomic<bool> sticky{false};
+const std::thread::id main_thread = std::this_thread::get_id();
+
+void* counted_allocation(std::size_t size) {
+  if (allocations_before_failure.load(std::memory_order_relaxed) >= 0 &&
+      std::this_thread::get_id() != main_thread) {
+    long left = allocations_before_failure.load(std::memory_order_relaxed);
+    while (left >= 0 && !allocations_before_failure.compare_exchange_weak(left, left - 1)) {
+    }
+    if (left == 0) {
+      failures_injected.fetch_add(1);
+      if (sticky.load()) allocations_before_failure.store(0);
+      throw std::bad_alloc();
+    }
+  }
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+}  // namespace
+
+void* operator new(std::size_t size) {
+  return counted_allocation(size);
+}
+void* operator new[](std::size_t size) {
+  return counted_allocation(size);
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
+
+namespace {
+
+using namespace ratelimit;
+using namespace std::chrono_literals;
+
+struct outcomes {
+  explicit outcomes(std::size_t n) : calls(n, 0), errors(n), sources(n), left(n) {}
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<int> calls;
+  std::vector<std::exception_ptr> errors;
+  std::vector<decision_source> sources;
+  std::size_t left;
+};
+
+// Verifies that each allocation on the I/O thread failing in turn gives every
+// check's handler exactly one call (a decision by Redis, or the error), and
+// that after each failure the same store's next check is decided by Redis on
+// the same (still running) I/O thread.
+TEST(RedisMultiplexAlloc, EachAllocationOnTheIoThreadFailingInTurn) {
+  rltest::redis_server server;
+  redis::options o = server.options();
+  o.prefix = rltest::unique_prefix("mux-alloc");
+  o.multiplex = 1;
+  o.command_timeout = 2000ms;
+  o.breaker_threshold = 1000000;
+  o.on_warning = [](std::string_view) {};
+  const fixed_window::config cfg("1000000/1h", window_options{.name = "t"});
+  constexpr std::size_t burst = 8;
+  long failed_rounds = 0;
+  long n = 0;
+  for (; n < 400; ++n) {
+    redis::redis_store store(o);
+    outcomes out(burst);
+    allocations_before_failure.store(n);
+    for (std::size_t i = 0; i < burst; ++i) {
+      store.async_apply(cfg, "k", store_time, 1, access::consume,
+                        [&out, i](decision d, std::exception_ptr e) {
+                          std::lock_guard<std::mutex> lock(out.m);
+                          ++out.calls[i];
+                          out.sources[i] = d.source;
+                          out.errors[i] = std::move(e);
+                          --out.left;
+                          out.cv.notify_all();
+                        });
+    }
+    {
+      std::unique_lock<std::mutex> lock(out.m);
+      ASSERT_TRUE(out.cv.wait_for(lock, 10s, [&] { return out.left == 0; })) << "allocation " << n;
+    }
+    const bool injected = allocations_before_failure.exchange(-1) < 0;
+    std::size_t errors = 0;
+    {
+      std::lock_guard<std::mutex> lock(out.m);
+      for (std::size_t i = 0; i < burst; ++i) {
+        EXPECT_EQ(out.calls[i], 1) << "allocation " << n << " check " << i;
+        if (out.errors[i]) {
+          ++errors;
+        } else {
+          EXPECT_EQ(out.sources[i], decision_source::store) << "allocation " << n;
+        }
+      }
+    }
+    if (injected) ++failed_rounds;
+    if (!injected) {
+      EXPECT_EQ(errors, 0u);
+      break;
+    }
+    // The I/O thread survived: the next check is decided by Redis.
+    EXPECT_EQ(store.apply(cfg, "k", store_time, 1).source, decision_source::store)
+        << "allocation " << n;
+    std::this_thread::sleep_for(1ms);
+    std::lock_guard<std::mutex> lock(out.m);
+    for (std::size_t i = 0; i < burst; ++i) EXPECT_EQ(out.calls[i], 1) << "allocation " << n;
+  }
+  EXPECT_LT(n, 400) << "the burst never ran without a failure";
+  EXPECT_GE(failed_rounds, 5);
+  EXPECT_EQ(failures_injected.load(), failed_rounds);
+}
+
+// Verifies the same when, from the n-th on, every allocation off the main
+// thread fails until the burst is over (memory stays short): failing checks
+// (dropping a connection, a timeout's error, the failure policy) must itself
+// allocate nothing that ends the I/O thread; every handler is called once.
+TEST(RedisMultiplexAlloc, AllocationsFailingFromTheNthOnUntilTheBurstEnds) {
+  rltest::redis_server server;
+  redis::options o = server.options();
+  o.prefix = rltest::unique_prefix("mux-alloc-sticky");
+  o.multiplex = 2;
+  o.command_timeout = 2000ms;
+  o.breaker_threshold = 1000000;
+  o.on_warning = [](std::string_view) {};
+  const fixed_window::config cfg("1000000/1h", window_options{.name = "t"});
+  constexpr std::size_t burst = 8;
+  sticky = true;
+  long n = 0;
+  for (; n < 400; ++n) {
+    redis::redis_store store(o);
+    outcomes out(burst);
+    failures_injected = 0;
+    allocations_before_failure.store(n);
+    for (std::size_t i = 0; i < burst; ++i) {
+      store.async_apply(cfg, "k", store_time, 1, access::consume,
+                        [&out, i](decision d, std::exception_ptr e) {
+                          std::lock_guard<std::mutex> lock(out.m);
+                          ++out.calls[i];
+                          out.sources[i] = d.source;
+                          out.errors[i] = std::move(e);
+                          --out.left;
+                          out.cv.notify_all();
+                        });
+    }
+    {
+      std::unique_lock<std::mutex> lock(out.m);
+      ASSERT_TRUE(out.cv.wait_for(lock, 10s, [&] { return out.left == 0; })) << "allocation " << n;
+    }
+    allocations_before_failure.store(-1);
+    const bool injected = failures_injected.load() > 0;
+    {
+      std::lock_guard<std::mutex> lock(out.m);
+      for (std::size_t i = 0; i < burst; ++i) {
+        EXPECT_EQ(out.calls[i], 1) << "allocation " << n << " check " << i;
+      }
+    }
+    if (!injected) break;
+    EXPECT_EQ(store.apply(cfg, "k", store_time, 1).source, decision_source::store)
+        << "allocation " << n;
+  }
+  sticky = false;
+  EXPECT_LT(n, 400) << "the burst never ran without a failure";
+  EXPECT_GE(n, 5);
+}
+
+}  // namespace
