@@ -723,6 +723,46 @@ TEST(RedisUrl, Ipv6ZoneIds) {
             8u + 64u);
 }
 
+// Verifies ?multiplex=N on redis://, rediss:// (among the TLS parameters)
+// and redis-sentinel://, refused out of 0..256, twice, malformed, on a
+// unix:// URL, or holding an '@' that would make the query the userinfo.
+TEST(RedisUrl, MultiplexParameter) {
+  auto o = redis::parse_url("redis://h:7000/2?multiplex=4");
+  EXPECT_EQ(o.multiplex, 4u);
+  EXPECT_EQ(o.host, "h");
+  EXPECT_EQ(o.port, 7000);
+  EXPECT_EQ(o.database, 2);
+  EXPECT_FALSE(o.tls.enabled);
+  EXPECT_EQ(redis::parse_url("redis://u:p@h").multiplex, 0u);
+  o = redis::parse_url("rediss://u:p@h?sni=x&multiplex=256&verify=chain");
+  EXPECT_EQ(o.multiplex, 256u);
+  EXPECT_EQ(o.password, "p");
+  EXPECT_EQ(o.tls.server_name, "x");
+  EXPECT_EQ(o.tls.verify, redis::tls_verify::chain);
+  o = redis::parse_url("unix:///tmp/a@b.sock?db=3&multiplex=5");
+  EXPECT_EQ(o.multiplex, 5u);
+  EXPECT_EQ(o.database, 3);
+  EXPECT_EQ(o.unix_socket, "/tmp/a@b.sock");
+  o = redis::parse_url("redis-sentinel://a,b:1/mymaster?db=1&multiplex=2");
+  EXPECT_EQ(o.multiplex, 2u);
+  EXPECT_EQ(o.database, 1);
+  EXPECT_EQ(o.sentinel.master_name, "mymaster");
+  for (const char* bad :
+       {"redis://h?multiplex=257", "redis://h?multiplex=", "redis://h?multiplex",
+        "redis://h?multiplex=-1", "redis://h?multiplex=1&multiplex=2", "redis://h?multiplex=2x",
+        "redis://h?multiplex=1&sni=x", "redis://h?multiplex=2@evil:1",
+        "rediss://h?multiplex=2@evil:1", "redis-sentinel://a/m?multiplex=1&multiplex=1",
+        "redis-sentinel://a/m?multiplex=300", "redis-sentinel://a/m?multiplex=2@evil"}) {
+    EXPECT_THROW((void)redis::parse_url(bad), std::invalid_argument) << bad;
+  }
+  try {
+    (void)redis::parse_url("redis://h?multiplex=999");
+    ADD_FAILURE();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("\"999\""), std::string::npos) << e.what();
+  }
+}
+
 TEST(RedisUrl, HostsPortsAndDatabases) {
   const auto a = redis::parse_url("redis://example.com");
   EXPECT_EQ(a.host, "example.com");

@@ -137,7 +137,7 @@ class multiplexer {
                                                          : options_.multiplex_max_pending) {}
 
   /// Most connections one multiplexer shares.
-  static constexpr std::size_t max_connections = 256;
+  static constexpr std::size_t max_connections = detail::max_multiplex_connections;
   /// Pending jobs one multiplexer holds when options::multiplex_max_pending is 0.
   static constexpr std::size_t default_max_pending = 65536;
 

@@ -344,6 +344,42 @@ inline void apply_tls_query(tls_options& t, std::string_view query, std::string_
   }
 }
 
+/// Most connections one multiplexer may have (options::multiplex).
+inline constexpr std::size_t max_multiplex_connections = 256;
+
+/// Takes `multiplex=N` (0..max_multiplex_connections, at most once) out
+/// of the query of a URL (redis://, rediss://, their cluster forms), the query starting at the first `?` after
+/// the last `@`; what is left of the query stays in `rest`.
+/// @return N, or 0 without the parameter
+/// @throws std::invalid_argument naming the bad value and the URL (redacted)
+[[nodiscard]] inline std::size_t take_multiplex_query(std::string& rest, std::string_view url) {
+  const auto at = rest.rfind('@');
+  const auto q = rest.find('?', at == std::string::npos ? 0 : at + 1);
+  if (q == std::string::npos) return 0;
+  std::string kept;
+  std::size_t n = 0;
+  bool seen = false;
+  std::string_view query = std::string_view(rest).substr(q + 1);
+  for (;;) {
+    const auto amp = query.find('&');
+    const std::string_view item = query.substr(0, amp);
+    if (item.starts_with("multiplex=") || item == "multiplex") {
+      if (seen) bad_url(url, "gives parameter \"multiplex\" twice");
+      seen = true;
+      n = static_cast<std::size_t>(
+          parse_url_int(item.substr(std::min(item.size(), std::size_t{10})), url, "multiplex", 0,
+                        static_cast<long long>(max_multiplex_connections)));
+    } else {
+      if (!kept.empty()) kept += '&';
+      kept += item;
+    }
+    if (amp == std::string_view::npos) break;
+    query.remove_prefix(amp + 1);
+  }
+  rest = rest.substr(0, q) + (kept.empty() ? std::string() : "?" + kept);
+  return n;
+}
+
 /// Splits the query (after the first `?` behind the userinfo) off `rest` and
 /// applies it to `t`; a query on a URL without TLS is refused.
 inline void take_tls_query(std::string_view& rest, tls_options& t, std::string_view url) {
@@ -354,7 +390,8 @@ inline void take_tls_query(std::string_view& rest, tls_options& t, std::string_v
     // connect to `b`, sending it that as a password.
     if (at == std::string_view::npos) return;
     const std::string_view cred = rest.substr(0, at);
-    for (const std::string_view name : {"ca=", "ca_dir=", "cert=", "key=", "sni=", "verify="}) {
+    for (const std::string_view name :
+         {"ca=", "ca_dir=", "cert=", "key=", "sni=", "verify=", "multiplex="}) {
       for (auto p = cred.find(name); p != std::string_view::npos; p = cred.find(name, p + 1)) {
         if (p > 0 && (cred[p - 1] == '?' || cred[p - 1] == '&')) {
           bad_url(url, "has an '@' in a query value (set options::tls in code instead)");
@@ -383,7 +420,9 @@ namespace detail {
     if (cred.find("sentinel_password=") != std::string_view::npos ||
         cred.find("sentinel_user=") != std::string_view::npos ||
         cred.find("?db=") != std::string_view::npos ||
-        cred.find("&db=") != std::string_view::npos) {
+        cred.find("&db=") != std::string_view::npos ||
+        cred.find("?multiplex=") != std::string_view::npos ||
+        cred.find("&multiplex=") != std::string_view::npos) {
       bad_url(url, "has an '@' in a query value (set options::sentinel in code instead)");
     }
     rest = rest.substr(at + 1);
@@ -433,6 +472,7 @@ namespace detail {
   bool seen_db = false;
   bool seen_user = false;
   bool seen_password = false;
+  bool seen_multiplex = false;
   while (has_query) {
     const auto amp = query.find('&');
     const std::string_view item = query.substr(0, amp);
@@ -456,9 +496,13 @@ namespace detail {
     } else if (key == "sentinel_password") {
       once(seen_password);
       o.sentinel.password = std::string(value);
+    } else if (key == "multiplex") {
+      once(seen_multiplex);
+      o.multiplex = static_cast<std::size_t>(parse_url_int(
+          value, url, "multiplex", 0, static_cast<long long>(max_multiplex_connections)));
     } else {
       bad_url(url, "has an unknown parameter \"" + std::string(key) +
-                       "\" (known: db, sentinel_user, sentinel_password)");
+                       "\" (known: db, sentinel_user, sentinel_password, multiplex)");
     }
     if (amp == std::string_view::npos) break;
     query.remove_prefix(amp + 1);
@@ -483,13 +527,15 @@ namespace detail {
 /// (values without `&` or `@`: a URL whose userinfo holds `?NAME=` or
 /// `&NAME=` for one of these names is refused as a query value with `@`);
 /// files are read when the store is made.
+/// `redis://`, `rediss://` and `unix://` also take `?multiplex=N` (0..256,
+/// at most once; options::multiplex), alone or among the other parameters.
 ///
 /// Sentinel (ratelimit/redis/sentinel.hpp):
 /// `redis-sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER_NAME[?PARAMS]`
 /// lists the sentinels (PORT 26379 when omitted) and names the master; the
 /// userinfo is for the master (as in redis://), PARAMS are `&`-separated
-/// `db=DB`, `sentinel_user=USER` and `sentinel_password=PASSWORD` (AUTH at the
-/// sentinels), each at most once. The query starts at the first '?' after
+/// `db=DB`, `sentinel_user=USER`, `sentinel_password=PASSWORD` (AUTH at the
+/// sentinels) and `multiplex=N`, each at most once. The query starts at the first '?' after
 /// the last '@', so a query value cannot hold '@' (set options::sentinel in
 /// code for such a password).
 /// @throws std::invalid_argument quoting the URL and the bad part
@@ -509,6 +555,9 @@ namespace detail {
   } else {
     detail::bad_url(url, "must start with redis://, rediss://, unix:// or redis-sentinel://");
   }
+  std::string without_multiplex(rest);  // rest without `multiplex=N`; rest views it
+  o.multiplex = detail::take_multiplex_query(without_multiplex, url);
+  rest = without_multiplex;
   if (!unix_path) detail::take_tls_query(rest, o.tls, url);
   if (const auto at = detail::userinfo_end(rest, unix_path); at != std::string_view::npos) {
     const std::string_view cred = rest.substr(0, at);

@@ -42,42 +42,7 @@ struct cluster_options {
   std::chrono::milliseconds refresh_interval{100};
 };
 
-namespace detail {
-
-/// Takes `multiplex=N` (0..multiplexer::max_connections, at most once) out
-/// of the query of a cluster URL, the query starting at the first `?` after
-/// the last `@`; what is left of the query stays in `rest`.
-/// @return N, or 0 without the parameter
-/// @throws std::invalid_argument naming the bad value and the URL (redacted)
-[[nodiscard]] inline std::size_t take_multiplex_query(std::string& rest, std::string_view url) {
-  const auto at = rest.rfind('@');
-  const auto q = rest.find('?', at == std::string::npos ? 0 : at + 1);
-  if (q == std::string::npos) return 0;
-  std::string kept;
-  std::size_t n = 0;
-  bool seen = false;
-  std::string_view query = std::string_view(rest).substr(q + 1);
-  for (;;) {
-    const auto amp = query.find('&');
-    const std::string_view item = query.substr(0, amp);
-    if (item.starts_with("multiplex=") || item == "multiplex") {
-      if (seen) bad_url(url, "gives parameter \"multiplex\" twice");
-      seen = true;
-      n = static_cast<std::size_t>(
-          parse_url_int(item.substr(std::min(item.size(), std::size_t{10})), url, "multiplex", 0,
-                        static_cast<long long>(multiplexer::max_connections)));
-    } else {
-      if (!kept.empty()) kept += '&';
-      kept += item;
-    }
-    if (amp == std::string_view::npos) break;
-    query.remove_prefix(amp + 1);
-  }
-  rest = rest.substr(0, q) + (kept.empty() ? std::string() : "?" + kept);
-  return n;
-}
-
-}  // namespace detail
+namespace detail {}  // namespace detail
 
 /// Parses `redis-cluster://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...][?multiplex=N]`
 /// (port 6379 when omitted) into cluster_options with default node settings;
