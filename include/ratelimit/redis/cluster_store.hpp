@@ -650,6 +650,9 @@ class cluster_store {
     shared& operator=(const shared&) = delete;
 
     ~shared() {
+      // Before the retry thread's checks complete: they get
+      // multiplexer_stopped, not the failure policy (nor a breaker failure).
+      stopping_io.store(true, std::memory_order_release);
       stop_retries();  // sends to the nodes
       stop_io();       // completions use the prober, refresher and counters
       prober.stop();   // its probes use the nodes

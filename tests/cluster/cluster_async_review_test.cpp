@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: Apache-2.0
+// Hostile review of the cluster store's async checks on a real Redis Cluster:
+// checks parked in the retry thread (after TRYAGAIN) when the store is
+// destroyed, and a MOVED storm between two masters that each name the other.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cluster_harness.hpp"
+#include "ratelimit/policy/compound.hpp"
+#include "ratelimit/ratelimit.hpp"
+#include "ratelimit/redis/cluster_store.hpp"
+
+namespace {
+
+using namespace ratelimit;
+using namespace std::chrono_literals;
+using rltest::redis_cluster;
+using std::chrono::microseconds;
+
+constexpr std::int64_t t0 = 1'732'950'000'000'000;
+
+redis::cluster_options cluster_opts(std::string_view what, std::size_t multiplex) {
+  static int n = 0;
+  auto o = rltest::shared_cluster().options();
+  o.node.prefix = "rlasyncrev:" + std::to_string(::getpid()) + ":" + std::to_string(++n) + ":" +
+                  std::string(what) + ":";
+  o.node.multiplex = multiplex;
+  return o;
+}
+
+/// Outcomes of async checks, each slot written by exactly one handler call.
+struct outcomes {
+  explicit outcomes(std::size_t n) : calls(n, 0), decisions(n), errors(n), left(n) {}
+
+  auto handler(std::size_t i) {
+    return [this, i](decision d, std::exception_ptr e) {
+      std::lock_guard<std::mutex> lock(m);
+      ++calls[i];
+      decisions[i] = d;
+      errors[i] = std::move(e);
+      if (left > 0) --left;
+      cv.notify_all();
+    };
+  }
+
+  bool wait(std::chrono::milliseconds limit = 10s) {
+    std::unique_lock<std::mutex> lock(m);
+    return cv.wait_for(lock, limit, [&] { return left == 0; });
+  }
+
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<int> calls;
+  std::vector<decision> decisions;
+  std::vector<std::exception_ptr> errors;
+  std::size_t left;
+};
+
+template <class E>
+bool holds(const std::exception_ptr& e) {
+  if (!e) return false;
+  try {
+    std::rethrow_exception(e);
+  } catch (const E&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+/// A master other than `from`.
+int other_master(int from) {
+  auto& cluster = rltest::shared_cluster();
+  for (const std::uint16_t s :
+       {std::uint16_t{0}, std::uint16_t{6000}, std::uint16_t{12000}, std::uint16_t{16383}}) {
+    if (const int p = cluster.master_of(s); p > 0 && p != from) return p;
+  }
+  return -1;
+}
+
+using two_limits = compound<token_bucket, fixed_window>;
+
+// Verifies that checks waiting in the retry thread (sent again 5 ms after
+// TRYAGAIN) when the store's last copy is destroyed get multiplexer_stopped
+// once each, as docs/semantics.md says of every check in flight, and are not
+// decided by the failure policy (fail_open would admit them unchecked).
+TEST(ClusterAsyncReview, ChecksParkedAfterTryagainGetStoppedAtDestruction) {
+  auto o = cluster_opts("parked", 1);
+  o.node.on_failure = redis::failure_policy::fail_open;
+  o.node.command_timeout = 10000ms;
+  o.max_redirects = 100000;  // TRYAGAIN for as long as the test lasts
+  const two_limits::config cfg(compound_options{.name = "two"}, token_bucket::config("5/1s"),
+                               fixed_window::config("9/1min"));
+  const std::string user = "parked-split";
+  constexpr std::size_t n = 16;
+  outcomes out(n);
+  std::string sl, to_id;
+  int from = -1, to = -1;
+  std::vector<std::string> keys;
+  redis::cluster_stats during{};
+  {
+    redis::cluster_store store(o);
+    store.refresh_topology();
+    const std::uint16_t slot = store.slot_for<two_limits>(user);
+    from = rltest::shared_cluster().master_of(slot);
+    to = other_master(from);
+    ASSERT_GT(to, 0);
+    ASSERT_TRUE(store.apply(cfg, user, microseconds{t0}, 1).allowed);
+    keys = store.keys_for(cfg, user);
+    ASSERT_EQ(keys.size(), 2u);
+    sl = std::to_string(slot);
+    to_id = redis_cluster::id_of(to);
+    EXPECT_EQ(redis_cluster::ask(to, {"CLUSTER", "SETSLOT", sl, "IMPORTING",
+                                      redis_cluster::id_of(from)}),
+              "OK");
+    EXPECT_EQ(redis_cluster::ask(from, {"CLUSTER", "SETSLOT", sl, "MIGRATING", to_id}), "OK");
+    EXPECT_EQ(redis_cluster::ask(from, {"MIGRATE", "127.0.0.1", std::to_string(to), "", "0",
+                                        "5000", "KEYS", keys.front()}),
+              "OK");
+    for (std::size_t i = 0; i < n; ++i) {
+      store.async_apply(cfg, user, microseconds{t0}, 1, access::consume, out.handler(i));
+    }
+    std::this_thread::sleep_for(100ms);  // each check answered TRYAGAIN ~20 times by now
+    during = store.stats();
+  }
+  // End the migration: the slot goes to `to` with both keys.
+  EXPECT_EQ(redis_cluster::ask(from, {"MIGRATE", "127.0.0.1", std::to_string(to), "", "0", "5000",
+                                      "KEYS", keys.back()}),
+            "OK");
+  EXPECT_EQ(redis_cluster::ask(to, {"CLUSTER", "SETSLOT", sl, "NODE", to_id}), "OK");
+  EXPECT_EQ(redis_cluster::ask(from, {"CLUSTER", "SETSLOT", sl, "NODE", to_id}), "OK");
+  EXPECT_GE(during.tryagain, n);
+  std::lock_guard<std::mutex> lock(out.m);
+  EXPECT_EQ(out.left, 0u);
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(out.calls[i], 1) << i;
+    EXPECT_TRUE(holds<redis::multiplexer_stopped>(out.errors[i])) << i;
+    EXPECT_NE(out.decisions[i].source, decision_source::fail_open) << i;
+  }
+}
+
+}  // namespace
