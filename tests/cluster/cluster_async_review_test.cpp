@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -87,6 +88,37 @@ int other_master(int from) {
 
 using two_limits = compound<token_bucket, fixed_window>;
 
+/// The message of the std::invalid_argument `f` throws ("" when none).
+template <class F>
+std::string refusal(F f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// Verifies that an '@' inside the value of `multiplex` does not turn what
+// comes before it into a user and password for the host after it:
+// `redis-cluster://h:7000?multiplex=2@evil:7000` is refused, as the same URL
+// with a TLS parameter is, rather than connect to evil:7000 sending
+// "7000?multiplex=2" as the password.
+TEST(ClusterAsyncReview, AtSignInTheMultiplexValueIsRefused) {
+  for (const char* url : {"redis-cluster://h:7000?multiplex=2@evil:7000",
+                          "redis-cluster://u:p@h:7000?multiplex=2@evil:7000",
+                          "rediss-cluster://h:7000?verify=none&multiplex=2@evil:7000",
+                          "redis-cluster://h:7000,g:7001?multiplex=1@evil:7000"}) {
+    const std::string why = refusal([&] { (void)redis::parse_cluster_url(url); });
+    EXPECT_NE(why.find("'@'"), std::string::npos) << url << ": " << why;
+    EXPECT_EQ(why.find("evil"), std::string::npos) << why;  // redacted with the userinfo
+  }
+  // An '@' in the password, before the query, is still a password.
+  const auto o = redis::parse_cluster_url("redis-cluster://u:p%40@h:7000?multiplex=2");
+  EXPECT_EQ(o.seeds.front().host, "h");
+  EXPECT_EQ(o.node.multiplex, 2u);
+}
+
 // Verifies that checks waiting in the retry thread (sent again 5 ms after
 // TRYAGAIN) when the store's last copy is destroyed get multiplexer_stopped
 // once each, as docs/semantics.md says of every check in flight, and are not
@@ -117,12 +149,12 @@ TEST(ClusterAsyncReview, ChecksParkedAfterTryagainGetStoppedAtDestruction) {
     ASSERT_EQ(keys.size(), 2u);
     sl = std::to_string(slot);
     to_id = redis_cluster::id_of(to);
-    EXPECT_EQ(redis_cluster::ask(to, {"CLUSTER", "SETSLOT", sl, "IMPORTING",
-                                      redis_cluster::id_of(from)}),
-              "OK");
+    EXPECT_EQ(
+        redis_cluster::ask(to, {"CLUSTER", "SETSLOT", sl, "IMPORTING", redis_cluster::id_of(from)}),
+        "OK");
     EXPECT_EQ(redis_cluster::ask(from, {"CLUSTER", "SETSLOT", sl, "MIGRATING", to_id}), "OK");
-    EXPECT_EQ(redis_cluster::ask(from, {"MIGRATE", "127.0.0.1", std::to_string(to), "", "0",
-                                        "5000", "KEYS", keys.front()}),
+    EXPECT_EQ(redis_cluster::ask(from, {"MIGRATE", "127.0.0.1", std::to_string(to), "", "0", "5000",
+                                        "KEYS", keys.front()}),
               "OK");
     for (std::size_t i = 0; i < n; ++i) {
       store.async_apply(cfg, user, microseconds{t0}, 1, access::consume, out.handler(i));
