@@ -17,6 +17,7 @@
 #include "ratelimit/policy/compound.hpp"
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis/cluster_store.hpp"
+#include "support/eventually.hpp"
 
 namespace {
 
@@ -176,6 +177,63 @@ TEST(ClusterAsyncReview, ChecksParkedAfterTryagainGetStoppedAtDestruction) {
     EXPECT_TRUE(holds<redis::multiplexer_stopped>(out.errors[i])) << i;
     EXPECT_NE(out.decisions[i].source, decision_source::fail_open) << i;
   }
+}
+
+// Verifies a MOVED storm: the master of a slot is told another master owns
+// it, which still names the first, so each answers MOVED to the other. Every
+// check, async and sync through the multiplexers, is decided once with the
+// script_error of too many redirects (throw_error), within the deadline,
+// after max_redirects + 1 answers; none ran anywhere.
+TEST(ClusterAsyncReview, MovedStormBetweenTwoMastersEndsAtTheRedirectCap) {
+  auto o = cluster_opts("storm", 2);
+  o.node.on_failure = redis::failure_policy::throw_error;
+  o.max_redirects = 4;
+  o.node.command_timeout = 3000ms;
+  redis::cluster_store store(o);
+  store.refresh_topology();
+  const fixed_window::config cfg("5/1h", window_options{.name = "t"});
+  const std::string user = "stormy";
+  const std::uint16_t slot = store.slot_for(cfg, user);
+  const int a = rltest::shared_cluster().master_of(slot);
+  const int b = other_master(a);
+  ASSERT_GT(b, 0);
+  const std::string sl = std::to_string(slot);
+  ASSERT_EQ(redis_cluster::ask(a, {"CLUSTER", "SETSLOT", sl, "NODE", redis_cluster::id_of(b)}),
+            "OK");
+  constexpr std::size_t n = 8;
+  outcomes out(n);
+  const auto before = store.stats();
+  const auto start = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < n; ++i) {
+    store.async_apply(cfg, user, microseconds{t0}, 1, access::consume, out.handler(i));
+  }
+  const bool done = out.wait();
+  const auto took = std::chrono::steady_clock::now() - start;
+  std::string sync_error;
+  try {
+    (void)store.apply(cfg, user, microseconds{t0}, 1);
+  } catch (const redis::script_error& e) {
+    sync_error = e.what();
+  }
+  const auto after = store.stats();
+  EXPECT_EQ(redis_cluster::ask(a, {"CLUSTER", "SETSLOT", sl, "NODE", redis_cluster::id_of(a)}),
+            "OK");
+  ASSERT_TRUE(done);
+  EXPECT_LT(took, 3000ms);
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(out.calls[i], 1) << i;
+    EXPECT_TRUE(holds<redis::script_error>(out.errors[i])) << i;
+  }
+  EXPECT_NE(sync_error.find("more than 4 redirects"), std::string::npos) << sync_error;
+  EXPECT_EQ(after.moved - before.moved, (n + 1) * 5);
+  // None of them ran: the first check that reaches the owner is admitted with 4 left.
+  EXPECT_TRUE(rltest::eventually([&] {
+    try {
+      return store.apply(cfg, user, microseconds{t0}, 1).remaining == 4;
+    } catch (const redis::script_error&) {
+      return false;
+    }
+  }));
 }
 
 }  // namespace
