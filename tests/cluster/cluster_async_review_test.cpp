@@ -4,6 +4,7 @@
 // destroyed, and a MOVED storm between two masters that each name the other.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -234,6 +235,77 @@ TEST(ClusterAsyncReview, MovedStormBetweenTwoMastersEndsAtTheRedirectCap) {
       return false;
     }
   }));
+}
+
+// Verifies ASKING stays right before its check under concurrency: threads
+// send async and sync (multiplexed) checks on one key of a slot MIGRATING
+// from its master (the key absent there); each is answered ASK and decided
+// by the importing node. Had an ASKING been separated from its check, that
+// check would have bounced MOVED between the two nodes up to the cap.
+// Exactly the limit is admitted and no check fails.
+TEST(ClusterAsyncReview, ConcurrentAskedChecksKeepAskingAdjacent) {
+  auto o = cluster_opts("askmany", 3);
+  o.node.on_failure = redis::failure_policy::throw_error;
+  redis::cluster_store store(o);
+  store.refresh_topology();
+  const fixed_window::config cfg("100/1h", window_options{.name = "t"});
+  const std::string user = "asked-by-many";
+  const std::uint16_t slot = store.slot_for(cfg, user);
+  const int from = rltest::shared_cluster().master_of(slot);
+  const int to = other_master(from);
+  ASSERT_GT(to, 0);
+  const std::string sl = std::to_string(slot);
+  ASSERT_EQ(
+      redis_cluster::ask(to, {"CLUSTER", "SETSLOT", sl, "IMPORTING", redis_cluster::id_of(from)}),
+      "OK");
+  ASSERT_EQ(
+      redis_cluster::ask(from, {"CLUSTER", "SETSLOT", sl, "MIGRATING", redis_cluster::id_of(to)}),
+      "OK");
+  constexpr std::size_t threads = 6, per_thread = 30;  // 180 checks for a limit of 100
+  outcomes out(threads * per_thread / 2);
+  std::atomic<std::size_t> sync_admitted{0}, sync_failed{0};
+  std::vector<std::thread> pool;
+  for (std::size_t t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (std::size_t i = 0; i < per_thread; ++i) {
+        if (i % 2 == 0) {
+          store.async_apply(cfg, user, microseconds{t0}, 1, access::consume,
+                            out.handler(t * per_thread / 2 + i / 2));
+        } else {
+          try {
+            sync_admitted += store.apply(cfg, user, microseconds{t0}, 1).allowed ? 1 : 0;
+          } catch (...) {
+            ++sync_failed;
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  const bool done = out.wait();
+  const std::string key = store.key_for(cfg, user);
+  {
+    redis::connection c(redis_cluster::node(to));
+    const std::string_view asking[] = {"ASKING"};
+    (void)c.command(asking, 1, redis::deadline_clock::now() + 2s);
+    const std::string_view del[] = {"DEL", key};
+    (void)c.command(del, 2, redis::deadline_clock::now() + 2s);
+  }
+  EXPECT_EQ(redis_cluster::ask(from, {"CLUSTER", "SETSLOT", sl, "STABLE"}), "OK");
+  EXPECT_EQ(redis_cluster::ask(to, {"CLUSTER", "SETSLOT", sl, "STABLE"}), "OK");
+  ASSERT_TRUE(done);
+  std::size_t admitted = sync_admitted.load();
+  for (std::size_t i = 0; i < out.calls.size(); ++i) {
+    EXPECT_EQ(out.calls[i], 1) << i;
+    EXPECT_FALSE(out.errors[i]) << i;
+    admitted += out.decisions[i].allowed ? 1 : 0;
+  }
+  EXPECT_EQ(sync_failed.load(), 0u);
+  EXPECT_EQ(admitted, 100u);
+  const auto s = store.stats();
+  EXPECT_EQ(s.errors, 0u);
+  EXPECT_GE(s.ask, threads * per_thread);
+  EXPECT_EQ(s.moved, 0u);
 }
 
 }  // namespace
