@@ -308,4 +308,37 @@ TEST(ClusterAsyncReview, ConcurrentAskedChecksKeepAskingAdjacent) {
   EXPECT_EQ(s.moved, 0u);
 }
 
+// Verifies the exact rule for blocking checks inside a handler (on an I/O
+// thread): a sync check that would go through the multiplexers
+// (node.multiplex > 0) throws std::logic_error, as it would wait for itself;
+// with node.multiplex = 0 (async checks still multiplexed) the sync check
+// goes through the pool and is decided there, blocking that I/O thread for
+// its round trip. docs/semantics.md said both throw.
+TEST(ClusterAsyncReview, BlockingCheckInAHandlerThrowsOnlyWhenMultiplexed) {
+  const fixed_window::config cfg("10/1h", window_options{.name = "t"});
+  for (const std::size_t multiplex : {std::size_t{0}, std::size_t{1}}) {
+    redis::cluster_store store(cluster_opts("inhandler", multiplex));
+    outcomes out(1);
+    store.async_apply(cfg, "k", microseconds{t0}, 1, access::consume,
+                      [&](decision, std::exception_ptr) {
+                        decision d;
+                        std::exception_ptr e;
+                        try {
+                          d = store.apply(cfg, "k", microseconds{t0}, 1);
+                        } catch (...) {
+                          e = std::current_exception();
+                        }
+                        out.handler(0)(d, e);
+                      });
+    ASSERT_TRUE(out.wait());
+    if (multiplex == 0) {
+      EXPECT_FALSE(out.errors[0]);
+      EXPECT_EQ(out.decisions[0].source, decision_source::store);
+      EXPECT_EQ(out.decisions[0].remaining, 8);
+    } else {
+      EXPECT_TRUE(holds<std::logic_error>(out.errors[0]));
+    }
+  }
+}
+
 }  // namespace

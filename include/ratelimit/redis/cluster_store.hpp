@@ -428,7 +428,9 @@ class cluster_store {
   /// with multiplexer_stopped (no failure policy; when the last copy went on
   /// an I/O thread, on a thread the store starts for its destruction). A
   /// handler must not block on this store (a sync apply() there throws
-  /// std::logic_error) and should not throw (what it throws is ignored).
+  /// std::logic_error with options::multiplex > 0; with 0 it goes through
+  /// the pool and stalls the I/O thread for its round trip) and should not
+  /// throw (what it throws is ignored).
   /// @throws std::invalid_argument for a bad key, cost or time (before
   ///   anything starts; the handler is then not called); std::logic_error in
   ///   a child forked after the store was made; multiplexer_stopped when
