@@ -341,4 +341,57 @@ TEST(ClusterAsyncReview, BlockingCheckInAHandlerThrowsOnlyWhenMultiplexed) {
   }
 }
 
+// Verifies ASK to a node that is down: a slot MIGRATING to a master that was
+// then killed answers ASK naming the dead node; each async check is decided
+// once by the failure policy (fail_open, one error each), within its
+// deadline, and the check never runs on the source. Kills a master of this
+// binary's cluster: keep it the last test.
+TEST(ClusterAsyncReview, AskToADeadNodeIsDecidedByTheFailurePolicy) {
+  auto o = cluster_opts("askdead", 1);
+  o.node.on_failure = redis::failure_policy::fail_open;
+  o.node.connect_timeout = 300ms;
+  o.node.command_timeout = 1000ms;
+  o.node.breaker_threshold = 1000;  // every check reaches the dead node
+  redis::cluster_store store(o);
+  store.refresh_topology();
+  const fixed_window::config cfg("5/1h", window_options{.name = "t"});
+  const std::string user = "asked-dead";
+  const std::uint16_t slot = store.slot_for(cfg, user);
+  auto& cluster = rltest::shared_cluster();
+  const int from = cluster.master_of(slot);
+  const int to = other_master(from);
+  ASSERT_GT(to, 0);
+  const std::string sl = std::to_string(slot);
+  ASSERT_EQ(
+      redis_cluster::ask(to, {"CLUSTER", "SETSLOT", sl, "IMPORTING", redis_cluster::id_of(from)}),
+      "OK");
+  ASSERT_EQ(
+      redis_cluster::ask(from, {"CLUSTER", "SETSLOT", sl, "MIGRATING", redis_cluster::id_of(to)}),
+      "OK");
+  cluster.kill(to);
+  constexpr std::size_t n = 6;
+  outcomes out(n);
+  const auto before = store.stats();
+  const auto start = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < n; ++i) {
+    store.async_apply(cfg, user, microseconds{t0}, 1, access::consume, out.handler(i));
+  }
+  const bool done = out.wait(5s);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(redis_cluster::ask(from, {"CLUSTER", "SETSLOT", sl, "STABLE"}), "OK");
+  ASSERT_TRUE(done);
+  EXPECT_LT(took, 1500ms);  // command_timeout plus a connect
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(out.calls[i], 1) << i;
+    EXPECT_FALSE(out.errors[i]) << i;
+    EXPECT_EQ(out.decisions[i].source, decision_source::fail_open) << i;
+  }
+  const auto after = store.stats();
+  EXPECT_EQ(after.ask - before.ask, n);
+  EXPECT_EQ(after.errors - before.errors, n);
+  EXPECT_EQ(after.fail_open - before.fail_open, n);
+  // None ran on the source: the key is still absent there.
+  EXPECT_EQ(redis_cluster::ask(from, {"EXISTS", store.key_for(cfg, user)}), "0");
+}
+
 }  // namespace
