@@ -3,6 +3,7 @@
 // checks parked in the retry thread (after TRYAGAIN) when the store is
 // destroyed, and a MOVED storm between two masters that each name the other.
 #include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
 
 #include <atomic>
 #include <chrono>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "cluster_harness.hpp"
+#include "cluster_test_access.hpp"
 #include "ratelimit/policy/compound.hpp"
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis/cluster_store.hpp"
@@ -26,6 +28,7 @@ using namespace ratelimit;
 using namespace std::chrono_literals;
 using rltest::redis_cluster;
 using std::chrono::microseconds;
+using access_t = redis::detail::cluster_test_access;
 
 constexpr std::int64_t t0 = 1'732'950'000'000'000;
 
@@ -339,6 +342,98 @@ TEST(ClusterAsyncReview, BlockingCheckInAHandlerThrowsOnlyWhenMultiplexed) {
       EXPECT_TRUE(holds<std::logic_error>(out.errors[0]));
     }
   }
+}
+
+/// A CLUSTER SLOTS reply giving every slot to 127.0.0.1:`port`.
+redis::reply_ptr whole_map_on(int port) {
+  const std::string p = std::to_string(port);
+  const std::string resp = "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:" + p + "\r\n";
+  redisReader* reader = redisReaderCreate();
+  void* got = nullptr;
+  if (reader == nullptr || redisReaderFeed(reader, resp.data(), resp.size()) != REDIS_OK ||
+      redisReaderGetReply(reader, &got) != REDIS_OK || got == nullptr) {
+    if (reader != nullptr) redisReaderFree(reader);
+    throw std::runtime_error("cannot build a CLUSTER SLOTS reply");
+  }
+  redisReaderFree(reader);
+  return redis::reply_ptr(static_cast<redisReply*>(got));
+}
+
+// Verifies that destroying the store waits for a check completing on the
+// I/O thread of a node that left the slot map: the check was sent to A (a
+// stale map), A left the map while A was busy, A answered MOVED to B whose
+// breaker is open, so the check is decided on A's I/O thread, and that was
+// A's last check (A is no longer the store's). Its handler was still running
+// when the store's last copy went: the destructor must not return before it
+// did (it used to skip A, already unowned, and return at once; the check
+// could then still touch the freed store).
+TEST(ClusterAsyncReview, DestructionWaitsForACheckOnANodeThatLeftTheMap) {
+  auto o = cluster_opts("orphan", 1);
+  o.node.on_failure = redis::failure_policy::fail_open;
+  o.node.command_timeout = 5000ms;
+  o.node.breaker_threshold = 1;
+  o.node.breaker_cooldown = 60000ms;  // B's breaker stays open (no probe)
+  o.node.breaker_max_cooldown = 60000ms;
+  o.refresh_interval = 60000ms;
+  const fixed_window::config cfg("10/1h", window_options{.name = "t"});
+  std::mutex m;
+  std::condition_variable cv;
+  bool called = false, release = false;
+  std::atomic<bool> returned{false};
+  decision got;
+  std::thread busy;
+  {
+    redis::cluster_store store(o);
+    store.refresh_topology();
+    // The key lives on B; A is another master.
+    std::string user;
+    int a = -1, b = -1;
+    for (int i = 0; i < 64 && a < 0; ++i) {
+      user = "orphan" + std::to_string(i);
+      b = rltest::shared_cluster().master_of(store.slot_for(cfg, user));
+      a = other_master(b);
+    }
+    ASSERT_GT(a, 0);
+    ASSERT_TRUE(access_t::install_slots(store, *whole_map_on(a), "127.0.0.1"));
+    // A busy for ~800 ms: the check waits unanswered on A meanwhile.
+    busy = std::thread([a] {
+      (void)redis_cluster::ask(
+          a, {"EVAL",
+              "local t = redis.call('TIME') local s = t[1] * 1000000 + t[2] "
+              "repeat local n = redis.call('TIME') until n[1] * 1000000 + n[2] - s > 800000 "
+              "return 1",
+              "0"});
+    });
+    std::this_thread::sleep_for(100ms);
+    store.async_apply(cfg, user, microseconds{t0}, 1, access::consume,
+                      [&](decision d, std::exception_ptr) {
+                        std::unique_lock<std::mutex> lock(m);
+                        got = d;
+                        called = true;
+                        cv.notify_all();
+                        cv.wait(lock, [&] { return release; });
+                        std::this_thread::sleep_for(50ms);
+                        returned = true;
+                      });
+    std::this_thread::sleep_for(100ms);
+    // A leaves the map (every slot on B) and B's breaker opens.
+    ASSERT_TRUE(access_t::install_slots(store, *whole_map_on(b), "127.0.0.1"));
+    access_t::open_breakers(store);
+    {
+      std::unique_lock<std::mutex> lock(m);
+      ASSERT_TRUE(cv.wait_for(lock, 5s, [&] { return called; }));
+    }
+    {
+      std::lock_guard<std::mutex> lock(m);
+      release = true;
+      cv.notify_all();
+    }
+  }
+  const bool done_before_destructor_returned = returned.load();
+  busy.join();
+  while (!returned.load()) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(got.source, decision_source::fail_open);  // B's breaker was open
+  EXPECT_TRUE(done_before_destructor_returned);
 }
 
 // Verifies ASK to a node that is down: a slot MIGRATING to a master that was

@@ -669,7 +669,15 @@ class cluster_store {
       stopping_io.store(true, std::memory_order_release);
       stop_retries();  // sends to the nodes
       stop_io();       // completions use the prober, refresher and counters
-      prober.stop();   // its probes use the nodes
+      // A check may still be completing on the I/O thread of a node the
+      // store no longer holds (it left the slot map and that check was its
+      // last, so stop_io() did not see it): wait for it, stopping again any
+      // node it was queued on meanwhile.
+      while (live_checks.load(std::memory_order_acquire) != 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        stop_io();
+      }
+      prober.stop();  // its probes use the nodes
       {
         std::lock_guard<std::mutex> lock(refresh_mutex);
         stopping = true;
@@ -1165,7 +1173,8 @@ class cluster_store {
     /// Every node made, as long as something holds it (see stop_io).
     std::mutex registry_mutex;
     std::vector<std::weak_ptr<detail::cluster_node>> registry;
-    std::atomic<bool> stopping_io{false};  ///< the store is being destroyed
+    std::atomic<bool> stopping_io{false};     ///< the store is being destroyed
+    std::atomic<std::size_t> live_checks{0};  ///< check_jobs not yet destroyed (see ~shared)
     /// A check waiting to be sent again (after TRYAGAIN).
     struct delayed {
       deadline due;
@@ -1216,10 +1225,17 @@ class cluster_store {
   /// copy goes on an I/O thread of one of its nodes (a handler held it), that
   /// thread cannot join itself: a thread of its own destroys the state, and
   /// the checks still in flight get multiplexer_stopped there.
+  /// Handlers running on this thread (of any cluster store).
+  static int& in_handler() noexcept {
+    static thread_local int depth = 0;
+    return depth;
+  }
+
   struct shared_deleter {
     void operator()(shared* p) const noexcept {
       if (p->owner_pid != ::getpid()) return;
-      if (p->on_io_thread()) {
+      // In a handler the check is alive, and ~shared waits for it.
+      if (p->on_io_thread() || in_handler() > 0) {
         try {
           std::thread([p] { delete p; }).detach();
           return;
@@ -1255,7 +1271,13 @@ class cluster_store {
           now(t),
           cost(n),
           a(acc),
-          handler(std::move(h)) {}
+          handler(std::move(h)) {
+      s->live_checks.fetch_add(1, std::memory_order_relaxed);
+    }
+    check_job(const check_job&) = delete;
+    check_job& operator=(const check_job&) = delete;
+    /// Last touch of the store (the members, the node, go after).
+    ~check_job() override { s->live_checks.fetch_sub(1, std::memory_order_release); }
 
     shared* s;
     Config cfg;
@@ -1285,10 +1307,12 @@ class cluster_store {
     }
 
     void deliver(const decision& d, std::exception_ptr e) noexcept {
+      ++in_handler();
       try {
         handler(d, std::move(e));
       } catch (...) {
       }
+      --in_handler();
     }
 
     /// Counts `e` and has the failure policy decide.
