@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -367,7 +368,9 @@ redis::reply_ptr whole_map_on(int port) {
 // when the store's last copy went: the destructor must not return before it
 // did (it used to skip A, already unowned, and return at once; the check
 // could then still touch the freed store).
-TEST(ClusterAsyncReview, DestructionWaitsForACheckOnANodeThatLeftTheMap) {
+// With `last_in_handler` the handler holds a copy of the store and drops the
+// last copy itself, there: that must neither wait for itself nor hang.
+void check_on_a_node_that_left_the_map(bool last_in_handler) {
   auto o = cluster_opts("orphan", 1);
   o.node.on_failure = redis::failure_policy::fail_open;
   o.node.command_timeout = 5000ms;
@@ -382,8 +385,10 @@ TEST(ClusterAsyncReview, DestructionWaitsForACheckOnANodeThatLeftTheMap) {
   std::atomic<bool> returned{false};
   decision got;
   std::thread busy;
+  std::optional<redis::cluster_store> held;
   {
     redis::cluster_store store(o);
+    if (last_in_handler) held.emplace(store);
     store.refresh_topology();
     // The key lives on B; A is another master.
     std::string user;
@@ -413,6 +418,7 @@ TEST(ClusterAsyncReview, DestructionWaitsForACheckOnANodeThatLeftTheMap) {
                         cv.notify_all();
                         cv.wait(lock, [&] { return release; });
                         std::this_thread::sleep_for(50ms);
+                        held.reset();  // the last copy when last_in_handler
                         returned = true;
                       });
     std::this_thread::sleep_for(100ms);
@@ -431,9 +437,19 @@ TEST(ClusterAsyncReview, DestructionWaitsForACheckOnANodeThatLeftTheMap) {
   }
   const bool done_before_destructor_returned = returned.load();
   busy.join();
-  while (!returned.load()) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(rltest::eventually([&] { return returned.load(); }));
   EXPECT_EQ(got.source, decision_source::fail_open);  // B's breaker was open
-  EXPECT_TRUE(done_before_destructor_returned);
+  if (!last_in_handler) {
+    EXPECT_TRUE(done_before_destructor_returned);
+  }
+}
+
+TEST(ClusterAsyncReview, DestructionWaitsForACheckOnANodeThatLeftTheMap) {
+  check_on_a_node_that_left_the_map(false);
+}
+
+TEST(ClusterAsyncReview, LastCopyDroppedInAHandlerOnANodeThatLeftTheMap) {
+  check_on_a_node_that_left_the_map(true);
 }
 
 // Verifies ASK to a node that is down: a slot MIGRATING to a master that was
