@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Hostile review of the cluster store's async checks on a real Redis Cluster:
-// checks parked in the retry thread (after TRYAGAIN) when the store is
-// destroyed, and a MOVED storm between two masters that each name the other.
+// checks parked after TRYAGAIN or completing on a node that left the slot map
+// when the store is destroyed, a MOVED storm between two masters, ASKING kept
+// right before its check under concurrency, ASK to a dead master, blocking
+// checks inside handlers, and an '@' in the `multiplex` URL parameter.
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
