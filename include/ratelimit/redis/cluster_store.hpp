@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <set>
 #include <shared_mutex>
@@ -175,7 +176,9 @@ class cluster_store {
   /// with multiplexer_stopped (no failure policy; when the last copy went on
   /// an I/O thread, on a thread the store starts for its destruction). A
   /// handler must not block on this store (a sync apply() there throws
-  /// std::logic_error) and should not throw (what it throws is ignored).
+  /// std::logic_error with options::multiplex > 0; with 0 it goes through
+  /// the pool and stalls the I/O thread for its round trip) and should not
+  /// throw (what it throws is ignored).
   /// @throws std::invalid_argument for a bad key, cost or time (before
   ///   anything starts; the handler is then not called); std::logic_error in
   ///   a child forked after the store was made; multiplexer_stopped when
@@ -409,9 +412,20 @@ class cluster_store {
     shared& operator=(const shared&) = delete;
 
     ~shared() {
+      // Before the retry thread's checks complete: they get
+      // multiplexer_stopped, not the failure policy (nor a breaker failure).
+      stopping_io.store(true, std::memory_order_release);
       stop_retries();  // sends to the nodes
       stop_io();       // completions use the prober, refresher and counters
-      prober.stop();   // its probes use the nodes
+      // A check may still be completing on the I/O thread of a node the
+      // store no longer holds (it left the slot map and that check was its
+      // last, so stop_io() did not see it): wait for it, stopping again any
+      // node it was queued on meanwhile.
+      while (live_checks.load(std::memory_order_acquire) != 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        stop_io();
+      }
+      prober.stop();  // its probes use the nodes
       {
         std::lock_guard<std::mutex> lock(refresh_mutex);
         stopping = true;
@@ -445,15 +459,23 @@ class cluster_store {
       while (!retry_stopping) {
         deadline next = deadline::max();
         const deadline now = deadline_clock::now();
+        // The due checks leave the queue in one pass (erasing one by one
+        // would cost O(n^2) under the lock with many checks waiting). Should
+        // memory run short, the due ones stay queued for the next round.
         std::vector<std::unique_ptr<mux_job>> due;
-        for (auto it = retries.begin(); it != retries.end();) {
-          if (it->due <= now) {
-            due.push_back(std::move(it->job));
-            it = retries.erase(it);
-          } else {
-            next = std::min(next, it->due);
-            ++it;
+        try {
+          due.reserve(static_cast<std::size_t>(std::count_if(
+              retries.begin(), retries.end(), [&](const delayed& d) { return d.due <= now; })));
+          for (delayed& d : retries) {
+            if (d.due <= now) {
+              due.push_back(std::move(d.job));
+            } else {
+              next = std::min(next, d.due);
+            }
           }
+          std::erase_if(retries, [](const delayed& d) { return d.job == nullptr; });
+        } catch (const std::bad_alloc&) {
+          next = now + std::chrono::milliseconds(5);
         }
         if (!due.empty()) {
           lock.unlock();
@@ -907,7 +929,8 @@ class cluster_store {
     /// Every node made, as long as something holds it (see stop_io).
     std::mutex registry_mutex;
     std::vector<std::weak_ptr<detail::cluster_node>> registry;
-    std::atomic<bool> stopping_io{false};  ///< the store is being destroyed
+    std::atomic<bool> stopping_io{false};     ///< the store is being destroyed
+    std::atomic<std::size_t> live_checks{0};  ///< check_jobs not yet destroyed (see ~shared)
     /// A check waiting to be sent again (after TRYAGAIN).
     struct delayed {
       deadline due;
@@ -958,10 +981,17 @@ class cluster_store {
   /// copy goes on an I/O thread of one of its nodes (a handler held it), that
   /// thread cannot join itself: a thread of its own destroys the state, and
   /// the checks still in flight get multiplexer_stopped there.
+  /// Handlers running on this thread (of any cluster store).
+  static int& in_handler() noexcept {
+    static thread_local int depth = 0;
+    return depth;
+  }
+
   struct shared_deleter {
     void operator()(shared* p) const noexcept {
       if (p->owner_pid != ::getpid()) return;
-      if (p->on_io_thread()) {
+      // In a handler the check is alive, and ~shared waits for it.
+      if (p->on_io_thread() || in_handler() > 0) {
         try {
           std::thread([p] { delete p; }).detach();
           return;
@@ -997,7 +1027,13 @@ class cluster_store {
           now(t),
           cost(n),
           a(acc),
-          handler(std::move(h)) {}
+          handler(std::move(h)) {
+      s->live_checks.fetch_add(1, std::memory_order_relaxed);
+    }
+    check_job(const check_job&) = delete;
+    check_job& operator=(const check_job&) = delete;
+    /// Last touch of the store (the members, the node, go after).
+    ~check_job() override { s->live_checks.fetch_sub(1, std::memory_order_release); }
 
     shared* s;
     Config cfg;
@@ -1027,10 +1063,12 @@ class cluster_store {
     }
 
     void deliver(const decision& d, std::exception_ptr e) noexcept {
+      ++in_handler();
       try {
         handler(d, std::move(e));
       } catch (...) {
       }
+      --in_handler();
     }
 
     /// Counts `e` and has the failure policy decide.

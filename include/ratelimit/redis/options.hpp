@@ -355,7 +355,19 @@ inline constexpr std::size_t max_multiplex_connections = 256;
 [[nodiscard]] inline std::size_t take_multiplex_query(std::string& rest, std::string_view url) {
   const auto at = rest.rfind('@');
   const auto q = rest.find('?', at == std::string::npos ? 0 : at + 1);
-  if (q == std::string::npos) return 0;
+  if (q == std::string::npos) {
+    // `h:7000?multiplex=2@evil:7000` would otherwise read `h:7000?multiplex=2`
+    // as the userinfo and connect to `evil:7000`, sending it as a password.
+    if (at == std::string::npos) return 0;
+    const std::string_view cred = std::string_view(rest).substr(0, at);
+    for (auto p = cred.find("multiplex"); p != std::string_view::npos;
+         p = cred.find("multiplex", p + 1)) {
+      if (p > 0 && (cred[p - 1] == '?' || cred[p - 1] == '&')) {
+        bad_url(url, "has an '@' in a query value");
+      }
+    }
+    return 0;
+  }
   std::string kept;
   std::size_t n = 0;
   bool seen = false;
