@@ -97,7 +97,7 @@ class limiter {
   /// try_acquire without blocking: `handler(decision, std::exception_ptr)` is
   /// called exactly once, with the decision (null exception_ptr) or the
   /// error try_acquire would throw. A store with `async_apply` (the Redis
-  /// store) calls it on its I/O thread; any other store decides inline, so
+  /// and cluster stores) calls it on its I/O thread; any other store decides inline, so
   /// the handler runs before this returns and code is written once for both.
   /// What the handler throws is ignored (it does not leave this call).
   /// @throws std::invalid_argument for a bad key or cost, a clock reading
