@@ -307,20 +307,40 @@ TEST(ClusterRedirect, PortsOutsideOneTo65535AreNotRedirects) {
   for (const std::string_view bad :
        {"-MOVED 1 h:0\r\n", "-MOVED 1 h:00000\r\n", "-ASK 1 h:65536\r\n", "-MOVED 1 h:99999\r\n",
         "-MOVED 1 h:123456\r\n", "-MOVED 1 h:\r\n", "-MOVED 1 h:-1\r\n"}) {
-    EXPECT_FALSE(redis::detail::parse_redirect(*read_reply(bad), "asked")) << bad;
+    EXPECT_FALSE(redis::detail::parse_redirect(*read_reply(bad), "asked", 1)) << bad;
   }
-  const auto low = redis::detail::parse_redirect(*read_reply("-MOVED 16383 h:1\r\n"), "asked");
+  const auto low = redis::detail::parse_redirect(*read_reply("-MOVED 16383 h:1\r\n"), "asked",
+                                                 16383);
   ASSERT_TRUE(low);
   EXPECT_EQ(low->to.port, 1);
   EXPECT_EQ(low->slot, 16383);
-  const auto high = redis::detail::parse_redirect(*read_reply("-ASK 7 [::1]:65535\r\n"), "asked");
+  const auto high = redis::detail::parse_redirect(*read_reply("-ASK 7 [::1]:65535\r\n"), "asked",
+                                                  7);
   ASSERT_TRUE(high);
   EXPECT_TRUE(high->ask);
   EXPECT_EQ(high->to.host, "::1");
   EXPECT_EQ(high->to.port, 65535);
-  const auto same = redis::detail::parse_redirect(*read_reply("-MOVED 7 :7001\r\n"), "asked");
+  const auto same = redis::detail::parse_redirect(*read_reply("-MOVED 7 :7001\r\n"), "asked", 7);
   ASSERT_TRUE(same);
   EXPECT_EQ(same->to.host, "asked");
+}
+
+// Verifies that a redirect naming a slot other than the check's is not
+// followed (a hostile or confused node could otherwise repoint any slot of
+// the map), and that a host holding control bytes, spaces or non-ASCII
+// bytes, or over 255 bytes, is not a redirect.
+TEST(ClusterRedirect, OtherSlotsAndHostileHostsAreNotRedirects) {
+  EXPECT_TRUE(redis::detail::parse_redirect(*read_reply("-MOVED 7 h:1\r\n"), "asked", 7));
+  EXPECT_FALSE(redis::detail::parse_redirect(*read_reply("-MOVED 7 h:1\r\n"), "asked", 8));
+  EXPECT_FALSE(redis::detail::parse_redirect(*read_reply("-ASK 0 h:1\r\n"), "asked", 16383));
+  for (const std::string& host :
+       {std::string("h\rX"), std::string("h\x01"), std::string("a b"), std::string("h\xc3\xa9"),
+        std::string(256, 'h'), std::string("h\x7f")}) {
+    const std::string resp = "-MOVED 7 " + host + ":7001\r\n";
+    EXPECT_FALSE(redis::detail::parse_redirect(*read_reply(resp), "asked", 7)) << host;
+  }
+  EXPECT_TRUE(redis::detail::parse_redirect(
+      *read_reply("-MOVED 7 " + std::string(255, 'h') + ":1\r\n"), "asked", 7));
 }
 
 // Verifies that a CLUSTER SLOTS reply whose master port is not 1..65535 is

@@ -102,9 +102,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       decode(cfg.many, r);
       (void)rl::redis::detail::is_noscript(r);
       (void)rl::redis::detail::is_node_failure(r);
-      if (const auto redirect = rl::redis::detail::parse_redirect(r, "asked-host")) {
-        RATELIMIT_FUZZ_CHECK(redirect->slot < rl::redis::cluster_slots,
-                             "redirect slot out of range");
+      const auto expected = static_cast<std::uint16_t>(size % rl::redis::cluster_slots);
+      if (const auto redirect = rl::redis::detail::parse_redirect(r, "asked-host", expected)) {
+        RATELIMIT_FUZZ_CHECK(redirect->slot == expected, "redirect to another slot followed");
         RATELIMIT_FUZZ_CHECK(!redirect->to.host.empty(), "redirect without a host");
       }
     }

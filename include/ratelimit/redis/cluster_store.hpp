@@ -910,7 +910,7 @@ class cluster_store {
           hop = 0;
           continue;
         }
-        const auto redirect = detail::parse_redirect(*r, node->opts.host);
+        const auto redirect = detail::parse_redirect(*r, node->opts.host, slot);
         if (!redirect || hop >= max_redirects) return r;
         asking = redirect->ask;
         if (asking) {
@@ -1177,7 +1177,7 @@ class cluster_store {
         if (detail::is_noscript(*r)) {
           s->stats.script_reloads.fetch_add(1, std::memory_order_relaxed);
           with_text = true;
-        } else if (auto d = detail::parse_redirect(*r, node->opts.host)) {
+        } else if (auto d = detail::parse_redirect(*r, node->opts.host, slot)) {
           if (d->ask) {
             s->ask.fetch_add(1, std::memory_order_relaxed);
             node = s->node_at(d->to);
@@ -1536,7 +1536,7 @@ class cluster_store {
       noscript = true;
       it.with_text = true;
       if (again) return;
-    } else if (auto d = detail::parse_redirect(r, node->opts.host)) {
+    } else if (auto d = detail::parse_redirect(r, node->opts.host, key_slot(it.keys.front()))) {
       if (d->ask) {
         s.ask.fetch_add(1, std::memory_order_relaxed);
         it.node = s.node_at(d->to);

@@ -36,6 +36,13 @@ namespace ratelimit::redis::detail {
   // No node listens on port 0 or past 65535: such an answer is not a redirect.
   if (port < 1 || port > 65535) return std::nullopt;
   std::string host(s.substr(0, colon));
+  // A host name or address is printable ASCII without spaces (at most 255
+  // bytes): anything else (CR, LF, NUL, ...) is not a redirect, and would
+  // only reach connect() and the error messages.
+  if (host.size() > 255) return std::nullopt;
+  for (const char c : host) {
+    if (c <= ' ' || c > '~') return std::nullopt;
+  }
   if (host.empty() || host == "?") host = asked_host;
   if (host.size() > 2 && host.front() == '[' && host.back() == ']')
     host = host.substr(1, host.size() - 2);
@@ -49,8 +56,12 @@ struct redirect {
   node_address to;
 };
 
+/// The redirect in `r` for a check of slot `slot`; none when `r` is not a
+/// well-formed MOVED or ASK, or names another slot (a hostile or confused
+/// node must not repoint slots the check does not touch).
 [[nodiscard]] inline std::optional<redirect> parse_redirect(const redisReply& r,
-                                                            const std::string& asked_host) {
+                                                            const std::string& asked_host,
+                                                            std::uint16_t slot_of_check) {
   if (r.type != REDIS_REPLY_ERROR) return std::nullopt;
   std::string_view s(r.str, r.len);
   redirect d;
@@ -69,7 +80,7 @@ struct redirect {
     if (c < '0' || c > '9') return std::nullopt;
     slot = slot * 10 + static_cast<unsigned>(c - '0');
   }
-  if (slot >= cluster_slots) return std::nullopt;
+  if (slot >= cluster_slots || slot != slot_of_check) return std::nullopt;
   auto to = parse_endpoint(s.substr(space + 1), asked_host);
   if (!to) return std::nullopt;
   d.slot = static_cast<std::uint16_t>(slot);
