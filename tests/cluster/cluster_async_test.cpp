@@ -26,6 +26,7 @@
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis/cluster_store.hpp"
 #include "support/eventually.hpp"
+#include "support/fork_child.hpp"
 
 namespace {
 
@@ -180,35 +181,8 @@ TEST(ClusterMultiplex, SixteenThreadsTwoProcessesAdmitExactlyTheLimit) {
   (void)rltest::shared_cluster();  // started before the fork
   const auto o = cluster_opts("conc", 2);
   const fixed_window::config cfg("100/1h", window_options{.name = "t"});
-  std::vector<std::pair<pid_t, int>> children;
-  for (int p = 0; p < 2; ++p) {
-    int fds[2];
-    ASSERT_EQ(::pipe(fds), 0);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(fds[0]);
-      long n = -1;
-      try {
-        n = run_threads(o, cfg, 40);
-      } catch (...) {
-      }
-      (void)!::write(fds[1], &n, sizeof n);
-      ::_exit(0);
-    }
-    ::close(fds[1]);
-    children.emplace_back(pid, fds[0]);
-  }
-  long total = 0;
-  for (auto [pid, fd] : children) {
-    long n = -1;
-    EXPECT_EQ(::read(fd, &n, sizeof n), static_cast<ssize_t>(sizeof n));
-    EXPECT_GE(n, 0) << "a child process failed, or a check was not decided by Redis";
-    total += n;
-    ::close(fd);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-  }
-  EXPECT_EQ(total, 100);
+  // -1: a child failed, or a check was not decided by Redis.
+  EXPECT_EQ(rltest::sum_in_children(2, [&](int) { return run_threads(o, cfg, 40); }), 100);
 }
 
 // ---- faults ------------------------------------------------------------------

@@ -27,6 +27,7 @@
 
 #include "cluster_harness.hpp"
 #include "ratelimit/ratelimit.hpp"
+#include "support/fork_child.hpp"
 #include "support/trace_count.hpp"
 
 namespace {
@@ -407,34 +408,7 @@ long run_threads(const redis::cluster_options& o, const Config& cfg, const std::
 template <class Config, class Time>
 long admitted_across_processes(const redis::cluster_options& o, const Config& cfg,
                                const std::string& key, Time when) {
-  std::vector<std::pair<pid_t, int>> children;
-  for (int p = 0; p < processes; ++p) {
-    int fds[2];
-    if (::pipe(fds) != 0) throw std::runtime_error("pipe");
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(fds[0]);
-      long n = -1;
-      try {
-        n = run_threads(o, cfg, key, when);
-      } catch (...) {
-      }
-      (void)!::write(fds[1], &n, sizeof n);
-      ::_exit(0);
-    }
-    ::close(fds[1]);
-    children.emplace_back(pid, fds[0]);
-  }
-  long total = 0;
-  for (auto [pid, fd] : children) {
-    long n = -1;
-    EXPECT_EQ(::read(fd, &n, sizeof n), static_cast<ssize_t>(sizeof n));
-    EXPECT_GE(n, 0) << "a child process failed";
-    total += n;
-    ::close(fd);
-    (void)rltest::wait_exit(pid);
-  }
-  return total;
+  return rltest::sum_in_children(processes, [&](int) { return run_threads(o, cfg, key, when); });
 }
 
 // Verifies that 2 processes x 8 threads on one key admit exactly the limit,
