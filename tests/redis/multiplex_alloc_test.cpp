@@ -26,49 +26,33 @@
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis/redis_store.hpp"
 #include "redis_server.hpp"
+#include "support/replaced_new.hpp"
 
 namespace {
 /// Allocations off the main thread that succeed before one fails; negative: none fails.
-std::atomic<long> allocations_before_failure{-1};
+std::atomic<long> io_allocations_before_failure{-1};
 std::atomic<long> failures_injected{0};
 /// When set, every allocation off the main thread after the n-th fails too.
 std::atomic<bool> sticky{false};
 const std::thread::id main_thread = std::this_thread::get_id();
 
-void* counted_allocation(std::size_t size) {
-  if (allocations_before_failure.load(std::memory_order_relaxed) >= 0 &&
+}  // namespace
+
+/// The n-th allocation off the main thread fails (then every one after it
+/// too, when sticky).
+bool rltest::allocation_fails() noexcept {
+  if (io_allocations_before_failure.load(std::memory_order_relaxed) >= 0 &&
       std::this_thread::get_id() != main_thread) {
-    long left = allocations_before_failure.load(std::memory_order_relaxed);
-    while (left >= 0 && !allocations_before_failure.compare_exchange_weak(left, left - 1)) {
+    long left = io_allocations_before_failure.load(std::memory_order_relaxed);
+    while (left >= 0 && !io_allocations_before_failure.compare_exchange_weak(left, left - 1)) {
     }
     if (left == 0) {
       failures_injected.fetch_add(1);
-      if (sticky.load()) allocations_before_failure.store(0);
-      throw std::bad_alloc();
+      if (sticky.load()) io_allocations_before_failure.store(0);
+      return true;
     }
   }
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-}  // namespace
-
-void* operator new(std::size_t size) {
-  return counted_allocation(size);
-}
-void* operator new[](std::size_t size) {
-  return counted_allocation(size);
-}
-void operator delete(void* p) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, std::size_t) noexcept {
-  std::free(p);
+  return false;
 }
 
 namespace {
@@ -105,7 +89,7 @@ TEST(RedisMultiplexAlloc, EachAllocationOnTheIoThreadFailingInTurn) {
   for (; n < 400; ++n) {
     redis::redis_store store(o);
     outcomes out(burst);
-    allocations_before_failure.store(n);
+    io_allocations_before_failure.store(n);
     for (std::size_t i = 0; i < burst; ++i) {
       store.async_apply(cfg, "k", store_time, 1, access::consume,
                         [&out, i](decision d, std::exception_ptr e) {
@@ -121,7 +105,7 @@ TEST(RedisMultiplexAlloc, EachAllocationOnTheIoThreadFailingInTurn) {
       std::unique_lock<std::mutex> lock(out.m);
       ASSERT_TRUE(out.cv.wait_for(lock, 10s, [&] { return out.left == 0; })) << "allocation " << n;
     }
-    const bool injected = allocations_before_failure.exchange(-1) < 0;
+    const bool injected = io_allocations_before_failure.exchange(-1) < 0;
     std::size_t errors = 0;
     {
       std::lock_guard<std::mutex> lock(out.m);
@@ -171,7 +155,7 @@ TEST(RedisMultiplexAlloc, AllocationsFailingFromTheNthOnUntilTheBurstEnds) {
     redis::redis_store store(o);
     outcomes out(burst);
     failures_injected = 0;
-    allocations_before_failure.store(n);
+    io_allocations_before_failure.store(n);
     for (std::size_t i = 0; i < burst; ++i) {
       store.async_apply(cfg, "k", store_time, 1, access::consume,
                         [&out, i](decision d, std::exception_ptr e) {
@@ -187,7 +171,7 @@ TEST(RedisMultiplexAlloc, AllocationsFailingFromTheNthOnUntilTheBurstEnds) {
       std::unique_lock<std::mutex> lock(out.m);
       ASSERT_TRUE(out.cv.wait_for(lock, 10s, [&] { return out.left == 0; })) << "allocation " << n;
     }
-    allocations_before_failure.store(-1);
+    io_allocations_before_failure.store(-1);
     const bool injected = failures_injected.load() > 0;
     {
       std::lock_guard<std::mutex> lock(out.m);

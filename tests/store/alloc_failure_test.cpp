@@ -26,44 +26,15 @@
 #include "ratelimit/policy/sliding_window_log.hpp"
 #include "ratelimit/rate.hpp"
 #include "ratelimit/store/memory_store.hpp"
+#include "support/replaced_new.hpp"
+
+bool rltest::allocation_fails() noexcept {
+  return rltest::countdown_fails();
+}
 
 namespace {
-/// Allocations that succeed before one fails; negative: none fails.
-thread_local long allocations_before_failure = -1;
+using rltest::allocations_before_failure;
 }  // namespace
-
-namespace {
-void* counted_allocation(std::size_t size) {
-  if (allocations_before_failure == 0) {
-    allocations_before_failure = -1;
-    throw std::bad_alloc();
-  }
-  if (allocations_before_failure > 0) --allocations_before_failure;
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-}  // namespace
-
-// The array forms too: the sanitizers' runtimes define their own, which the
-// standard's default (forwarding to operator new) would otherwise not reach.
-void* operator new(std::size_t size) {
-  return counted_allocation(size);
-}
-void* operator new[](std::size_t size) {
-  return counted_allocation(size);
-}
-void operator delete(void* p) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, std::size_t) noexcept {
-  std::free(p);
-}
 
 namespace {
 
