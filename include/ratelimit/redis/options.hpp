@@ -369,6 +369,7 @@ inline constexpr std::size_t max_multiplex_connections = 256;
     return 0;
   }
   std::string kept;
+  bool others = false;  // parameters other than multiplex (empty ones too: refused later)
   std::size_t n = 0;
   bool seen = false;
   std::string_view query = std::string_view(rest).substr(q + 1);
@@ -382,13 +383,17 @@ inline constexpr std::size_t max_multiplex_connections = 256;
           parse_url_int(item.substr(std::min(item.size(), std::size_t{10})), url, "multiplex", 0,
                         static_cast<long long>(max_multiplex_connections)));
     } else {
-      if (!kept.empty()) kept += '&';
+      if (others) kept += '&';
       kept += item;
+      others = true;
     }
     if (amp == std::string_view::npos) break;
     query.remove_prefix(amp + 1);
   }
-  rest = rest.substr(0, q) + (kept.empty() ? std::string() : "?" + kept);
+  if (seen && others && kept.find_first_not_of('&') == std::string::npos) {
+    bad_url(url, "has an empty parameter beside multiplex= (a stray '&')");
+  }
+  rest = rest.substr(0, q) + (others ? "?" + kept : std::string());
   return n;
 }
 
@@ -540,7 +545,8 @@ namespace detail {
 /// `&NAME=` for one of these names is refused as a query value with `@`);
 /// files are read when the store is made.
 /// `redis://`, `rediss://` and `unix://` also take `?multiplex=N` (0..256,
-/// at most once; options::multiplex), alone or among the other parameters.
+/// at most once; options::multiplex), alone or among the other parameters
+/// (an empty parameter, as in `?&multiplex=2` or a trailing `&`, is refused).
 ///
 /// Sentinel (ratelimit/redis/sentinel.hpp):
 /// `redis-sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER_NAME[?PARAMS]`
