@@ -447,8 +447,13 @@ class front_door {
     return id;
   }
 
+  /// Method, From number, Call-ID, From tag, To tag and CSeq: leases are
+  /// per number, so a request copying another number's dialog is no
+  /// retransmission of that number's request.
   [[nodiscard]] static std::string transaction_key(const sip_message& m) {
     std::string k(m.method);
+    k += '\n';
+    k += m.from_user;
     k += '\n';
     k += m.call_id;
     k += '\n';

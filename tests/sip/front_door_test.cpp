@@ -525,6 +525,22 @@ TEST(SipFrontDoor, AByeWithOurTagUnderAnotherNumberDoesNotAnswerTheRealOne) {
   EXPECT_EQ(status(f.send(bye(*f.door, "alice", "a2", 2))), "SIP/2.0 200 ");
 }
 
+// A transaction is also told apart by its From number: an INVITE copying
+// alice's Call-ID, From tag and CSeq under another number is that number's
+// call (mallory, with his one slot taken, gets 503), not a retransmission
+// answered with alice's cached 200 (her Via and From, no slot charged).
+TEST(SipFrontDoor, AnInviteCopyingAnotherNumbersDialogIsNotItsRetransmission) {
+  door_fixture f(sipfd::policy{"100/15min", 1, std::chrono::hours{1}});
+  const std::string alice = f.send(invite("alice", "a1"));
+  ASSERT_EQ(status(alice), "SIP/2.0 200 ");
+  ASSERT_EQ(status(f.send(invite("mallory", "m1"))), "SIP/2.0 200 ");
+  const std::string copied = f.send(invite("mallory", "a1"));
+  EXPECT_EQ(status(copied), "SIP/2.0 503 ");
+  EXPECT_EQ(copied.find("sip:alice@"), std::string::npos) << copied;
+  EXPECT_EQ(f.send(invite("alice", "a1")), alice);  // alice's retransmission still hers
+  EXPECT_EQ(f.door->stats().invite_retransmissions, 1u);
+}
+
 // Front doors sharing a secret give one dialog one tag (a retransmission or a
 // BYE may reach another of them); other secrets, other tags.
 TEST(SipFrontDoor, DialogTagsFollowTheSecret) {
