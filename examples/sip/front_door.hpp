@@ -7,8 +7,8 @@
 // applied in the same step, all or nothing: "at most N calls in progress and
 // R calls per window". Admitted: 200 OK. Refused: 503 with Retry-After. A BYE
 // releases the lease; a lease whose BYE never comes expires after the longest
-// call. Final responses are kept per transaction (method, Call-ID, From tag, To tag,
-// CSeq) for `transaction_life`, so a retransmitted request gets the same bytes
+// call. Final responses are kept per transaction (method, From number, Call-ID, From tag,
+// To tag, CSeq) for `transaction_life`, so a retransmitted request gets the same bytes
 // again and is never counted as a new call; should an INVITE outlive its
 // cached answer, the lease's own idempotent acquire still knows it (`repeat`).
 //
