@@ -495,6 +495,50 @@ TEST(RedisResolve, DeadFirstAddressGetsOnlyItsShareOfTheConnectTimeout) {
   ::close(listener);
 }
 
+// The share arithmetic at its edges: 1000 addresses that never answer end at
+// connect_timeout (each tried gets 50 ms, not 1/1000 of it; the last one tried
+// all that is left), and a connect_timeout below 50 ms goes to the first
+// address whole; either way the check fails with a connection_error, never
+// later than the deadline plus scheduling slack.
+TEST(RedisResolve, ManyDeadAddressesEndAtTheConnectTimeout) {
+  rltest::redis_server server;
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = 0;
+  ASSERT_EQ(::inet_pton(AF_INET, "127.0.0.4", &a.sin_addr), 1);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener, 0), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int filler = ::socket(AF_INET, SOCK_STREAM, 0);  // fills the accept queue
+  ASSERT_EQ(::connect(filler, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
+  for (const auto timeout : {300ms, 30ms}) {
+    SCOPED_TRACE(timeout.count());
+    auto o = store_options(server, redis::failure_policy::throw_error);
+    o.host = "redis.test";
+    o.port = ntohs(a.sin_port);
+    o.connect_timeout = timeout;
+    std::atomic<int> resolved{0};
+    o.resolver = [&resolved](const std::string&) {
+      ++resolved;
+      return std::vector<std::string>(1000, "127.0.0.4");
+    };
+    redis::redis_store store(o);
+    const auto start = clk::now();
+    EXPECT_THROW((void)store.apply(gcra::config("10/1h", bucket_options{.name = "c"}), "k",
+                                   store_time, 1, access::consume),
+                 redis::connection_error);
+    const auto took = clk::now() - start;
+    EXPECT_GE(took, timeout - 2ms);
+    EXPECT_LT(took, timeout + 400ms);
+    EXPECT_GE(resolved.load(), 1);
+  }
+  ::close(filler);
+  ::close(listener);
+}
+
 // Verifies that a zone id reaches getaddrinfo: [::1%251] (zone 1, the
 // loopback's interface index; glibc takes interface names for link-local
 // addresses only) connects to a server on ::1.
