@@ -896,6 +896,9 @@ TEST(RedisUrl, HostileUrlsTable) {
       {"unix://u:p@/t@/s", "127.0.0.1", 6379, "u", "p", 0, 0, "/t@/s"},
       {"unix://u:p@@/t/s", "127.0.0.1", 6379, "u", "p@", 0, 0, "/t/s"},
       {"unix://?multiplex=2@/t/s", "!"},
+      {"unix://pw@run/s.sock", "!"},  // a relative path holding '@': no password in it
+      {"unix://u:pw@s.sock?multiplex=1", "!"},
+      {"unix://run/s.sock", "127.0.0.1", 6379, "", "", 0, 0, "run/s.sock"},
       {"unix:///tmp/a?db=1&db=2", "!"},
       {"unix:///tmp/a?multiplex=1?db=2", "!"},
       {"unix:///t/s?db=", "!"},
@@ -966,7 +969,7 @@ TEST(RedisUrl, MessagesDoNotQuoteThePassword) {
   for (const std::string url :
        {"redis://user:s3cret@h:0", "redis://:s3cret@h:99999", "redis://s3cret@h:x",
         "redis://user:s3:cr@et@h/db", "unix://:s3cret@/tmp/s?db=z", "redis://:s3cret@[::1",
-        "redis://u:s3cret@::1"}) {
+        "unix://:s3cret@run/s.sock", "unix://s3cret@s.sock?db=1", "redis://u:s3cret@::1"}) {
     const std::string what = url_error(url);
     EXPECT_EQ(what.find("s3"), std::string::npos) << what;
     EXPECT_NE(what.find("***"), std::string::npos) << what;

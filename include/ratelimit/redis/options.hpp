@@ -185,7 +185,12 @@ namespace detail {
   const auto scheme = url.find("://");
   std::size_t at = std::string_view::npos;
   if (scheme != std::string_view::npos) {
-    const auto end = userinfo_end(url.substr(scheme + 3), url.starts_with("unix://"));
+    const std::string_view rest = url.substr(scheme + 3);
+    const bool unix_path = url.starts_with("unix://");
+    auto end = userinfo_end(rest, unix_path);
+    // A relative unix path holding '@' (refused by parse_url): what is before
+    // its last '@' may be a password.
+    if (unix_path && end == std::string_view::npos && !rest.starts_with('/')) end = rest.rfind('@');
     if (end != std::string_view::npos) at = scheme + 3 + end;
   }
   if (scheme != std::string_view::npos && at != std::string_view::npos && at >= scheme + 3) {
@@ -536,7 +541,8 @@ namespace detail {
 /// `redis://[fe80::1%25eth0]:6379` connects to `fe80::1%eth0`; the zone id
 /// is percent-decoded and must be letters, digits and `-._~`, 1..64 bytes).
 /// In `unix://` URLs the socket path may hold '@': with no userinfo the URL
-/// is `unix:///PATH`; a userinfo ends at the first `@/`. PORT is 1..65535.
+/// is `unix:///PATH`; a userinfo ends at the first `@/`; a relative path
+/// holding '@' is refused (`unix://pw@run/s.sock` is no password and path). PORT is 1..65535.
 /// No other percent-decoding. Error
 /// messages quote the URL with its password replaced by `***`.
 /// `rediss://` is `redis://` over TLS (options::tls), with optional
@@ -594,6 +600,13 @@ namespace detail {
       rest = rest.substr(0, q);
     }
     if (rest.empty()) detail::bad_url(url, "has no socket path");
+    if (!rest.starts_with('/') && rest.find('@') != std::string_view::npos) {
+      // `unix://pw@run/redis.sock`: a userinfo before a relative path, or a
+      // path holding '@'? Connecting to it would put a password in messages.
+      detail::bad_url(url,
+                      "has a relative socket path holding '@' (a userinfo ends at the first "
+                      "\"@/\": write an absolute path)");
+    }
     o.unix_socket = std::string(rest);
     return o;
   }
