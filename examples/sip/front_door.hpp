@@ -7,8 +7,8 @@
 // applied in the same step, all or nothing: "at most N calls in progress and
 // R calls per window". Admitted: 200 OK. Refused: 503 with Retry-After. A BYE
 // releases the lease; a lease whose BYE never comes expires after the longest
-// call. Final responses are kept per transaction (method, Call-ID, From tag, To tag,
-// CSeq) for `transaction_life`, so a retransmitted request gets the same bytes
+// call. Final responses are kept per transaction (method, From number, Call-ID, From tag,
+// To tag, CSeq) for `transaction_life`, so a retransmitted request gets the same bytes
 // again and is never counted as a new call; should an INVITE outlive its
 // cached answer, the lease's own idempotent acquire still knows it (`repeat`).
 //
@@ -290,13 +290,20 @@ class front_door {
     return {k[0], k[1]};
   }
 
-  /// Our To tag for the dialog (Call-ID, From tag): "fd" and 16 hex digits
-  /// of a keyed hash of both.
-  [[nodiscard]] std::string dialog_tag(std::string_view call_id, std::string_view from_tag) const {
+  /// Our To tag for the dialog (Call-ID, From tag) of the number `from_user`:
+  /// "fd" and 16 hex digits of a keyed hash of the three. The number is in
+  /// it because leases are held per number: a BYE carrying a dialog's tag
+  /// under another From number is not of that dialog (481, not cached), so it
+  /// cannot put an answer in the cache under the real BYE's transaction key.
+  [[nodiscard]] std::string dialog_tag(std::string_view call_id, std::string_view from_tag,
+                                       std::string_view from_user) const {
     std::string d = std::to_string(call_id.size());
     d += ':';
     d += call_id;
+    d += std::to_string(from_tag.size());
+    d += ':';
     d += from_tag;
+    d += from_user;
     std::string tag = "fd";
     tag += to_hex16(ratelimit::detail::siphash13(secret_, d));
     return tag;
@@ -385,7 +392,7 @@ class front_door {
       out = *cached;
       return true;
     }
-    if (!m.to_has_tag || m.to_tag != dialog_tag(m.call_id, m.from_tag)) {
+    if (!m.to_has_tag || m.to_tag != dialog_tag(m.call_id, m.from_tag, m.from_user)) {
       // Not a dialog of ours: the store is not asked, and nothing is cached
       // (the key holds the To tag, but a flood of such BYEs should not push
       // real answers out of the cache).
@@ -440,8 +447,13 @@ class front_door {
     return id;
   }
 
+  /// Method, From number, Call-ID, From tag, To tag and CSeq: leases are
+  /// per number, so a request copying another number's dialog is no
+  /// retransmission of that number's request.
   [[nodiscard]] static std::string transaction_key(const sip_message& m) {
     std::string k(m.method);
+    k += '\n';
+    k += m.from_user;
     k += '\n';
     k += m.call_id;
     k += '\n';
@@ -472,7 +484,7 @@ class front_door {
     r += m.to;
     if (dialog && !m.to_has_tag) {
       r += ";tag=";
-      r += dialog_tag(m.call_id, m.from_tag);
+      r += dialog_tag(m.call_id, m.from_tag, m.from_user);
     }
     r += "\r\nCall-ID: ";
     r += m.call_id;

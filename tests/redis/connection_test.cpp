@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "ratelimit/ratelimit.hpp"
@@ -494,6 +495,50 @@ TEST(RedisResolve, DeadFirstAddressGetsOnlyItsShareOfTheConnectTimeout) {
   ::close(listener);
 }
 
+// The share arithmetic at its edges: 1000 addresses that never answer end at
+// connect_timeout (each tried gets 50 ms, not 1/1000 of it; the last one tried
+// all that is left), and a connect_timeout below 50 ms goes to the first
+// address whole; either way the check fails with a connection_error, never
+// later than the deadline plus scheduling slack.
+TEST(RedisResolve, ManyDeadAddressesEndAtTheConnectTimeout) {
+  rltest::redis_server server;
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = 0;
+  ASSERT_EQ(::inet_pton(AF_INET, "127.0.0.4", &a.sin_addr), 1);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener, 0), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int filler = ::socket(AF_INET, SOCK_STREAM, 0);  // fills the accept queue
+  ASSERT_EQ(::connect(filler, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
+  for (const auto timeout : {300ms, 30ms}) {
+    SCOPED_TRACE(timeout.count());
+    auto o = store_options(server, redis::failure_policy::throw_error);
+    o.host = "redis.test";
+    o.port = ntohs(a.sin_port);
+    o.connect_timeout = timeout;
+    std::atomic<int> resolved{0};
+    o.resolver = [&resolved](const std::string&) {
+      ++resolved;
+      return std::vector<std::string>(1000, "127.0.0.4");
+    };
+    redis::redis_store store(o);
+    const auto start = clk::now();
+    EXPECT_THROW((void)store.apply(gcra::config("10/1h", bucket_options{.name = "c"}), "k",
+                                   store_time, 1, access::consume),
+                 redis::connection_error);
+    const auto took = clk::now() - start;
+    EXPECT_GE(took, timeout - 2ms);
+    EXPECT_LT(took, timeout + 400ms);
+    EXPECT_GE(resolved.load(), 1);
+  }
+  ::close(filler);
+  ::close(listener);
+}
+
 // Verifies that a zone id reaches getaddrinfo: [::1%251] (zone 1, the
 // loopback's interface index; glibc takes interface names for link-local
 // addresses only) connects to a server on ::1.
@@ -763,6 +808,130 @@ TEST(RedisUrl, MultiplexParameter) {
   }
 }
 
+// What each URL connects to and with which credentials, for hostile
+// combinations of '@', '?', '&', '%25', brackets, '/', NUL, CR/LF, duplicate
+// and empty parameters and overflowing numbers; "!" in host: refused with
+// std::invalid_argument. An empty parameter (`redis://h?`, `?&multiplex=2`,
+// `rediss://h?&&sni=x`) was dropped without a word once multiplex= was taken
+// out of the query (it is refused, as before ?multiplex= existed).
+TEST(RedisUrl, HostileUrlsTable) {
+  struct row {
+    row(std::string u, std::string h, int p = 6379, std::string us = {}, std::string pw = {},
+        int d = 0, std::size_t m = 0, std::string un = {})
+        : url(std::move(u)),
+          host(std::move(h)),
+          port(p),
+          user(std::move(us)),
+          password(std::move(pw)),
+          db(d),
+          multiplex(m),
+          unix_socket(std::move(un)) {}
+    std::string url, host;
+    int port;
+    std::string user, password;
+    int db;
+    std::size_t multiplex;
+    std::string unix_socket;
+  };
+  using namespace std::string_literals;
+  const row rows[] = {
+      {"redis://h?", "!"},
+      {"redis://h?&", "!"},
+      {"redis://h?multiplex=2&", "!"},
+      {"redis://h?&multiplex=2", "!"},
+      {"rediss://h?&&sni=x", "!"},
+      {"rediss://h?sni=x&&multiplex=1", "!"},
+      {"redis-cluster://h?&multiplex=2", "!"},
+      {"redis-sentinel://s/m?", "!"},
+      {"redis-sentinel://s/m?multiplex=2&", "!"},
+      {"redis://h:6379/?multiplex=2", "h", 6379, "", "", 0, 2},
+      {"redis://h/3?multiplex=2", "h", 6379, "", "", 3, 2},
+      {"redis://h?multiplex=2/3", "!"},
+      {"redis://u:p@h?multiplex=2", "h", 6379, "u", "p", 0, 2},
+      {"redis://u:p?multiplex=2@h", "!"},
+      {"redis://u:p@h?multiplex=2@e", "!"},
+      {"redis://u:p&multiplex=2@h", "!"},
+      {"redis://u:multiplex=2@h", "h", 6379, "u", "multiplex=2"},
+      {"redis://u:p%40@h", "h", 6379, "u", "p%40"},  // no percent-decoding outside zone ids
+      {"redis://u:p@@h", "h", 6379, "u", "p@"},
+      {"redis://u:p@h@e:1", "e", 1, "u", "p@h"},  // the last '@' ends the userinfo
+      {"redis://@h", "h"},
+      {"redis://:@h", "h"},
+      {"redis://u:@h", "h", 6379, "u", ""},
+      {"redis://[::1]@h", "h", 6379, "[", ":1]"},
+      {"redis://u@[::1]:5/2", "::1", 5, "", "u", 2},
+      {"redis://u:p\r\nQUIT@h"s, "h", 6379, "u", "p\r\nQUIT"},  // sent length-prefixed
+      {"redis://u:p\0q@h"s, "h", 6379, "u", "p\0q"s},
+      {"redis://[fe80::1%25eth0]:1", "fe80::1%eth0", 1},
+      {"redis://[fe80::1%25eth%30]:1?multiplex=3", "fe80::1%eth0", 1, "", "", 0, 3},
+      {"redis://[fe80::1%25eth0%2F]:1", "!"},
+      {"redis://[fe80::1%25eth0%0D%0A]:1", "!"},
+      {"redis://[fe80::1%25eth0%00]:1", "!"},
+      {"redis://[fe80::1%25eth0%]:1", "!"},
+      {"redis://[fe80::1%25eth0%4]:1", "!"},
+      {"redis://[fe80::1%25]:1", "!"},
+      {"redis://[fe80::1%eth0]:1", "!"},
+      {"redis://[::1]%25x:1", "!"},
+      {"redis://[fe80::1%25" + std::string(65, 'a') + "]:1", "!"},
+      {"redis://[fe80::1%25" + std::string(64, 'a') + "]:1", "fe80::1%" + std::string(64, 'a'), 1},
+      {"redis://[::1:1", "!"},
+      {"redis://::1:1", "!"},
+      {"redis://h]:1", "!"},
+      {"redis://h:0", "!"},
+      {"redis://h:65536", "!"},
+      {"redis://h:99999999999", "!"},
+      {"redis://h:4294967297", "!"},
+      {"redis://h:+1", "!"},
+      {"redis://h:", "!"},
+      {"redis://h/1000000000", "!"},
+      {"redis://h/999999999", "h", 6379, "", "", 999'999'999},
+      {"redis://h?multiplex=257", "!"},
+      {"redis://h?multiplex=256", "h", 6379, "", "", 0, 256},
+      {"redis://h?multiplex=4294967298", "!"},
+      {"redis://h?Multiplex=2", "!"},
+      {"redis://h?multiplex=2&multiplex=2", "!"},
+      {"redis://h?multiplex=2#x", "!"},
+      {"unix:///tmp/a@b?multiplex=2", "127.0.0.1", 6379, "", "", 0, 2, "/tmp/a@b"},
+      {"unix://:p@/tmp/a@b?multiplex=2&db=3", "127.0.0.1", 6379, "", "p", 3, 2, "/tmp/a@b"},
+      {"unix://u:p@/t@/s", "127.0.0.1", 6379, "u", "p", 0, 0, "/t@/s"},
+      {"unix://u:p@@/t/s", "127.0.0.1", 6379, "u", "p@", 0, 0, "/t/s"},
+      {"unix://?multiplex=2@/t/s", "!"},
+      {"unix://pw@run/s.sock", "!"},  // a relative path holding '@': no password in it
+      {"unix://u:pw@s.sock?multiplex=1", "!"},
+      {"unix://run/s.sock", "127.0.0.1", 6379, "", "", 0, 0, "run/s.sock"},
+      {"unix:///tmp/a?db=1&db=2", "!"},
+      {"unix:///tmp/a?multiplex=1?db=2", "!"},
+      {"unix:///t/s?db=", "!"},
+      {"unix:///t/s?x=1", "127.0.0.1", 6379, "", "", 0, 0, "/t/s?x=1"},  // a path may hold '?'
+      {"redis-sentinel://u:p@a,b:2/m?multiplex=3&db=1", "127.0.0.1", 6379, "u", "p", 1, 3},
+      {"redis-sentinel://a/m?multiplex=1@x", "!"},
+      {"redis-sentinel://a?multiplex=1/m", "!"},
+      {"redis-sentinel://a/m?db=1?multiplex=2", "!"},
+      {"redis-sentinel://a/m/?multiplex=1", "!"},
+  };
+  for (const row& r : rows) {
+    SCOPED_TRACE(r.url);
+    const bool cluster = r.url.find("-cluster://") != std::string::npos;
+    if (r.host == "!") {
+      if (cluster) {
+        EXPECT_THROW((void)redis::parse_cluster_url(r.url), std::invalid_argument);
+      } else {
+        EXPECT_THROW((void)redis::parse_url(r.url), std::invalid_argument);
+      }
+      continue;
+    }
+    redis::options o;
+    ASSERT_NO_THROW(o = redis::parse_url(r.url));
+    EXPECT_EQ(o.host, r.host);
+    EXPECT_EQ(o.port, r.port);
+    EXPECT_EQ(o.user, r.user);
+    EXPECT_EQ(o.password, r.password);
+    EXPECT_EQ(o.database, r.db);
+    EXPECT_EQ(o.multiplex, r.multiplex);
+    EXPECT_EQ(o.unix_socket, r.unix_socket);
+  }
+}
+
 TEST(RedisUrl, HostsPortsAndDatabases) {
   const auto a = redis::parse_url("redis://example.com");
   EXPECT_EQ(a.host, "example.com");
@@ -800,7 +969,7 @@ TEST(RedisUrl, MessagesDoNotQuoteThePassword) {
   for (const std::string url :
        {"redis://user:s3cret@h:0", "redis://:s3cret@h:99999", "redis://s3cret@h:x",
         "redis://user:s3:cr@et@h/db", "unix://:s3cret@/tmp/s?db=z", "redis://:s3cret@[::1",
-        "redis://u:s3cret@::1"}) {
+        "unix://:s3cret@run/s.sock", "unix://s3cret@s.sock?db=1", "redis://u:s3cret@::1"}) {
     const std::string what = url_error(url);
     EXPECT_EQ(what.find("s3"), std::string::npos) << what;
     EXPECT_NE(what.find("***"), std::string::npos) << what;

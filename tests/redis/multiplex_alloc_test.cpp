@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <string>
@@ -186,6 +187,52 @@ TEST(RedisMultiplexAlloc, AllocationsFailingFromTheNthOnUntilTheBurstEnds) {
   sticky = false;
   EXPECT_LT(n, 400) << "the burst never ran without a failure";
   EXPECT_GE(n, 5);
+}
+
+// Verifies that destroying a store with checks in flight while every
+// allocation of the destroying thread fails (memory short) calls each
+// handler once with an error and returns: stop() gathered the jobs it fails
+// into a new vector and made its multiplexer_stopped in a noexcept function,
+// so the first std::bad_alloc there ended the process.
+TEST(RedisMultiplexAlloc, DestroyedWithChecksInFlightWhileMemoryIsShort) {
+  rltest::redis_server server;
+  redis::options o = server.options();
+  o.prefix = rltest::unique_prefix("mux-alloc-stop");
+  o.multiplex = 2;
+  o.command_timeout = 5000ms;
+  o.breaker_threshold = 1000000;
+  o.on_warning = [](std::string_view) {};
+  const fixed_window::config cfg("1000000/1h", window_options{.name = "t"});
+  constexpr std::size_t burst = 8;
+  auto store = std::make_unique<redis::redis_store>(o);
+  ASSERT_EQ(store->apply(cfg, "warm", store_time, 1).source, decision_source::store);
+  (void)rltest::command(o, {"CLIENT", "PAUSE", "1500", "WRITE"});
+  outcomes out(burst);
+  for (std::size_t i = 0; i < burst; ++i) {
+    store->async_apply(cfg, "k", store_time, 1, access::consume,
+                       [&out, i](decision d, std::exception_ptr e) {
+                         std::lock_guard<std::mutex> lock(out.m);
+                         ++out.calls[i];
+                         out.sources[i] = d.source;
+                         out.errors[i] = std::move(e);
+                         --out.left;
+                         out.cv.notify_all();
+                       });
+  }
+  std::this_thread::sleep_for(200ms);  // written on the lanes, held by the paused server
+  failures_injected = 0;
+  sticky = true;
+  allocations_before_failure.store(0);
+  std::thread destroyer([&store] { store.reset(); });
+  destroyer.join();
+  allocations_before_failure.store(-1);
+  sticky = false;
+  std::lock_guard<std::mutex> lock(out.m);
+  EXPECT_EQ(out.left, 0u);
+  for (std::size_t i = 0; i < burst; ++i) {
+    EXPECT_EQ(out.calls[i], 1) << i;
+    EXPECT_TRUE(out.errors[i]) << i;
+  }
 }
 
 }  // namespace

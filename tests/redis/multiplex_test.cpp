@@ -900,4 +900,54 @@ TEST(RedisMultiplex, PendingChecksAreCappedAndTheRefusedOnesFailThroughThePolicy
   EXPECT_EQ(store.apply(cfg, "k", store_time, 1).remaining, 1000u - cap - 1);
 }
 
+// Eight threads submit 12 checks each at once to a multiplexer capped at 16
+// while the server is paused: exactly 16 are taken (none more, none fewer:
+// the count is tested and raised under one lock), the other 80 refused with
+// multiplexer_full; once answered, the count is back to 0 (no leak), so the
+// next 16 are all taken again.
+TEST(RedisMultiplex, PendingCapIsExactUnderThreadsAndFreedOnceAnswered) {
+  rltest::redis_server server;
+  redis::options o = own(server, "mux-cap-threads");
+  o.multiplex = 2;
+  o.multiplex_max_pending = 16;
+  o.command_timeout = 5000ms;
+  o.breaker_threshold = 1000;
+  redis::redis_store store(o);
+  const fixed_window::config cfg("100000/1h", window_options{.name = "t"});
+  ASSERT_EQ(store.apply(cfg, "warm", store_time, 1).source, decision_source::store);
+  constexpr std::size_t threads = 8, each = 12, cap = 16;
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round);
+    outcomes out(threads * each);
+    (void)rltest::command(o, {"CLIENT", "PAUSE", "600", "WRITE"});
+    std::atomic<bool> go{false};
+    std::vector<std::thread> pool;
+    for (std::size_t t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        while (!go.load()) std::this_thread::yield();
+        for (std::size_t i = 0; i < each; ++i) {
+          store.async_apply(cfg, "k", store_time, 1, access::consume, out.handler(t * each + i));
+        }
+      });
+    }
+    go = true;
+    for (std::thread& th : pool) th.join();
+    ASSERT_TRUE(out.wait());
+    std::size_t taken = 0, full = 0;
+    for (std::size_t i = 0; i < threads * each; ++i) {
+      EXPECT_EQ(out.calls[i], 1) << i;
+      if (!out.errors[i]) {
+        EXPECT_EQ(out.decisions[i].source, decision_source::store) << i;
+        ++taken;
+      } else {
+        EXPECT_TRUE(holds<redis::multiplexer_full>(out.errors[i])) << i;
+        ++full;
+      }
+    }
+    EXPECT_EQ(taken, cap);
+    EXPECT_EQ(full, threads * each - cap);
+  }
+  EXPECT_EQ(store.apply(cfg, "k", store_time, 1).remaining, 100000u - 2 * cap - 1);
+}
+
 }  // namespace

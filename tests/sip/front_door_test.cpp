@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -347,7 +348,7 @@ std::string bye(const sipfd::front_door& door, std::string_view user, std::strin
                 int cseq, std::string_view tag = "t1") {
   std::string d = invite(user, call_id, cseq, tag, "BYE");
   const std::string to = "To: <sip:service@127.0.0.1:5060>";
-  d.insert(d.find(to) + to.size(), ";tag=" + door.dialog_tag(call_id, tag));
+  d.insert(d.find(to) + to.size(), ";tag=" + door.dialog_tag(call_id, tag, user));
   return d;
 }
 
@@ -481,7 +482,7 @@ TEST(SipFrontDoor, AByeWithoutOurToTagReleasesNothing) {
   const std::string ok = f.send(invite("alice", "a1"));
   ASSERT_EQ(status(ok), "SIP/2.0 200 ");
   const std::string tag = to_tag(ok);
-  EXPECT_EQ(tag, f.door->dialog_tag("a1", "t1"));
+  EXPECT_EQ(tag, f.door->dialog_tag("a1", "t1", "alice"));
   EXPECT_EQ(tag.size(), 18u);  // "fd" and 16 hex digits
   EXPECT_EQ(status(f.send(invite("alice", "a1", 2, "t1", "BYE"))), "SIP/2.0 481 ");  // no tag
   std::string forged = invite("alice", "a1", 2, "t1", "BYE");
@@ -496,6 +497,50 @@ TEST(SipFrontDoor, AByeWithoutOurToTagReleasesNothing) {
   EXPECT_EQ(f.door->stats().bye_retransmissions, 0u);
 }
 
+// A BYE carrying a dialog's To tag under another From number (a UA that
+// learnt the tag, a mistaken forwarder) is 481 without a cached answer, so
+// the real BYE of that transaction (same Call-ID, From tag, To tag and CSeq)
+// still releases the lease; before, the tag ignored the number, the store was
+// asked for mallory's lease and the 481 was cached under alice's key.
+TEST(SipFrontDoor, AByeWithOurTagUnderAnotherNumberDoesNotAnswerTheRealOne) {
+  door_fixture f(sipfd::policy{"100/15min", 1, std::chrono::hours{1}});
+  ASSERT_EQ(status(f.send(invite("alice", "a1"))), "SIP/2.0 200 ");
+  std::string forged = invite("mallory", "a1", 2, "t1", "BYE");
+  const std::string to = "To: <sip:service@127.0.0.1:5060>";
+  forged.insert(forged.find(to) + to.size(), ";tag=" + f.door->dialog_tag("a1", "t1", "alice"));
+  EXPECT_EQ(status(f.send(forged)), "SIP/2.0 481 ");
+  EXPECT_EQ(f.door->transactions_held(), 1u);  // the INVITE's answer only
+  EXPECT_EQ(status(f.send(bye(*f.door, "alice", "a1", 2))), "SIP/2.0 200 ");
+  EXPECT_EQ(status(f.send(invite("alice", "a2"))), "SIP/2.0 200 ");  // the slot is free
+  EXPECT_EQ(f.door->stats().released, 1u);
+  // Our tags are lower-case hex; the same digits in upper case are another tag.
+  std::string upper = bye(*f.door, "alice", "a2", 2);
+  const std::size_t at = upper.find(";tag=fd") + 7;
+  for (std::size_t i = at; i < at + 16; ++i) {
+    upper[i] = static_cast<char>(std::toupper(static_cast<unsigned char>(upper[i])));
+  }
+  if (upper != bye(*f.door, "alice", "a2", 2)) {
+    EXPECT_EQ(status(f.send(upper)), "SIP/2.0 481 ");
+  }
+  EXPECT_EQ(status(f.send(bye(*f.door, "alice", "a2", 2))), "SIP/2.0 200 ");
+}
+
+// A transaction is also told apart by its From number: an INVITE copying
+// alice's Call-ID, From tag and CSeq under another number is that number's
+// call (mallory, with his one slot taken, gets 503), not a retransmission
+// answered with alice's cached 200 (her Via and From, no slot charged).
+TEST(SipFrontDoor, AnInviteCopyingAnotherNumbersDialogIsNotItsRetransmission) {
+  door_fixture f(sipfd::policy{"100/15min", 1, std::chrono::hours{1}});
+  const std::string alice = f.send(invite("alice", "a1"));
+  ASSERT_EQ(status(alice), "SIP/2.0 200 ");
+  ASSERT_EQ(status(f.send(invite("mallory", "m1"))), "SIP/2.0 200 ");
+  const std::string copied = f.send(invite("mallory", "a1"));
+  EXPECT_EQ(status(copied), "SIP/2.0 503 ");
+  EXPECT_EQ(copied.find("sip:alice@"), std::string::npos) << copied;
+  EXPECT_EQ(f.send(invite("alice", "a1")), alice);  // alice's retransmission still hers
+  EXPECT_EQ(f.door->stats().invite_retransmissions, 1u);
+}
+
 // Front doors sharing a secret give one dialog one tag (a retransmission or a
 // BYE may reach another of them); other secrets, other tags.
 TEST(SipFrontDoor, DialogTagsFollowTheSecret) {
@@ -507,12 +552,14 @@ TEST(SipFrontDoor, DialogTagsFollowTheSecret) {
   };
   const sipfd::front_door a = door(secret), b = door(secret);
   const sipfd::front_door c = door(sipfd::front_door::parse_secret(std::string(32, '0')));
-  EXPECT_EQ(a.dialog_tag("x", "y"), b.dialog_tag("x", "y"));
-  EXPECT_NE(a.dialog_tag("x", "y"), c.dialog_tag("x", "y"));
-  EXPECT_NE(a.dialog_tag("x", "y"), a.dialog_tag("x", "z"));
-  EXPECT_NE(a.dialog_tag("1", "23"), a.dialog_tag("12", "3"));  // no ambiguous join
-  EXPECT_NE(door(sipfd::front_door::random_secret()).dialog_tag("x", "y"),
-            door(sipfd::front_door::random_secret()).dialog_tag("x", "y"));
+  EXPECT_EQ(a.dialog_tag("x", "y", "u"), b.dialog_tag("x", "y", "u"));
+  EXPECT_NE(a.dialog_tag("x", "y", "u"), c.dialog_tag("x", "y", "u"));
+  EXPECT_NE(a.dialog_tag("x", "y", "u"), a.dialog_tag("x", "z", "u"));
+  EXPECT_NE(a.dialog_tag("1", "23", "u"), a.dialog_tag("12", "3", "u"));  // no ambiguous join
+  EXPECT_NE(a.dialog_tag("x", "y1", "2"), a.dialog_tag("x", "y", "12"));
+  EXPECT_NE(a.dialog_tag("x", "y", "u"), a.dialog_tag("x", "y", "v"));  // the number is in it
+  EXPECT_NE(door(sipfd::front_door::random_secret()).dialog_tag("x", "y", "u"),
+            door(sipfd::front_door::random_secret()).dialog_tag("x", "y", "u"));
   for (const std::string& bad : {std::string(31, '0'), std::string(33, '0'), std::string(),
                                  std::string(31, '0') + "g", std::string(31, '0') + " "}) {
     EXPECT_THROW((void)sipfd::front_door::parse_secret(bad), std::invalid_argument) << bad;

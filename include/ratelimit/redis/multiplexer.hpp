@@ -233,21 +233,33 @@ class multiplexer {
       (void)!::write(wake_fd_, &one, sizeof one);
       t->join();
     }
-    const auto err = std::make_exception_ptr(
-        multiplexer_stopped("ratelimit: redis: the store was destroyed with this check in flight"));
+    // Allocates nothing but the error (std::bad_alloc in its place when
+    // memory is short): the jobs are swapped out, never copied into a new
+    // container.
+    const std::exception_ptr err = error_or_current([] {
+      return std::make_exception_ptr(multiplexer_stopped(
+          "ratelimit: redis: the store was destroyed with this check in flight"));
+    });
     for (lane& l : lanes_) {
-      std::vector<std::unique_ptr<mux_job>> all;
+      std::vector<std::unique_ptr<mux_job>> incoming;
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        for (auto& j : l.incoming) all.push_back(std::move(j));
-        l.incoming.clear();
+        incoming.swap(l.incoming);
       }
-      for (auto& j : l.queued) all.push_back(std::move(j));
-      for (auto& j : l.inflight) all.push_back(std::move(j));
-      l.queued.clear();
-      l.inflight.clear();
       l.conn.reset();
-      for (auto& j : all) finish(std::move(j), nullptr, err);
+      for (auto* jobs : {&l.refused, &incoming}) {
+        for (auto& j : *jobs) {
+          if (j != nullptr) finish(std::move(j), nullptr, err);
+        }
+        jobs->clear();
+      }
+      for (auto* jobs : {&l.queued, &l.inflight}) {
+        l.failing.swap(*jobs);
+        for (auto& j : l.failing) {
+          if (j != nullptr) finish(std::move(j), nullptr, err);
+        }
+        l.failing.clear();
+      }
     }
   }
 

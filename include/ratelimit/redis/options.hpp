@@ -185,7 +185,12 @@ namespace detail {
   const auto scheme = url.find("://");
   std::size_t at = std::string_view::npos;
   if (scheme != std::string_view::npos) {
-    const auto end = userinfo_end(url.substr(scheme + 3), url.starts_with("unix://"));
+    const std::string_view rest = url.substr(scheme + 3);
+    const bool unix_path = url.starts_with("unix://");
+    auto end = userinfo_end(rest, unix_path);
+    // A relative unix path holding '@' (refused by parse_url): what is before
+    // its last '@' may be a password.
+    if (unix_path && end == std::string_view::npos && !rest.starts_with('/')) end = rest.rfind('@');
     if (end != std::string_view::npos) at = scheme + 3 + end;
   }
   if (scheme != std::string_view::npos && at != std::string_view::npos && at >= scheme + 3) {
@@ -369,6 +374,7 @@ inline constexpr std::size_t max_multiplex_connections = 256;
     return 0;
   }
   std::string kept;
+  bool others = false;  // parameters other than multiplex (empty ones too: refused later)
   std::size_t n = 0;
   bool seen = false;
   std::string_view query = std::string_view(rest).substr(q + 1);
@@ -382,13 +388,17 @@ inline constexpr std::size_t max_multiplex_connections = 256;
           parse_url_int(item.substr(std::min(item.size(), std::size_t{10})), url, "multiplex", 0,
                         static_cast<long long>(max_multiplex_connections)));
     } else {
-      if (!kept.empty()) kept += '&';
+      if (others) kept += '&';
       kept += item;
+      others = true;
     }
     if (amp == std::string_view::npos) break;
     query.remove_prefix(amp + 1);
   }
-  rest = rest.substr(0, q) + (kept.empty() ? std::string() : "?" + kept);
+  if (seen && others && kept.find_first_not_of('&') == std::string::npos) {
+    bad_url(url, "has an empty parameter beside multiplex= (a stray '&')");
+  }
+  rest = rest.substr(0, q) + (others ? "?" + kept : std::string());
   return n;
 }
 
@@ -531,7 +541,8 @@ namespace detail {
 /// `redis://[fe80::1%25eth0]:6379` connects to `fe80::1%eth0`; the zone id
 /// is percent-decoded and must be letters, digits and `-._~`, 1..64 bytes).
 /// In `unix://` URLs the socket path may hold '@': with no userinfo the URL
-/// is `unix:///PATH`; a userinfo ends at the first `@/`. PORT is 1..65535.
+/// is `unix:///PATH`; a userinfo ends at the first `@/`; a relative path
+/// holding '@' is refused (`unix://pw@run/s.sock` is no password and path). PORT is 1..65535.
 /// No other percent-decoding. Error
 /// messages quote the URL with its password replaced by `***`.
 /// `rediss://` is `redis://` over TLS (options::tls), with optional
@@ -540,7 +551,8 @@ namespace detail {
 /// `&NAME=` for one of these names is refused as a query value with `@`);
 /// files are read when the store is made.
 /// `redis://`, `rediss://` and `unix://` also take `?multiplex=N` (0..256,
-/// at most once; options::multiplex), alone or among the other parameters.
+/// at most once; options::multiplex), alone or among the other parameters
+/// (an empty parameter, as in `?&multiplex=2` or a trailing `&`, is refused).
 ///
 /// Sentinel (ratelimit/redis/sentinel.hpp):
 /// `redis-sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER_NAME[?PARAMS]`
@@ -588,6 +600,13 @@ namespace detail {
       rest = rest.substr(0, q);
     }
     if (rest.empty()) detail::bad_url(url, "has no socket path");
+    if (!rest.starts_with('/') && rest.find('@') != std::string_view::npos) {
+      // `unix://pw@run/redis.sock`: a userinfo before a relative path, or a
+      // path holding '@'? Connecting to it would put a password in messages.
+      detail::bad_url(url,
+                      "has a relative socket path holding '@' (a userinfo ends at the first "
+                      "\"@/\": write an absolute path)");
+    }
     o.unix_socket = std::string(rest);
     return o;
   }
