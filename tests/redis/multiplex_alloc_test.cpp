@@ -222,10 +222,10 @@ TEST(RedisMultiplexAlloc, DestroyedWithChecksInFlightWhileMemoryIsShort) {
   std::this_thread::sleep_for(200ms);  // written on the lanes, held by the paused server
   failures_injected = 0;
   sticky = true;
-  allocations_before_failure.store(0);
+  io_allocations_before_failure.store(0);
   std::thread destroyer([&store] { store.reset(); });
   destroyer.join();
-  allocations_before_failure.store(-1);
+  io_allocations_before_failure.store(-1);
   sticky = false;
   std::lock_guard<std::mutex> lock(out.m);
   EXPECT_EQ(out.left, 0u);
