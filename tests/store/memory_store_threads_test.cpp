@@ -161,6 +161,47 @@ TEST(MemoryStoreThreads, OneKeyAdmitsExactlyTheLimitWhileItsShardChurns) {
   EXPECT_EQ(store.state_of("hot").count, 5000);
 }
 
+// Verifies the same through `apply_reading`, the path of a limiter that reads
+// its own clock: it prefetches the key's bucket from the shard's table
+// address read without the lock while the churn moves that table (run
+// under ThreadSanitizer in CI). Exactly the limit is admitted and the clock
+// is read once per check.
+TEST(MemoryStoreThreads, ReadingTheClockAdmitsExactlyTheLimitWhileItsShardChurns) {
+  const ratelimit::fixed_window::config cfg{ratelimit::rate{5000, 1h}};
+  memory_store<ratelimit::fixed_window> store({.shards = 1});
+  std::atomic<std::size_t> admitted{store.apply(cfg, "hot", late, 1, access::consume).allowed ? 1U
+                                                                                              : 0U};
+  std::atomic<std::size_t> readings{0};
+  std::atomic<bool> stop{false};
+  std::atomic<int> rounds{0};
+  std::thread churner([&] { churn(store, cfg, stop, rounds, 500); });
+  std::vector<std::thread> pool;
+  constexpr int threads = 3;
+  std::atomic<std::size_t> checks{0};
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      std::size_t mine = 0;
+      std::size_t done = 0;
+      const auto read_late = [&readings] {
+        readings.fetch_add(1, std::memory_order_relaxed);
+        return late;
+      };
+      for (int i = 0; i < 3000 || rounds.load() < 30; ++i, ++done) {
+        if (store.apply_reading(cfg, "hot", read_late, 1, access::consume).allowed) ++mine;
+      }
+      admitted.fetch_add(mine);
+      checks.fetch_add(done);
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  stop = true;
+  churner.join();
+  EXPECT_EQ(admitted.load(), 5000u);
+  EXPECT_EQ(readings.load(), checks.load());
+  EXPECT_FALSE(store.apply(cfg, "hot", late, 1, access::peek).allowed);
+  EXPECT_EQ(store.state_of("hot").count, 5000);
+}
+
 // Verifies that the child of a fork made while no thread held a lock (the
 // threads that used the store have ended) checks, inserts, grows and sweeps
 // the copied store normally.
