@@ -968,7 +968,9 @@ TEST(RedisMultiplex, PendingCapRefusalIsNoBreakerFailure) {
   const fixed_window::config cfg("1000/1h", window_options{.name = "t"});
   ASSERT_EQ(store.apply(cfg, "warm", store_time, 1).source, decision_source::store);
   outcomes held(2);
-  (void)rltest::command(o, {"CLIENT", "PAUSE", "500", "WRITE"});
+  // Long enough for slow sanitizer builds on a loaded machine: the refusals
+  // below must all come while the two held checks are pending.
+  (void)rltest::command(o, {"CLIENT", "PAUSE", "1500", "WRITE"});
   for (std::size_t i = 0; i < 2; ++i) {
     store.async_apply(cfg, "k", store_time, 1, access::consume, held.handler(i));
   }
