@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <typeinfo>
 #include <vector>
 
 #include "ratelimit/ratelimit.hpp"
@@ -993,6 +994,40 @@ TEST(RedisMultiplex, PendingCapRefusalIsNoBreakerFailure) {
   EXPECT_EQ(next.source, decision_source::store);
   EXPECT_EQ(next.remaining, 1000u - 3);
   EXPECT_EQ(store.stats().short_circuited, 0u);
+}
+
+// Verifies the copy a blocking check's waiter gets of an error handed over
+// from the I/O thread: the same dynamic type (not a base: a tls_error stays
+// a tls_error) and message, a distinct object; a type it does not know is
+// handed over as it is.
+TEST(RedisMultiplex, WaiterOwnsACopyOfTheErrorOfTheSameType) {
+  const auto same = [](auto original) {
+    using E = decltype(original);
+    const std::exception_ptr e = std::make_exception_ptr(original);
+    const std::exception_ptr c = redis::detail::own_copy(e);
+    EXPECT_NE(c, e) << typeid(E).name();
+    try {
+      std::rethrow_exception(c);
+    } catch (const std::exception& x) {
+      EXPECT_EQ(typeid(x), typeid(E));
+      EXPECT_STREQ(x.what(), original.what());
+    }
+  };
+  same(redis::timeout_error("t"));
+  same(redis::connection_error("c"));
+  same(redis::tls_error("tls"));
+  same(redis::multiplexer_full("full"));
+  same(redis::multiplexer_stopped("stopped"));
+  same(redis::script_error("s"));
+  same(std::invalid_argument("bad"));
+  same(std::bad_alloc());
+  struct own_error : redis::connection_error {
+    using connection_error::connection_error;
+  };
+  const std::exception_ptr mine = std::make_exception_ptr(own_error("mine"));
+  EXPECT_EQ(redis::detail::own_copy(mine), mine);
+  const std::exception_ptr number = std::make_exception_ptr(7);
+  EXPECT_EQ(redis::detail::own_copy(number), number);
 }
 
 }  // namespace

@@ -11,11 +11,70 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <typeinfo>
 #include <utility>
 
 #include "ratelimit/decision.hpp"
+#include "ratelimit/errors.hpp"
+#include "ratelimit/redis/errors.hpp"
+#include "ratelimit/redis/multiplexer.hpp"
+#include "ratelimit/redis/transport.hpp"
 
 namespace ratelimit::redis::detail {
+
+/// `out` set to a new `E` with `x`'s message when `x` is exactly an `E`.
+/// @throws std::bad_alloc
+template <class E>
+bool fresh_if(const std::exception& x, std::exception_ptr& out) {
+  if (typeid(x) != typeid(E)) return false;
+  out = std::make_exception_ptr(E(std::string(x.what())));
+  return true;
+}
+
+/// An exception of the same type and message as `e`'s, owned by nobody else
+/// (for the library's error types, std::bad_alloc and the standard ones it
+/// throws; `e` itself for any other type, or when memory is short).
+///
+/// Why: the thread that completes a check often still holds `e` (a shared
+/// error failing every check of a connection, a temporary in the caller)
+/// and may drop the last reference, destroying the exception, after the
+/// waiter read it. That is well-defined (the count is atomic), but the
+/// count lives in the uninstrumented libstdc++, so ThreadSanitizer sees a
+/// destructor racing the waiter's what(). A copy only the waiter holds is
+/// read and destroyed on one thread. Errors are the rare path: the copy
+/// costs nothing on a decided check.
+[[nodiscard]] inline std::exception_ptr own_copy(const std::exception_ptr& e) noexcept {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::bad_alloc& x) {
+    if (typeid(x) != typeid(std::bad_alloc)) return e;
+    try {
+      return std::make_exception_ptr(std::bad_alloc());
+    } catch (...) {
+      return e;
+    }
+  } catch (const std::exception& x) {
+    try {
+      std::exception_ptr out;
+      if (fresh_if<timeout_error>(x, out) || fresh_if<connection_error>(x, out) ||
+          fresh_if<multiplexer_stopped>(x, out) || fresh_if<multiplexer_full>(x, out) ||
+          fresh_if<tls_error>(x, out) || fresh_if<script_error>(x, out) ||
+          fresh_if<store_error>(x, out) || fresh_if<ratelimit::error>(x, out) ||
+          fresh_if<std::invalid_argument>(x, out) || fresh_if<std::logic_error>(x, out) ||
+          fresh_if<std::runtime_error>(x, out)) {
+        return out;
+      }
+    } catch (...) {
+    }
+    return e;
+  } catch (...) {
+    return e;
+  }
+}
 
 /// The outcome of one async check, handed from the thread that completes it
 /// to the one thread waiting for it.
@@ -32,10 +91,11 @@ class sync_waiter {
   sync_waiter(const sync_waiter&) = delete;
   sync_waiter& operator=(const sync_waiter&) = delete;
 
-  /// Hands over the outcome (exactly once). Does not block.
+  /// Hands over the outcome (exactly once). Does not block. An error handed
+  /// over from another thread is copied first (see own_copy).
   void set(decision d, std::exception_ptr e) noexcept {
     d_ = d;
-    e_ = std::move(e);
+    e_ = e && std::this_thread::get_id() != waiter_ ? own_copy(e) : std::move(e);
     if (state_.exchange(done, std::memory_order_acq_rel) == asleep) {
       (void)::syscall(SYS_futex, &state_, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
     }
@@ -63,6 +123,7 @@ class sync_waiter {
 
   static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
   std::atomic<std::uint32_t> state_{waiting};
+  const std::thread::id waiter_ = std::this_thread::get_id();
   decision d_{};
   std::exception_ptr e_;
 };
