@@ -4,12 +4,19 @@
 # script, in ROUNDS alternating rounds (each round measures the baseline right
 # before our rows, so that load from other processes hits both alike); prints
 # each round's ratios and their medians.
-# Usage: benchmarks/redis/run_mux.sh [BUILD_DIR] (ROUNDS=5 MIN_TIME=1 N=200000)
+# Usage: benchmarks/redis/run_mux.sh [BUILD_DIR [OTHER_BUILD_DIR]] (ROUNDS=5 MIN_TIME=1 N=200000)
 # (BUILD_DIR configured with -DRATELIMIT_REDIS=ON -DRATELIMIT_BUILD_BENCHMARKS=ON).
+# With OTHER_BUILD_DIR (another revision, say) both run in every round, one
+# right after the other, and their rows are prefixed "1:" and "2:".
 set -eu
 BUILD=${1:-build}
 BENCH="$BUILD/benchmarks/redis/ratelimit_redis_bench"
 [ -x "$BENCH" ] || { echo "build $BENCH first (cmake --build $BUILD --target ratelimit_redis_bench)" >&2; exit 2; }
+BENCH2=
+if [ $# -ge 2 ]; then
+  BENCH2="$2/benchmarks/redis/ratelimit_redis_bench"
+  [ -x "$BENCH2" ] || { echo "build $BENCH2 first" >&2; exit 2; }
+fi
 command -v redis-server >/dev/null || { echo "redis-server not found: apt-get install redis-server" >&2; exit 2; }
 PORT=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
 redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --logfile '' >/dev/null 2>&1 &
@@ -23,7 +30,12 @@ ROUNDS=${ROUNDS:-5}
 MIN_TIME=${MIN_TIME:-1}
 SHA=$(redis-cli -p "$PORT" SCRIPT LOAD "$("$BENCH" --print-script gcra)")
 RB() { redis-benchmark -p "$PORT" -n "$N" -r 10000 --csv "$@" EVALSHA "$SHA" 1 "bench:{+1555__rand_int__}:gcra:bench" "" 1 0 0 90000000 10 | tail -1 | cut -d, -f2 | tr -d '"'; }
-ours() { "$BENCH" --benchmark_filter="$1" --benchmark_min_time="$MIN_TIME" --benchmark_format=csv 2>/dev/null | grep '^"BM_' | cut -d, -f1,7 | tr -d '"'; }
+one() { "$1" --benchmark_filter="$2" --benchmark_min_time="$MIN_TIME" --benchmark_format=csv 2>/dev/null | grep '^"BM_' | cut -d, -f1,7 | tr -d '"'; }
+ours() {
+  if [ -z "$BENCH2" ]; then one "$BENCH" "$1"; return; fi
+  one "$BENCH" "$1" | sed 's/^/1:/'
+  one "$BENCH2" "$1" | sed 's/^/2:/'
+}
 echo "== host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/')"
 r=1
 while [ "$r" -le "$ROUNDS" ]; do

@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <typeinfo>
 #include <vector>
 
 #include "ratelimit/ratelimit.hpp"
@@ -948,6 +949,85 @@ TEST(RedisMultiplex, PendingCapIsExactUnderThreadsAndFreedOnceAnswered) {
     EXPECT_EQ(full, threads * each - cap);
   }
   EXPECT_EQ(store.apply(cfg, "k", store_time, 1).remaining, 100000u - 2 * cap - 1);
+}
+
+// Verifies that the pending cap is local overload, not a Redis fault: with
+// breaker_threshold 1 and the cap (2) taken while the server holds the
+// checks, three blocking checks refused with multiplexer_full are decided by
+// the failure policy (fail_open) and counted as errors, but open no breaker:
+// once the server answers, the held checks and the next one are decided by
+// Redis (with the breaker opened, that one would be short-circuited).
+TEST(RedisMultiplex, PendingCapRefusalIsNoBreakerFailure) {
+  rltest::redis_server server;
+  redis::options o = own(server, "mux-cap-breaker");
+  o.multiplex = 1;
+  o.multiplex_max_pending = 2;
+  o.command_timeout = 5000ms;
+  o.breaker_threshold = 1;
+  o.on_failure = redis::failure_policy::fail_open;
+  redis::redis_store store(o);
+  const fixed_window::config cfg("1000/1h", window_options{.name = "t"});
+  ASSERT_EQ(store.apply(cfg, "warm", store_time, 1).source, decision_source::store);
+  outcomes held(2);
+  // Long enough for slow sanitizer builds on a loaded machine: the refusals
+  // below must all come while the two held checks are pending.
+  (void)rltest::command(o, {"CLIENT", "PAUSE", "1500", "WRITE"});
+  for (std::size_t i = 0; i < 2; ++i) {
+    store.async_apply(cfg, "k", store_time, 1, access::consume, held.handler(i));
+  }
+  for (int i = 0; i < 3; ++i) {
+    const decision d = store.apply(cfg, "k", store_time, 1);
+    EXPECT_EQ(d.source, decision_source::fail_open) << i;
+    EXPECT_TRUE(d.allowed) << i;
+  }
+  EXPECT_FALSE(store.circuit_open());
+  EXPECT_EQ(store.stats().breaker_opened, 0u);
+  EXPECT_EQ(store.stats().errors, 3u);
+  EXPECT_EQ(store.stats().fail_open, 3u);
+  EXPECT_EQ(store.stats().short_circuited, 0u);
+  ASSERT_TRUE(held.wait());
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_FALSE(held.errors[i]) << i;
+    EXPECT_EQ(held.decisions[i].source, decision_source::store) << i;
+  }
+  const decision next = store.apply(cfg, "k", store_time, 1);
+  EXPECT_EQ(next.source, decision_source::store);
+  EXPECT_EQ(next.remaining, 1000u - 3);
+  EXPECT_EQ(store.stats().short_circuited, 0u);
+}
+
+// Verifies the copy a blocking check's waiter gets of an error handed over
+// from the I/O thread: the same dynamic type (not a base: a tls_error stays
+// a tls_error) and message, a distinct object; a type it does not know is
+// handed over as it is.
+TEST(RedisMultiplex, WaiterOwnsACopyOfTheErrorOfTheSameType) {
+  const auto same = [](auto original) {
+    using E = decltype(original);
+    const std::exception_ptr e = std::make_exception_ptr(original);
+    const std::exception_ptr c = redis::detail::own_copy(e);
+    EXPECT_NE(c, e) << typeid(E).name();
+    try {
+      std::rethrow_exception(c);
+    } catch (const std::exception& x) {
+      EXPECT_EQ(typeid(x), typeid(E));
+      EXPECT_STREQ(x.what(), original.what());
+    }
+  };
+  same(redis::timeout_error("t"));
+  same(redis::connection_error("c"));
+  same(redis::tls_error("tls"));
+  same(redis::multiplexer_full("full"));
+  same(redis::multiplexer_stopped("stopped"));
+  same(redis::script_error("s"));
+  same(std::invalid_argument("bad"));
+  same(std::bad_alloc());
+  struct own_error : redis::connection_error {
+    using connection_error::connection_error;
+  };
+  const std::exception_ptr mine = std::make_exception_ptr(own_error("mine"));
+  EXPECT_EQ(redis::detail::own_copy(mine), mine);
+  const std::exception_ptr number = std::make_exception_ptr(7);
+  EXPECT_EQ(redis::detail::own_copy(number), number);
 }
 
 }  // namespace

@@ -1272,24 +1272,8 @@ class cluster_store {
       detail::count_error(st.stats, e);
       return st.degrader.degrade(st.stats, cfg, key, now, cost, a, e);
     }
-    struct waiter {
-      std::mutex m;
-      std::condition_variable cv;
-      bool done = false;
-      decision d;
-      std::exception_ptr e;
-    } w;
-    start_check(cfg, key, now, cost, a, [&w](decision d, std::exception_ptr e) {
-      std::lock_guard<std::mutex> lock(w.m);
-      w.d = d;
-      w.e = std::move(e);
-      w.done = true;
-      w.cv.notify_one();  // under the lock: `w` lives until the waiter sees `done`
-    });
-    std::unique_lock<std::mutex> lock(w.m);
-    w.cv.wait(lock, [&] { return w.done; });
-    if (w.e) std::rethrow_exception(w.e);
-    return w.d;
+    return detail::sync_wait(
+        [&](auto handler) { start_check(cfg, key, now, cost, a, std::move(handler)); });
   }
 
   /// What became of one check.

@@ -253,13 +253,8 @@ class multiplexer {
         }
         jobs->clear();
       }
-      for (auto* jobs : {&l.queued, &l.inflight}) {
-        l.failing.swap(*jobs);
-        for (auto& j : l.failing) {
-          if (j != nullptr) finish(std::move(j), nullptr, err);
-        }
-        l.failing.clear();
-      }
+      fail_jobs(l, l.queued, err);
+      fail_jobs(l, l.inflight, err);
     }
   }
 
@@ -346,24 +341,38 @@ class multiplexer {
     return error_or_current([what] { return std::make_exception_ptr(timeout_error(what)); });
   }
 
+  /// Closes the lane's connection and forgets the write in progress (the
+  /// jobs stay where they are).
+  static void reset_lane(lane& l) noexcept {
+    l.conn.reset();
+    l.reader.reset();
+    l.out.clear();
+    l.written = 0;
+    l.batch_first = 0;
+  }
+
+  /// Fails every job of `jobs` with `why` (null entries, moved from when an
+  /// exception came, are skipped) and empties it. Swaps `jobs` into
+  /// `l.failing` first, so a complete() that submits again cannot touch the
+  /// container being walked. Allocates nothing: `l.failing` keeps its node.
+  void fail_jobs(lane& l, std::deque<std::unique_ptr<mux_job>>& jobs,
+                 const std::exception_ptr& why) noexcept {
+    l.failing.swap(jobs);
+    for (auto& j : l.failing) {
+      if (j != nullptr) finish(std::move(j), nullptr, why);
+    }
+    l.failing.clear();
+  }
+
   /// After an exception on the I/O thread while serving `l`: drops its
   /// connection and fails each of its jobs (queued and written; null
   /// entries, moved from when the exception came, are skipped) with `why`.
   /// Allocates nothing.
   void fail_lane(lane& l, const std::exception_ptr& why) noexcept {
     dropped_.fetch_add(1, std::memory_order_relaxed);
-    l.conn.reset();
-    l.reader.reset();
-    l.out.clear();
-    l.written = 0;
-    l.batch_first = 0;
-    for (auto* jobs : {&l.inflight, &l.queued}) {
-      l.failing.swap(*jobs);
-      for (auto& j : l.failing) {
-        if (j != nullptr) finish(std::move(j), nullptr, why);
-      }
-      l.failing.clear();  // keeps its node: allocates nothing
-    }
+    reset_lane(l);
+    fail_jobs(l, l.inflight, why);
+    fail_jobs(l, l.queued, why);
   }
 
   /// Drops the lane's connection: fails every job written on it. Jobs whose
@@ -371,11 +380,7 @@ class multiplexer {
   /// Allocates nothing but the timeout_error (or gives it `why` instead).
   void drop(lane& l, const std::exception_ptr& why) noexcept {
     dropped_.fetch_add(1, std::memory_order_relaxed);
-    l.conn.reset();
-    l.reader.reset();
-    l.out.clear();
-    l.written = 0;
-    l.batch_first = 0;
+    reset_lane(l);
     l.failing.swap(l.inflight);
     const deadline now = deadline_clock::now();
     std::exception_ptr late;
@@ -414,10 +419,7 @@ class multiplexer {
     } catch (...) {
       l.conn.reset();
       l.reader.reset();
-      const std::exception_ptr e = std::current_exception();
-      l.failing.swap(l.queued);
-      for (auto& j : l.failing) finish(std::move(j), nullptr, e);
-      l.failing.clear();
+      fail_jobs(l, l.queued, std::current_exception());
       return;
     }
     const auto took = deadline_clock::now() - start;
@@ -629,11 +631,7 @@ class multiplexer {
     expire_queued(l, now);
     if (retired(l) && l.inflight.empty()) {
       // Every check written on it has its answer: close it quietly.
-      l.conn.reset();
-      l.reader.reset();
-      l.out.clear();
-      l.written = 0;
-      l.batch_first = 0;
+      reset_lane(l);
     }
     if (l.conn == nullptr && !l.queued.empty()) {
       {

@@ -10,7 +10,6 @@
 #include <atomic>
 #include <chrono>
 #include <concepts>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -49,6 +48,7 @@
 #include "ratelimit/redis/scripts/token_bucket.hpp"
 #include "ratelimit/redis/sentinel.hpp"
 #include "ratelimit/redis/stats.hpp"
+#include "ratelimit/redis/sync_wait.hpp"
 #include "ratelimit/store/memory_store.hpp"
 
 namespace ratelimit::redis {
@@ -427,6 +427,9 @@ class redis_store {
     access a;
     Handler handler;
     bool reloaded = false;
+    /// Refused by the multiplexer's pending cap (multiplexer_full): local
+    /// overload, not a Redis fault, so no failure for the circuit breaker.
+    bool refused_full = false;
 
     /// The command: EVALSHA, or EVAL with the script's text.
     void build(bool with_text) {
@@ -468,8 +471,10 @@ class redis_store {
           return;
         }
         detail::count_error(s->stats, error);
-        s->failed();
-        if (s->sentinel) s->master_may_have_moved(error);
+        if (!refused_full) {
+          s->failed();
+          if (s->sentinel) s->master_may_have_moved(error);
+        }
         degrade_and_deliver(error);
         return;
       }
@@ -542,10 +547,17 @@ class redis_store {
     auto job = std::make_unique<job_t>(&st, cfg, key, now, cost, a, std::move(handler));
     job->build(false);
     job->until = deadline_clock::now() + st.command_timeout;
+    job_t* const jp = job.get();
     std::unique_ptr<mux_job> base(std::move(job));
     bool queued = false;
     try {
       queued = st.mux.submit(base);
+    } catch (const multiplexer_full&) {
+      // The cap on pending checks (local overload): nothing was sent, and
+      // Redis did not fail, so the breaker counts nothing.
+      jp->refused_full = true;
+      jp->complete(std::move(base), nullptr, std::current_exception());
+      return;
     } catch (const connection_error&) {
       // No eventfd or I/O thread (out of descriptors or threads): nothing
       // was sent, a failure decided here as a connect that failed.
@@ -565,24 +577,8 @@ class redis_store {
           "ratelimit: redis: a blocking check on the store's I/O thread (inside an async "
           "handler) would wait for itself; use async_apply there");
     }
-    struct waiter {
-      std::mutex m;
-      std::condition_variable cv;
-      bool done = false;
-      decision d;
-      std::exception_ptr e;
-    } w;
-    start_check(cfg, key, now, cost, a, [&w](decision d, std::exception_ptr e) {
-      std::lock_guard<std::mutex> lock(w.m);
-      w.d = d;
-      w.e = std::move(e);
-      w.done = true;
-      w.cv.notify_one();  // under the lock: `w` lives until the waiter sees `done`
-    });
-    std::unique_lock<std::mutex> lock(w.m);
-    w.cv.wait(lock, [&] { return w.done; });
-    if (w.e) std::rethrow_exception(w.e);
-    return w.d;
+    return detail::sync_wait(
+        [&](auto handler) { start_check(cfg, key, now, cost, a, std::move(handler)); });
   }
 
   /// A key's reply slot in one round trip.
