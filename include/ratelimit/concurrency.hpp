@@ -509,7 +509,7 @@ struct leases {
       if (more_ == nullptr || more_->size == more_->capacity) grow();
       lease* slot = ::new (more_->items() + more_->size) lease();
       try {
-        slot->assign(id);
+        slot->assign_short(id);
       } catch (...) {
         slot->~lease();
         throw;
@@ -618,6 +618,11 @@ struct leases {
   /// step() beyond its fast path (all of it with a rate).
   static decision step_general(const config& cfg, state& s, timestamp now) {
     const std::int64_t t = now.count();
+    if constexpr (!rated) {
+      // A subscriber in one call taking or ending a second: the same
+      // decisions as the general path below, without its loops.
+      if (const auto d = second_call(cfg, s, t)) return *d;
+    }
     std::size_t mine = find(s, cfg.lease_id(), t);
     if (mine == expired_found) [[unlikely]] {
       if (cfg.op() == lease_op::acquire) return acquire_over_expired(cfg, s, now);
@@ -649,6 +654,38 @@ struct leases {
     d.limit = cfg.limit();
     d.remaining = d.limit - 1;
     d.reset_after = std::chrono::microseconds{duration};
+    return d;
+  }
+
+  /// Without a rate, on a key whose leases are all live at `t`: an acquire
+  /// of a new id beside one lease, when N >= 2 (granted), and a release of
+  /// one of two leases. Empty for anything else (the general path decides).
+  /// @throws std::bad_alloc (the new lease's place) with the set unchanged
+  static std::optional<decision> second_call(const config& cfg, state& s, std::int64_t t) {
+    const std::size_t n = s.held.size();
+    if (n == 0 || n > 2 || s.held[0].expiry <= t) return std::nullopt;
+    const std::string_view id = cfg.lease_id();
+    decision d;
+    d.allowed = true;
+    d.counted = true;
+    d.limit = cfg.limit();
+    if (n == 1) {
+      if (cfg.op() != lease_op::acquire || d.limit < 2 || s.held[0].holds(id)) return std::nullopt;
+      const std::int64_t expiry = t + duration_of(cfg);
+      s.held.add(id, expiry);
+      d.remaining = d.limit - 2;
+      d.reset_after = std::chrono::microseconds{std::max(s.held[0].expiry, expiry) - t};
+      return d;
+    }
+    if (cfg.op() != lease_op::release || s.held[1].expiry <= t) return std::nullopt;
+    std::size_t mine = 0;
+    if (!s.held[0].holds(id)) {
+      if (!s.held[1].holds(id)) return std::nullopt;
+      mine = 1;
+    }
+    s.held.remove(mine);
+    d.remaining = d.limit <= 1 ? 0 : d.limit - 1;
+    d.reset_after = std::chrono::microseconds{s.held[0].expiry - t};
     return d;
   }
 
