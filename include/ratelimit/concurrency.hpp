@@ -621,7 +621,8 @@ struct leases {
     if constexpr (!rated) {
       // A subscriber in one call taking or ending a second: the same
       // decisions as the general path below, without its loops.
-      if (const auto d = second_call(cfg, s, t)) return *d;
+      decision d;
+      if (second_call(cfg, s, t, d)) return d;
     }
     std::size_t mine = find(s, cfg.lease_id(), t);
     if (mine == expired_found) [[unlikely]] {
@@ -659,34 +660,37 @@ struct leases {
 
   /// Without a rate, on a key whose leases are all live at `t`: an acquire
   /// of a new id beside one lease, when N >= 2 (granted), and a release of
-  /// one of two leases. Empty for anything else (the general path decides).
+  /// one of two leases: true with the decision in `d`. False for anything
+  /// else (the general path decides; `d` is then of no use), the set untouched.
   /// @throws std::bad_alloc (the new lease's place) with the set unchanged
-  static std::optional<decision> second_call(const config& cfg, state& s, std::int64_t t) {
+  static bool second_call(const config& cfg, state& s, std::int64_t t, decision& d) {
     const std::size_t n = s.held.size();
-    if (n == 0 || n > 2 || s.held[0].expiry <= t) return std::nullopt;
+    if (n == 0 || n > 2 || s.held[0].expiry <= t) return false;
     const std::string_view id = cfg.lease_id();
-    decision d;
+    if (n == 1) {
+      if (cfg.op() != lease_op::acquire || cfg.limit() < 2 || s.held[0].holds(id)) return false;
+    } else {
+      if (cfg.op() != lease_op::release || s.held[1].expiry <= t) return false;
+    }
     d.allowed = true;
     d.counted = true;
     d.limit = cfg.limit();
     if (n == 1) {
-      if (cfg.op() != lease_op::acquire || d.limit < 2 || s.held[0].holds(id)) return std::nullopt;
       const std::int64_t expiry = t + duration_of(cfg);
       s.held.add(id, expiry);
       d.remaining = d.limit - 2;
       d.reset_after = std::chrono::microseconds{std::max(s.held[0].expiry, expiry) - t};
-      return d;
+      return true;
     }
-    if (cfg.op() != lease_op::release || s.held[1].expiry <= t) return std::nullopt;
     std::size_t mine = 0;
     if (!s.held[0].holds(id)) {
-      if (!s.held[1].holds(id)) return std::nullopt;
+      if (!s.held[1].holds(id)) return false;
       mine = 1;
     }
     s.held.remove(mine);
     d.remaining = d.limit <= 1 ? 0 : d.limit - 1;
     d.reset_after = std::chrono::microseconds{s.held[0].expiry - t};
-    return d;
+    return true;
   }
 
   /// The decision of a release that freed a key's only lease (see step()).
