@@ -45,9 +45,16 @@ std::string describe(const decision& d) {
 template <class R, class... RateConfig>
 void same_decisions(unsigned seed, const RateConfig&... rate) {
   const concurrency_config cc{2, microseconds{1000}, concurrency_options{.name = "calls"}};
-  concurrency_limiter<R> hinted{cc, rate...};
-  concurrency_limiter<R> plain{cc, rate...};
-  concurrency_limiter<R> other{cc, rate...};  // fills foreign hints
+  // The two compared stores share their hash key: times here run backwards
+  // now and then, and then a decision may depend on which idle keys a store
+  // reclaimed (see memory_store_options::hash_key), which follows the key.
+  // The third store's differs, so that its hints are foreign.
+  const auto store = [](std::uint64_t k) {
+    return memory_store<leases<R>>{memory_store_options{.hash_key = {{k, ~k}}}};
+  };
+  concurrency_limiter<R> hinted{cc, rate..., store(seed)};
+  concurrency_limiter<R> plain{cc, rate..., store(seed)};
+  concurrency_limiter<R> other{cc, rate..., store(seed + 77)};  // fills foreign hints
   std::mt19937 rng(seed);
   std::vector<lease_hint> hints(1);                                 // a default one first
   std::map<std::pair<std::string, std::string>, std::size_t> last;  // (key, id) -> its hint
