@@ -18,8 +18,11 @@
 //   POLICY: floor fixed_window sliding_log sliding_counter token_bucket gcra
 //           idempotent_new idempotent_repeat (checks with request ids through
 //           idempotent_store<fixed_window>: new ids, or the last pass's again)
-//           lease_pair lease_pair_long (a lease acquire and its release per
-//           key, 9-byte or 44-byte lease ids)
+//           lease_pair (a lease acquire and its release per key, 9-byte
+//           lease ids), lease_pair_long (44-byte ids), lease_pair_call (keys
+//           holding one more lease), lease_pair_gcra (with a GCRA rate); each
+//           also with the suffix _hint (the release given the acquire's
+//           lease_hint)
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -96,27 +99,58 @@ std::uint64_t run_idempotent(const std::vector<std::string>& keys, const key_ord
   });
 }
 
-/// Lease acquire/release pairs (concurrency_limiter<>, 5 leases per key, as
-/// in ratelimit_leases_paired), on keys held by the store without a lease,
-/// after one pair per key with the same id (as in that benchmark's later
-/// rounds, a long id's heap block is then already there). `id` is the
-/// pair's lease id. Counts one pair per key.
-std::uint64_t run_lease_pairs(const std::vector<std::string>& keys, const key_order& order,
-                              const std::string& id) {
-  const rl::concurrency_config conc{5, std::chrono::hours{1}, {.name = "calls"}};
-  rl::concurrency_limiter<> lim(conc);
+/// Lease acquire/release pairs (5 leases per key, as in
+/// ratelimit_leases_paired), on keys held by the store, after one pair per
+/// key with the same id (as in that benchmark's later rounds, a long id's
+/// heap block is then already there). `id` is the pair's lease id; `in_call`:
+/// each key holds one more lease throughout; `hinted`: the release takes the
+/// acquire's lease_hint. Counts one pair per key.
+template <class Limiter>
+std::uint64_t run_lease_pairs(Limiter& lim, const std::vector<std::string>& keys,
+                              const key_order& order, const std::string& id, bool in_call,
+                              bool hinted) {
   std::int64_t now = 1'000'000'000;
   for (const auto& k : keys) (void)lim.acquire(k, "call-0000", rl::timestamp{now});
-  for (const auto& k : keys) (void)lim.release(k, "call-0000", rl::timestamp{now});
+  if (!in_call) {
+    for (const auto& k : keys) (void)lim.release(k, "call-0000", rl::timestamp{now});
+  }
   for (const auto& k : keys) {
     (void)lim.acquire(k, id, rl::timestamp{now});
     (void)lim.release(k, id, rl::timestamp{now});
+  }
+  if (hinted) {
+    return checks_pass(order, [&](const std::string& k) {
+      now += 10;
+      rl::lease_hint hint;
+      return static_cast<std::uint64_t>(lim.acquire(k, id, rl::timestamp{now}, hint).remaining) +
+             static_cast<std::uint64_t>(lim.release(k, id, rl::timestamp{now}, hint).allowed);
+    });
   }
   return checks_pass(order, [&](const std::string& k) {
     now += 10;
     return static_cast<std::uint64_t>(lim.acquire(k, id, rl::timestamp{now}).remaining) +
            static_cast<std::uint64_t>(lim.release(k, id, rl::timestamp{now}).allowed);
   });
+}
+
+/// POLICY lease_pair[_long|_call|_gcra][_hint] (see the usage above).
+std::uint64_t run_lease_policy(std::string_view policy, const std::vector<std::string>& keys,
+                               const key_order& order) {
+  const rl::concurrency_config conc{5, std::chrono::hours{1}, {.name = "calls"}};
+  const bool hinted = policy.ends_with("_hint");
+  if (hinted) policy.remove_suffix(5);
+  if (policy == "lease_pair_gcra") {
+    rl::concurrency_limiter<rl::gcra> lim(
+        conc, rl::gcra::config{rl::rate{1, std::chrono::seconds{10}},
+                               rl::bucket_options{100'000'000, "calls"}});
+    return run_lease_pairs(lim, keys, order, "call-0001", false, hinted);
+  }
+  rl::concurrency_limiter<> lim(conc);
+  if (policy == "lease_pair_long") {
+    return run_lease_pairs(lim, keys, order, "3f2b8c1e-9d4a-4e7b-a6c5-1b2d3e4f5a6b@10.0.0.5", false,
+                           hinted);
+  }
+  return run_lease_pairs(lim, keys, order, "call-0001", policy == "lease_pair_call", hinted);
 }
 
 }  // namespace
@@ -163,10 +197,8 @@ int main(int argc, char** argv) {
     sum = run<rl::gcra>(rl::gcra::config{rl::rate{1, std::chrono::microseconds{1}},
                                          rl::bucket_options{1'000'000'000}},
                         keys, order);
-  } else if (policy == "lease_pair") {
-    sum = run_lease_pairs(keys, order, "call-0001");
-  } else if (policy == "lease_pair_long") {
-    sum = run_lease_pairs(keys, order, "3f2b8c1e-9d4a-4e7b-a6c5-1b2d3e4f5a6b@10.0.0.5");
+  } else if (policy.starts_with("lease_pair")) {
+    sum = run_lease_policy(policy, keys, order);
   } else if (policy == "idempotent_new" || policy == "idempotent_repeat") {
     sum = run_idempotent(keys, order, policy == "idempotent_repeat");
   } else {

@@ -10,7 +10,8 @@
 // measured in the same round. Time is passed in, 10 us later per operation;
 // every key stays held by its store (a plain check's state is never idle).
 // The lease pairs run on keys without another lease, alone and with a GCRA
-// rate, and on keys holding one more lease throughout ("in a call").
+// rate, and on keys holding one more lease throughout ("in a call"); each
+// again with the release given the acquire's lease_hint ("pair+hint").
 // Then, with --memory, the heap bytes per key of 100,000 keys each holding
 // one live lease (mallinfo2, glibc only).
 //
@@ -70,13 +71,30 @@ subject plain(std::string name, typename P::config cfg, const std::vector<std::s
 /// already in a call); without, the key's only lease is the pair's. Either
 /// way every key is held by the store: all are inserted before any lease is
 /// released, and a store drops idle keys only while inserting new ones.
+/// With `hinted`, the release is given the hint its acquire filled
+/// (rl::lease_hint), so that it does not hash the key again.
 template <class Limiter>
 subject pairs(std::string name, std::shared_ptr<Limiter> lim, const std::vector<std::string>& keys,
-              bool in_call) {
+              bool in_call, bool hinted = false) {
   const rl::timestamp start{1'000'000'000};
   for (const auto& k : keys) (void)lim->acquire(k, id_held, start);
   if (!in_call) {
     for (const auto& k : keys) (void)lim->release(k, id_held, start);
+  }
+  if (hinted) {
+    return {std::move(name),
+            [lim](const std::vector<const std::string*>& order, std::int64_t& now) {
+              std::uint64_t sum = 0;
+              for (const std::string* k : order) {
+                rl::lease_hint hint;
+                sum += static_cast<std::uint64_t>(
+                    lim->acquire(*k, id_pair, rl::timestamp{now}, hint).remaining);
+                sum += static_cast<std::uint64_t>(
+                    lim->release(*k, id_pair, rl::timestamp{now}, hint).allowed);
+                now += 10;
+              }
+              return sum;
+            }};
   }
   return {
       std::move(name), [lim](const std::vector<const std::string*>& order, std::int64_t& now) {
@@ -157,6 +175,13 @@ int main(int argc, char** argv) {
                            keys, false));
   subjects.push_back(pairs("pair: leases, in a call",
                            std::make_shared<rl::concurrency_limiter<>>(conc), keys, true));
+  subjects.push_back(pairs("pair+hint: leases", std::make_shared<rl::concurrency_limiter<>>(conc),
+                           keys, false, true));
+  subjects.push_back(pairs("pair+hint: leases + gcra",
+                           std::make_shared<rl::concurrency_limiter<rl::gcra>>(conc, gcra_cfg),
+                           keys, false, true));
+  subjects.push_back(pairs("pair+hint: in a call",
+                           std::make_shared<rl::concurrency_limiter<>>(conc), keys, true, true));
 
   std::vector<std::vector<double>> per_op(subjects.size());
   std::vector<std::vector<double>> vs_fixed(subjects.size());

@@ -21,12 +21,15 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <new>
+#include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -280,6 +283,17 @@ struct leases {
       last_ = static_cast<std::uint8_t>(id.size() - 1);
     }
 
+    /// assign(), with its most common case inline: an id of up to
+    /// inline_bytes bytes taking the place of another such id.
+    void assign_short(std::string_view id) {
+      if (id.size() - 1 < inline_bytes && size() <= inline_bytes) {
+        copy_small(buf_, id.data(), id.size());
+        last_ = static_cast<std::uint8_t>(id.size() - 1);
+      } else {
+        assign(id);
+      }
+    }
+
     /// Whether this lease's id is `id`. Inline ids are compared with two
     /// overlapping word loads, without a call.
     [[nodiscard]] bool holds(std::string_view id) const noexcept {
@@ -432,6 +446,20 @@ struct leases {
       first_.assign(id);
       first_.expiry = expiry;
     }
+    /// The leases after the first (empty when there is none).
+    [[nodiscard]] std::span<const lease> more() const noexcept {
+      if (more_ == nullptr || first_.expiry == 0) return {};
+      return {more_->items(), more_->size};
+    }
+    /// add() on an empty set, with an id of up to 15 bytes copied inline
+    /// when the lease held one before (no call); else as add().
+    /// @throws std::bad_alloc with the set unchanged
+    void add_first(std::string_view id, std::int64_t expiry) {
+      first_.assign_short(id);
+      first_.expiry = expiry;
+    }
+    /// Removes the set's only lease (remove(0) when size() == 1).
+    void remove_only() noexcept { first_.expiry = 0; }
     /// Removes lease i (the last one takes its place).
     void remove(std::size_t i) noexcept {
       const std::size_t n = size();
@@ -481,7 +509,7 @@ struct leases {
       if (more_ == nullptr || more_->size == more_->capacity) grow();
       lease* slot = ::new (more_->items() + more_->size) lease();
       try {
-        slot->assign(id);
+        slot->assign_short(id);
       } catch (...) {
         slot->~lease();
         throw;
@@ -531,31 +559,40 @@ struct leases {
   /// std::invalid_argument for a grant of an id out of 1..256 bytes (the
   /// limiter checks ids first), leaving the state as it was.
   static decision step(const config& cfg, state& s, timestamp now, units /*cost*/) {
+    // A key with at most one lease, live (a subscriber in no call or in
+    // one): acquire into an empty set and release of its one lease, the
+    // same decisions as the general path, without its loops (a release
+    // never touches the rate). Short, so that it is inlined into the
+    // store's critical section; without a rate the general path is a call
+    // of its own.
     const std::int64_t t = now.count();
-    if constexpr (!rated) {
-      // A key with at most one lease, live (a subscriber in no call or in
-      // one): acquire into an empty set and release of its one lease, the
-      // same decisions as the general path below, without its loops.
-      if (s.held.at_most_one_live(t)) {
-        if (cfg.op() == lease_op::acquire && s.held.empty()) return acquire_first(cfg, s, t);
-        if (cfg.op() == lease_op::release && !s.held.empty() && s.held[0].holds(cfg.lease_id())) {
-          s.held.remove(0);
-          return released_last(cfg);
+    if (s.held.at_most_one_live(t)) {
+      if (cfg.op() == lease_op::acquire && s.held.empty()) {
+        if constexpr (rated) {
+          return acquire(cfg, s, absent, now);
+        } else {
+          return acquire_first(cfg, s, t);
         }
       }
+      if (cfg.op() == lease_op::release && !s.held.empty() && s.held[0].holds(cfg.lease_id())) {
+        s.held.remove_only();
+        return released_last(cfg);
+      }
     }
-    std::size_t mine = find(s, cfg.lease_id(), t);
-    if (mine == expired_found) [[unlikely]] {
-      if (cfg.op() == lease_op::acquire) return acquire_over_expired(cfg, s, now);
-      mine = drop_expired(s, cfg.lease_id(), t);
+    if constexpr (rated) {
+      return step_general(cfg, s, now);
+    } else {
+      return step_general_call(cfg, s, now);
     }
-    // Acquire and release, the operations of every call, inline; the rest out of line.
-    if (cfg.op() == lease_op::acquire) return acquire(cfg, s, mine, now);
-    if (cfg.op() == lease_op::release) {
-      if (mine != absent) s.held.remove(mine);
-      return answer(cfg, s, t, mine != absent);
-    }
-    return step_other(cfg, s, mine, t);
+  }
+
+  /// The decision step() would give, on a copy (access::peek; the limiter
+  /// never peeks). Out of line, so that the store's path for held keys does
+  /// not carry a lease set's copy.
+  [[gnu::noinline]] static decision peek(const config& cfg, const state& s, timestamp now,
+                                         units cost) {
+    state copy = s;
+    return step(cfg, copy, now, cost);
   }
 
   /// True when no lease is live at `now` and the rate's state is idle.
@@ -572,6 +609,35 @@ struct leases {
   }
 
  private:
+  /// step_general(), out of line: what step() calls beyond its fast path
+  /// (without a rate), so that the fast path stays short.
+  [[gnu::noinline]] static decision step_general_call(const config& cfg, state& s, timestamp now) {
+    return step_general(cfg, s, now);
+  }
+
+  /// step() beyond its fast path (all of it with a rate).
+  static decision step_general(const config& cfg, state& s, timestamp now) {
+    const std::int64_t t = now.count();
+    if constexpr (!rated) {
+      // A subscriber in one call taking or ending a second: the same
+      // decisions as the general path below, without its loops.
+      decision d;
+      if (second_call(cfg, s, t, d)) return d;
+    }
+    std::size_t mine = find(s, cfg.lease_id(), t);
+    if (mine == expired_found) [[unlikely]] {
+      if (cfg.op() == lease_op::acquire) return acquire_over_expired(cfg, s, now);
+      mine = drop_expired(s, cfg.lease_id(), t);
+    }
+    // Acquire and release, the operations of every call, inline; the rest out of line.
+    if (cfg.op() == lease_op::acquire) return acquire(cfg, s, mine, now);
+    if (cfg.op() == lease_op::release) {
+      if (mine != absent) s.held.remove(mine);
+      return answer(cfg, s, t, mine != absent);
+    }
+    return step_other(cfg, s, mine, t);
+  }
+
   static constexpr std::size_t absent = static_cast<std::size_t>(-1);
   static constexpr std::size_t expired_found = static_cast<std::size_t>(-2);
 
@@ -582,7 +648,7 @@ struct leases {
   /// acquire on a set holding no lease: grants the first (see step()).
   static decision acquire_first(const config& cfg, state& s, std::int64_t t) {
     const std::int64_t duration = duration_of(cfg);
-    s.held.add(cfg.lease_id(), t + duration);
+    s.held.add_first(cfg.lease_id(), t + duration);
     decision d;
     d.allowed = true;
     d.counted = true;
@@ -590,6 +656,41 @@ struct leases {
     d.remaining = d.limit - 1;
     d.reset_after = std::chrono::microseconds{duration};
     return d;
+  }
+
+  /// Without a rate, on a key whose leases are all live at `t`: an acquire
+  /// of a new id beside one lease, when N >= 2 (granted), and a release of
+  /// one of two leases: true with the decision in `d`. False for anything
+  /// else (the general path decides; `d` is then of no use), the set untouched.
+  /// @throws std::bad_alloc (the new lease's place) with the set unchanged
+  static bool second_call(const config& cfg, state& s, std::int64_t t, decision& d) {
+    const std::size_t n = s.held.size();
+    if (n == 0 || n > 2 || s.held[0].expiry <= t) return false;
+    const std::string_view id = cfg.lease_id();
+    if (n == 1) {
+      if (cfg.op() != lease_op::acquire || cfg.limit() < 2 || s.held[0].holds(id)) return false;
+    } else {
+      if (cfg.op() != lease_op::release || s.held[1].expiry <= t) return false;
+    }
+    d.allowed = true;
+    d.counted = true;
+    d.limit = cfg.limit();
+    if (n == 1) {
+      const std::int64_t expiry = t + duration_of(cfg);
+      s.held.add(id, expiry);
+      d.remaining = d.limit - 2;
+      d.reset_after = std::chrono::microseconds{std::max(s.held[0].expiry, expiry) - t};
+      return true;
+    }
+    std::size_t mine = 0;
+    if (!s.held[0].holds(id)) {
+      if (!s.held[1].holds(id)) return false;
+      mine = 1;
+    }
+    s.held.remove(mine);
+    d.remaining = d.limit <= 1 ? 0 : d.limit - 1;
+    d.reset_after = std::chrono::microseconds{s.held[0].expiry - t};
+    return true;
   }
 
   /// The decision of a release that freed a key's only lease (see step()).
@@ -626,12 +727,15 @@ struct leases {
   /// lease has expired at `t` (the caller drops them and looks again).
   [[nodiscard]] static std::size_t find(const state& s, std::string_view id,
                                         std::int64_t t) noexcept {
-    std::size_t found = absent;
-    const std::size_t n = s.held.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      const lease& l = s.held[i];
+    if (s.held.empty()) return absent;
+    const lease& first = s.held[0];
+    if (first.expiry <= t) return expired_found;
+    std::size_t found = first.holds(id) ? 0 : absent;
+    const std::span<const lease> more = s.held.more();
+    for (std::size_t i = 0; i < more.size(); ++i) {
+      const lease& l = more[i];
       if (l.expiry <= t) return expired_found;
-      if (found == absent && l.holds(id)) found = i;
+      if (found == absent && l.holds(id)) found = i + 1;
     }
     return found;
   }
@@ -646,9 +750,13 @@ struct leases {
     p.remaining = live >= p.limit ? 0 : p.limit - live;
     std::int64_t earliest = std::numeric_limits<std::int64_t>::max();
     std::int64_t latest = t;
-    for (std::size_t i = 0; i < n; ++i) {
-      earliest = std::min(earliest, s.held[i].expiry);
-      latest = std::max(latest, s.held[i].expiry);
+    if (n != 0) {
+      earliest = s.held[0].expiry;
+      latest = std::max(latest, earliest);
+      for (const lease& l : s.held.more()) {
+        earliest = std::min(earliest, l.expiry);
+        latest = std::max(latest, l.expiry);
+      }
     }
     p.reset_after = std::chrono::microseconds{latest - t};
     if (!ok) p.retry_after = std::chrono::microseconds{earliest - t};
@@ -755,6 +863,53 @@ struct leases {
   }
 };
 
+class lease_hint;
+namespace detail {
+/// The limiter's access to a lease_hint's fields.
+struct lease_hint_access {
+  static void fill(lease_hint& h, std::uint64_t hash, const void* store) noexcept;
+  /// The hash `h` holds if `store` filled it.
+  [[nodiscard]] static std::optional<std::uint64_t> hash_for(const lease_hint& h,
+                                                             const void* store) noexcept;
+};
+}  // namespace detail
+
+/// What an acquire learned about its key that lets the release or renew of
+/// the same lease skip work: on the in-process store, the key's keyed hash,
+/// so that the release does not hash the key again. A plain value the caller
+/// keeps with its lease (beside the Call-ID); 16 bytes, no allocation.
+///
+/// Only a hint: it never changes a decision. An operation given a hint
+/// decides exactly as the same operation without one, whatever the hint is:
+/// one filled by another key, another lease, another limiter or store (or a
+/// store since destroyed), one whose lease has since expired, been released
+/// or acquired again, or one never filled. A hint that does not fit the key
+/// costs one hash more (the key is looked up once by the hint, then as
+/// without it). Stores that do not hash keys in process (Redis) ignore it.
+class lease_hint {
+ public:
+  lease_hint() noexcept = default;
+  /// True once an acquire on an in-process store filled it.
+  [[nodiscard]] bool filled() const noexcept { return store_ != nullptr; }
+
+ private:
+  friend struct detail::lease_hint_access;
+
+  std::uint64_t hash_ = 0;       ///< the key's hash in the store `store_`
+  const void* store_ = nullptr;  ///< the store that hashed it (compared, never dereferenced)
+};
+
+inline void detail::lease_hint_access::fill(lease_hint& h, std::uint64_t hash,
+                                            const void* store) noexcept {
+  h.hash_ = hash;
+  h.store_ = store;
+}
+inline std::optional<std::uint64_t> detail::lease_hint_access::hash_for(
+    const lease_hint& h, const void* store) noexcept {
+  if (h.store_ != store) return std::nullopt;
+  return h.hash_;
+}
+
 /// The front end of a lease limit: `acquire`, `release`, `renew` per key and
 /// lease id, each reading the clock once (or taking `now`), validating its
 /// input and running as one atomic operation in the store.
@@ -813,6 +968,20 @@ class concurrency_limiter {
     return run_at(key, lease_op::acquire, lease_id, now);
   }
 
+  /// As `acquire(key, lease_id)`, also filling `hint` for the release or
+  /// renew of this lease (see lease_hint: it changes no decision).
+  [[nodiscard]] decision acquire(std::string_view key, std::string_view lease_id,
+                                 lease_hint& hint) {
+    return run_hinted(key, lease_op::acquire, lease_id, hint, &hint);
+  }
+  /// As above, at `now`.
+  [[nodiscard]] decision acquire(std::string_view key, std::string_view lease_id, timestamp now,
+                                 lease_hint& hint)
+    requires store_for<Store, leases<R>>
+  {
+    return run_hinted_at(key, lease_op::acquire, lease_id, now, hint, &hint);
+  }
+
   /// Frees `lease_id`: allowed when it was live; an unknown or expired id is
   /// rejected with retry_after `never` and changes nothing.
   decision release(std::string_view key, std::string_view lease_id) {
@@ -823,6 +992,19 @@ class concurrency_limiter {
     requires store_for<Store, leases<R>>
   {
     return run_at(key, lease_op::release, lease_id, now);
+  }
+
+  /// As `release(key, lease_id)`, with the hint its acquire filled: skips
+  /// hashing the key in process; the same decision whatever `hint` is.
+  decision release(std::string_view key, std::string_view lease_id, const lease_hint& hint) {
+    return run_hinted(key, lease_op::release, lease_id, hint, nullptr);
+  }
+  /// As above, at `now`.
+  decision release(std::string_view key, std::string_view lease_id, timestamp now,
+                   const lease_hint& hint)
+    requires store_for<Store, leases<R>>
+  {
+    return run_hinted_at(key, lease_op::release, lease_id, now, hint, nullptr);
   }
 
   /// Extends a live `lease_id` to expire at now + max_duration (never
@@ -836,6 +1018,18 @@ class concurrency_limiter {
     requires store_for<Store, leases<R>>
   {
     return run_at(key, lease_op::renew, lease_id, now);
+  }
+
+  /// As `renew(key, lease_id)`, with the hint its acquire filled (see release).
+  decision renew(std::string_view key, std::string_view lease_id, const lease_hint& hint) {
+    return run_hinted(key, lease_op::renew, lease_id, hint, nullptr);
+  }
+  /// As above, at `now`.
+  decision renew(std::string_view key, std::string_view lease_id, timestamp now,
+                 const lease_hint& hint)
+    requires store_for<Store, leases<R>>
+  {
+    return run_hinted_at(key, lease_op::renew, lease_id, now, hint, nullptr);
   }
 
   /// Forgets every lease of `key` (and its rate state).
@@ -882,6 +1076,48 @@ class concurrency_limiter {
     detail::check_lease_id(id);
     detail::check_time(now);
     return store_.apply(request(op, id), key, now, 1, access::consume);
+  }
+
+  /// The store hashes keys itself (memory_store): hints apply.
+  static constexpr bool hashes_keys = requires(Store& st, const typename leases<R>::config& c,
+                                               std::string_view k, std::uint64_t h, timestamp t) {
+    { st.key_hash(k) } -> std::same_as<std::uint64_t>;
+    st.apply_hashed(c, k, h, t, units{1}, access::consume);
+  };
+
+  decision run_hinted(std::string_view key, lease_op op, std::string_view id,
+                      const lease_hint& hint, lease_hint* fill) {
+    if constexpr (hashes_keys && clock_source<Clock>) {
+      return run_hinted_at(key, op, id, now(), hint, fill);
+    } else {
+      return run(key, op, id);
+    }
+  }
+
+  /// `fill`: the hint an acquire fills with the key's hash (`hint` itself),
+  /// or null for a release or renew, which only reads `hint`.
+  decision run_hinted_at(std::string_view key, lease_op op, std::string_view id, timestamp now,
+                         const lease_hint& hint, lease_hint* fill) {
+    if constexpr (hashes_keys) {
+      detail::check_key(key);
+      detail::check_lease_id(id);
+      detail::check_time(now);
+      const void* self = &store_;
+      std::uint64_t h = 0;
+      if (fill != nullptr) {
+        h = store_.key_hash(key);
+        detail::lease_hint_access::fill(*fill, h, self);
+      } else if (const auto known = detail::lease_hint_access::hash_for(hint, self)) {
+        h = *known;
+      } else {
+        return store_.apply(request(op, id), key, now, 1, access::consume);
+      }
+      return store_.apply_hashed(request(op, id), key, h, now, 1, access::consume);
+    } else {
+      (void)hint;
+      (void)fill;
+      return run_at(key, op, id, now);
+    }
   }
 
   /// Behind a pointer, so that the requests' pointer to it survives a move.

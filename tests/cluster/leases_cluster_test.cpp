@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -89,6 +90,8 @@ TEST(LeasesCluster, DifferentialAgainstTheInProcessLimiter) {
   ASSERT_GE(slots.size(), 3u);
   std::mt19937 rng(7);
   timestamp t = t0;
+  std::map<std::string, lease_hint> hints;
+  lease_hint unused;
   for (int i = 0; i < 600; ++i) {
     t += microseconds{static_cast<std::int64_t>(rng() % 8) * 250'000};
     const std::string& key = users[rng() % users.size()];
@@ -96,18 +99,23 @@ TEST(LeasesCluster, DifferentialAgainstTheInProcessLimiter) {
     const auto op = static_cast<unsigned>(rng() % 10);
     decision a;
     decision b;
+    // Every other operation through lease_hint in process (hints[key] is
+    // the last acquire's on that key, any id); the cluster ignores hints.
+    const bool hinted = i % 2 == 0;
+    lease_hint& h = hints[key];
     if (op < 6) {
-      a = mem.acquire(key, id, t);
-      b = red.acquire(key, id, t);
+      a = hinted ? mem.acquire(key, id, t, h) : mem.acquire(key, id, t);
+      b = hinted ? red.acquire(key, id, t, unused) : red.acquire(key, id, t);
     } else if (op < 9) {
-      a = mem.release(key, id, t);
-      b = red.release(key, id, t);
+      a = hinted ? mem.release(key, id, t, h) : mem.release(key, id, t);
+      b = hinted ? red.release(key, id, t, unused) : red.release(key, id, t);
     } else {
-      a = mem.renew(key, id, t);
-      b = red.renew(key, id, t);
+      a = hinted ? mem.renew(key, id, t, h) : mem.renew(key, id, t);
+      b = hinted ? red.renew(key, id, t, unused) : red.renew(key, id, t);
     }
     ASSERT_EQ(a, b) << "step " << i << ": memory " << describe(a) << " cluster " << describe(b);
   }
+  EXPECT_FALSE(unused.filled());
 }
 
 /// Unique lease ids on one key from 8 threads; returns the grants.

@@ -1,14 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // The lease limiter on a real Redis: identical decisions to the in-process
 // limiter on random acquire/release/renew traces (alone and with each rate
-// policy), exactly N leases across processes and threads, keys and TTLs,
-// values the script did not write, server time and the fallback limiter.
+// policy; half the operations through lease_hint, which Redis ignores),
+// exactly N leases across processes and threads, keys and TTLs, values the
+// script did not write, server time and the fallback limiter.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <iterator>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -55,6 +58,19 @@ void differential(std::string_view what, unsigned seed, const RateConfig&... rat
   std::mt19937 rng(seed);  // 32-bit results
   timestamp t = t0;
   const std::vector<std::string> keys = {"+15551234567", "k{2}", std::string("n\0l", 3)};
+  // Half the in-process operations go through lease_hint (the acquire's
+  // own, or one of another key or lease), drawn from a generator of their
+  // own so that the trace is the same as without them.
+  std::mt19937 pick(seed + 1000);
+  std::map<std::string, lease_hint> hints;  // key + '/' + id -> its last acquire's hint
+  const auto hint_for = [&](const std::string& key, const std::string& id) -> lease_hint& {
+    if (pick() % 4 == 0 && !hints.empty()) {
+      auto it = hints.begin();
+      std::advance(it, static_cast<long>(pick() % hints.size()));
+      return it->second;
+    }
+    return hints[key + '/' + id];
+  };
   int repeats = 0;
   int full = 0;   // acquires refused by the lease set
   int rated = 0;  // acquires refused by the rate alone
@@ -67,20 +83,23 @@ void differential(std::string_view what, unsigned seed, const RateConfig&... rat
     const auto op = static_cast<unsigned>(rng() % 20);
     decision a;
     decision b;
+    const bool hinted = pick() % 2 == 0;
     if (op < 13) {
-      a = mem.acquire(key, id, t);
-      b = red.acquire(key, id, t);
+      a = hinted ? mem.acquire(key, id, t, hints[key + '/' + id]) : mem.acquire(key, id, t);
+      lease_hint unused;
+      b = hinted ? red.acquire(key, id, t, unused) : red.acquire(key, id, t);
+      EXPECT_FALSE(unused.filled());  // Redis hashes no key in process
       if (a.repeat) ++repeats;
       if (!a.allowed) ++(a.limit == cc.limit() ? full : rated);
     } else if (op < 17) {
-      a = mem.release(key, id, t);
-      b = red.release(key, id, t);
+      a = hinted ? mem.release(key, id, t, hint_for(key, id)) : mem.release(key, id, t);
+      b = hinted ? red.release(key, id, t, lease_hint{}) : red.release(key, id, t);
     } else {
-      a = mem.renew(key, id, t);
-      b = red.renew(key, id, t);
+      a = hinted ? mem.renew(key, id, t, hint_for(key, id)) : mem.renew(key, id, t);
+      b = hinted ? red.renew(key, id, t, lease_hint{}) : red.renew(key, id, t);
     }
-    ASSERT_EQ(a, b) << "step " << i << " op " << op << " at " << t.count() << ": memory "
-                    << describe_all(a) << " redis " << describe_all(b);
+    ASSERT_EQ(a, b) << "step " << i << " op " << op << (hinted ? " hinted" : "") << " at "
+                    << t.count() << ": memory " << describe_all(a) << " redis " << describe_all(b);
   }
   // The trace reached every kind of answer.
   EXPECT_GT(repeats, 5) << what;

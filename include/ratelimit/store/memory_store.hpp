@@ -141,6 +141,26 @@ class memory_store {
     return apply_hashed(cfg, h, sh, key, read_now(), cost, a);
   }
 
+  /// The keyed hash of `key` in this store: what `apply_hashed` takes. A
+  /// caller that checks one key twice (a lease's acquire, then its release)
+  /// keeps it so that the second check skips hashing the key.
+  [[nodiscard]] std::uint64_t key_hash(std::string_view key) const noexcept { return hash(key); }
+
+  /// `apply` with `h`, the key's hash, computed before (`key_hash`). Any
+  /// `h` is safe: the key is found only in a node holding its very bytes
+  /// and this store's hash of them, so a hash of another key, from another
+  /// store or made up finds nothing, and the check is then made as `apply`
+  /// makes it (hashing the key): the same decision, one hash later.
+  decision apply_hashed(const config_type& cfg, std::string_view key, std::uint64_t h,
+                        timestamp now, units cost, access a) {
+    {
+      shard& sh = shard_for(h);
+      std::lock_guard<detail::spin_lock> guard(sh.lock);
+      if (node* n = sh.find(h, key)) return step_held(cfg, n->state, now, cost, a);
+    }
+    return apply(cfg, key, now, cost, a);
+  }
+
   /// Forgets `key` (its next check sees a key never seen).
   void reset(const config_type&, std::string_view key) {
     const std::uint64_t h = hash(key);
