@@ -119,7 +119,7 @@ class memory_store {
   decision apply(const config_type& cfg, std::string_view key, timestamp now, units cost,
                  access a) {
     const std::uint64_t h = hash(key);
-    return apply_hashed(cfg, h, shard_for(h), key, now, cost, a);
+    return apply_in_shard(cfg, h, shard_for(h), key, now, cost, a);
   }
 
   /// `apply` at the time `read_now()` returns, called once after the key is
@@ -138,7 +138,7 @@ class memory_store {
     const std::uint64_t h = hash(key);
     shard& sh = shard_for(h);
     hints_[shard_index(h)].prefetch(h);
-    return apply_hashed(cfg, h, sh, key, read_now(), cost, a);
+    return apply_in_shard(cfg, h, sh, key, read_now(), cost, a);
   }
 
   /// The keyed hash of `key` in this store: what `apply_hashed` takes. A
@@ -550,8 +550,8 @@ class memory_store {
   }
 
   /// `apply` on a key already hashed to `h` in shard `sh`.
-  decision apply_hashed(const config_type& cfg, std::uint64_t h, shard& sh, std::string_view key,
-                        timestamp now, units cost, access a) {
+  decision apply_in_shard(const config_type& cfg, std::uint64_t h, shard& sh, std::string_view key,
+                          timestamp now, units cost, access a) {
     {
       std::lock_guard<detail::spin_lock> guard(sh.lock);
       // try_apply, with the held key's case written out so that its
