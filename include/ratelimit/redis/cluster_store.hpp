@@ -35,6 +35,7 @@
 #include "ratelimit/redis/cluster/node.hpp"
 #include "ratelimit/redis/cluster/options.hpp"
 #include "ratelimit/redis/cluster/redirect.hpp"
+#include "ratelimit/redis/cluster/thread_mark.hpp"
 #include "ratelimit/redis/connection_pool.hpp"
 #include "ratelimit/redis/errors.hpp"
 #include "ratelimit/redis/multiplexer.hpp"
@@ -454,7 +455,7 @@ class cluster_store {
     }
 
     void retry_loop() noexcept {
-      retry_thread_id.store(std::this_thread::get_id(), std::memory_order_release);
+      detail::cluster_thread_mark() = id;
       std::unique_lock<std::mutex> lock(retry_mutex);
       while (!retry_stopping) {
         deadline next = deadline::max();
@@ -540,17 +541,11 @@ class cluster_store {
     }
 
     /// True on the I/O thread of one of this store's nodes, or its retry
-    /// thread (where a blocking check could wait for itself).
-    [[nodiscard]] bool on_io_thread() noexcept {
-      if (retry_thread_id.load(std::memory_order_acquire) == std::this_thread::get_id()) {
-        return true;
-      }
-      std::lock_guard<std::mutex> lock(registry_mutex);
-      return std::any_of(registry.begin(), registry.end(), [](const auto& w) {
-        const node_ptr n = w.lock();
-        return n != nullptr && n->on_io_thread();
-      });
-    }
+    /// thread (where a blocking check could wait for itself): one
+    /// thread-local read. The retry thread is marked as it starts; an I/O
+    /// thread by the first check completing on it, before any handler can
+    /// run there (see check_job::complete).
+    [[nodiscard]] bool on_io_thread() const noexcept { return detail::cluster_thread_mark() == id; }
 
     /// Counts a failed round trip to `node`; when it opens the node's breaker,
     /// has the node probed in the background. The probe owns the node, so the
@@ -924,7 +919,8 @@ class cluster_store {
       }
     }
 
-    const pid_t owner_pid = ::getpid();  ///< see shared_deleter
+    const pid_t owner_pid = ::getpid();                        ///< see shared_deleter
+    const std::uint64_t id = detail::next_cluster_store_id();  ///< see on_io_thread
     cluster_options opts;
     /// Every node made, as long as something holds it (see stop_io).
     std::mutex registry_mutex;
@@ -941,7 +937,6 @@ class cluster_store {
     std::vector<delayed> retries;  ///< guarded by retry_mutex
     bool retry_stopping = false;   ///< guarded by retry_mutex
     std::thread retrier;
-    std::atomic<std::thread::id> retry_thread_id{};
     std::mutex tls_failure_mutex;
     std::string tls_failure;  ///< the TLS failure of the last slot map read, if any
     std::chrono::milliseconds command_timeout;
@@ -1147,6 +1142,12 @@ class cluster_store {
 
     void complete(std::unique_ptr<mux_job> self, reply_ptr r,
                   std::exception_ptr error) noexcept override {
+      // Marks the node's I/O thread as this store's before a handler runs
+      // there (complete() also runs at destruction, on the destroying thread,
+      // and inline when nothing could be sent: those are not marked).
+      if (detail::cluster_thread_mark() != s->id && node->on_io_thread()) {
+        detail::cluster_thread_mark() = s->id;
+      }
       if (error) {
         if (s->stopping_io.load(std::memory_order_acquire)) {
           deliver(decision{}, error);
