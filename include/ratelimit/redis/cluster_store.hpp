@@ -441,23 +441,27 @@ class cluster_store {
     /// multiplexer_stopped. A completion that was following a redirect as
     /// this began may queue its check on another node, even a new one: rounds
     /// go on until one finds no node it has not stopped.
+    ///
+    /// Allocates nothing (it runs in the destructor, maybe with memory
+    /// short): one node is held at a time, and once stopping_io is set the
+    /// registry only grows at its end (node_locked erases nothing then), so
+    /// each round takes the nodes appended since the last.
     void stop_io() noexcept {
       stopping_io.store(true, std::memory_order_release);
-      std::vector<node_ptr> stopped;
+      std::size_t from = 0;
       for (;;) {
-        std::vector<node_ptr> round;
-        {
-          std::lock_guard<std::mutex> lock(registry_mutex);
-          for (const auto& w : registry) {
-            node_ptr n = w.lock();
-            if (n != nullptr && std::find(stopped.begin(), stopped.end(), n) == stopped.end()) {
-              round.push_back(std::move(n));
-            }
+        std::size_t i = from;
+        for (;; ++i) {
+          node_ptr n;
+          {
+            std::lock_guard<std::mutex> lock(registry_mutex);
+            if (i >= registry.size()) break;
+            n = registry[i].lock();
           }
+          if (n != nullptr) n->stop_io();
         }
-        if (round.empty()) return;
-        for (const node_ptr& n : round) n->stop_io();
-        stopped.insert(stopped.end(), round.begin(), round.end());
+        if (i == from) return;
+        from = i;
       }
     }
 
@@ -518,8 +522,11 @@ class cluster_store {
       node_ptr n(new detail::cluster_node(name, std::move(o)), detail::cluster_node_deleter{});
       {
         std::lock_guard<std::mutex> lock(registry_mutex);
-        std::erase_if(registry,
-                      [](const std::weak_ptr<detail::cluster_node>& w) { return w.expired(); });
+        // Not while stop_io() walks the registry by index.
+        if (!stopping_io.load(std::memory_order_acquire)) {
+          std::erase_if(registry,
+                        [](const std::weak_ptr<detail::cluster_node>& w) { return w.expired(); });
+        }
         registry.push_back(n);
       }
       nodes.emplace(std::move(name), n);

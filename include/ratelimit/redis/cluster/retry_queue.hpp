@@ -54,8 +54,9 @@ class cluster_retry_queue {
     return true;
   }
 
-  /// Joins the retry thread; the checks it held get multiplexer_stopped.
-  /// Idempotent.
+  /// Joins the retry thread; the checks it held get multiplexer_stopped
+  /// (std::bad_alloc in its place when memory is short: nothing here
+  /// allocates but that error, and only with checks held). Idempotent.
   void stop() noexcept {
     std::vector<delayed> left;
     {
@@ -65,16 +66,25 @@ class cluster_retry_queue {
     }
     retry_cv_.notify_all();
     if (retrier_.joinable()) retrier_.join();
+    std::vector<delayed> late;  // queued while the thread ran its last round
     {
       std::lock_guard<std::mutex> lock(retry_mutex_);
-      for (auto& d : retries_) left.push_back(std::move(d));
-      retries_.clear();
+      late.swap(retries_);
     }
-    const auto err = std::make_exception_ptr(
-        multiplexer_stopped("ratelimit: redis: the store was destroyed with this check in flight"));
-    for (auto& d : left) {
-      mux_job* j = d.job.get();
-      j->complete(std::move(d.job), nullptr, err);
+    if (left.empty() && late.empty()) return;
+    std::exception_ptr err;
+    try {
+      err = std::make_exception_ptr(multiplexer_stopped(
+          "ratelimit: redis: the store was destroyed with this check in flight"));
+    } catch (...) {
+      err = std::current_exception();
+    }
+    for (auto* held : {&left, &late}) {
+      for (auto& d : *held) {
+        if (d.job == nullptr) continue;
+        mux_job* j = d.job.get();
+        j->complete(std::move(d.job), nullptr, err);
+      }
     }
   }
 
