@@ -46,7 +46,8 @@ Usage: sip-front-door [options]
   --redis-timeout MS         Redis connect and command timeout in ms, 1..60000
                              (default: the library's, 200 ms and 100 ms); a
                              check past it is answered 500
-  --dialog-secret-file PATH  a file holding 32 hex digits: the key of the To tags
+  --dialog-secret-file PATH  a file holding 32 hex digits (then at most whitespace, 4096
+                             bytes in all; read whole): the key of the To tags
                              of our answers, which a BYE must carry; front doors
                              sharing a store and an address need the same one
                              (default: a random key per process)
