@@ -255,9 +255,6 @@ struct refusing_executor {
   friend bool operator==(const refusing_executor& a, const refusing_executor& b) noexcept {
     return a.inner == b.inner && a.refuse == b.refuse;
   }
-  friend bool operator!=(const refusing_executor& a, const refusing_executor& b) noexcept {
-    return !(a == b);
-  }
 };
 
 // Verifies that when posting the completion to the handler's executor
