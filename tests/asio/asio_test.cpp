@@ -252,9 +252,7 @@ struct refusing_executor {
     if (refuse->load()) throw std::runtime_error("executor refused the completion");
     ::asio::post(inner, std::forward<F>(f));
   }
-  friend bool operator==(const refusing_executor& a, const refusing_executor& b) noexcept {
-    return a.inner == b.inner && a.refuse == b.refuse;
-  }
+  bool operator==(const refusing_executor&) const noexcept = default;
 };
 
 // Verifies that when posting the completion to the handler's executor
