@@ -31,6 +31,7 @@
 #include <variant>
 #include <vector>
 
+#include "bounded_pool.hpp"
 #include "ratelimit/http_headers.hpp"
 #include "ratelimit/limiter.hpp"
 #include "ratelimit/policy/fixed_window.hpp"
@@ -212,6 +213,22 @@ class api_server {
 
   [[nodiscard]] httplib::Server& http() noexcept { return http_; }
 
+  /// Serves with `threads` workers and at most `max_waiting` accepted
+  /// connections waiting for one (see bounded_pool). Call before listening.
+  void set_workers(std::size_t threads, std::size_t max_waiting) {
+    http_.new_task_queue = [this, threads, max_waiting] {
+      closing_.store(false, std::memory_order_release);
+      return new bounded_pool(threads, max_waiting, closing_);
+    };
+  }
+
+  /// Stops serving: http().stop(), and an accept loop waiting for room in
+  /// the pool waits no more.
+  void stop() {
+    closing_.store(true, std::memory_order_release);
+    http_.stop();
+  }
+
   /// Requests admitted, rejected with 429, refused with 400/401 (and 503: store down or full).
   [[nodiscard]] std::uint64_t admitted() const noexcept { return admitted_.load(); }
   [[nodiscard]] std::uint64_t limited() const noexcept { return limited_.load(); }
@@ -290,6 +307,8 @@ class api_server {
 
  private:
   static constexpr std::size_t no_tier = static_cast<std::size_t>(-1);
+
+  std::atomic<bool> closing_{false};  ///< see stop()
 
   [[nodiscard]] std::size_t tier_index(std::string_view name, const std::string& who) const {
     for (std::size_t i = 0; i < cfg_.tiers.size(); ++i) {

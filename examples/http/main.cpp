@@ -47,7 +47,10 @@ with a fixed window per tier; GET /healthz is not limited.
   --token TOKEN=TIER    an API token and its tier (repeatable; the first replaces the built-in
                         demo-free=free and demo-pro=pro, which --tier drops too)
   --default-tier NAME   tier of tokens not given with --token (default: such tokens get 401)
-  --threads N           worker threads (default 8)
+  --threads N           worker threads (default 8); each serves one connection at a time
+  --max-waiting N       accepted connections waiting for a worker, 1..65536 (default 64);
+                        past it the server accepts no more until a worker is free, so slow
+                        clients cannot make it hold more than threads + N + 1 sockets
   --max-keys N          memory store: most tokens held per tier (default 1000000; 0 = no cap);
                         a new token past the cap gets 503 until idle ones are reclaimed
   --redis-timeout MS    Redis connect and command timeout in ms, 1..60000 (default: the
@@ -60,6 +63,8 @@ struct cli {
   std::string bind = "127.0.0.1";
   std::string store = "memory";
   std::size_t threads = 8;
+  /// Accepted connections waiting for a worker, at most (see bounded_pool).
+  std::size_t max_waiting = 64;
   std::size_t max_keys = 1'000'000;
   /// Redis connect and command timeout; 0 = the library's defaults.
   std::chrono::milliseconds redis_timeout{0};
@@ -120,6 +125,8 @@ cli parse_cli(int argc, char** argv) {
       c.store = v;
     } else if (a == "--threads") {
       c.threads = static_cast<std::size_t>(parse_number(a, v, 1, 1024));
+    } else if (a == "--max-waiting") {
+      c.max_waiting = static_cast<std::size_t>(parse_number(a, v, 1, 65536));
     } else if (a == "--max-keys") {
       c.max_keys = static_cast<std::size_t>(parse_number(a, v, 0, 1'000'000'000));
     } else if (a == "--redis-timeout") {
@@ -233,7 +240,7 @@ int main(int argc, char** argv) {
 
   httplib::Server& http = server->http();
   const std::size_t threads = c.threads;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  server->set_workers(threads, c.max_waiting);
   // Small responses go out at once (no Nagle wait for the client's delayed ACK).
   http.set_tcp_nodelay(true);
   // SO_REUSEADDR only: httplib's default SO_REUSEPORT would let a second
@@ -263,7 +270,7 @@ int main(int argc, char** argv) {
     int sig = 0;
     sigwait(&stop_signals, &sig);
     while (!done.load()) {
-      http.stop();
+      server->stop();
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   });

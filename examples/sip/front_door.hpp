@@ -22,7 +22,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -288,6 +290,45 @@ class front_door {
       k[i / 16] = (k[i / 16] << 4) | static_cast<std::uint64_t>(v);
     }
     return {k[0], k[1]};
+  }
+
+  /// Most bytes a dialog secret file may hold (32 hex digits and whitespace).
+  static constexpr std::size_t max_secret_file = 4096;
+
+  /// Reads a dialog secret file whole: 32 hex digits, then at most
+  /// whitespace (spaces, tabs, CR, LF) up to max_secret_file bytes in all.
+  /// A longer file (or an endless one such as /dev/zero) is refused after
+  /// max_secret_file + 1 bytes, never cut; a binary one by its first byte
+  /// that is not a hex digit (its bytes are never quoted).
+  /// @throws std::invalid_argument naming what is wrong (not the secret)
+  [[nodiscard]] static ratelimit::detail::siphash_key read_secret_file(const std::string& path) {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (f == nullptr) throw std::invalid_argument("cannot open the file");
+    std::string text;
+    char buf[1024];
+    bool too_long = false;
+    for (;;) {
+      const std::size_t n = std::fread(buf, 1, sizeof buf, f);
+      text.append(buf, n);
+      if (text.size() > max_secret_file) {
+        too_long = true;
+        break;
+      }
+      if (n < sizeof buf) break;
+    }
+    const bool failed = std::ferror(f) != 0;
+    std::fclose(f);
+    if (failed) throw std::invalid_argument("cannot read the file");
+    if (too_long) {
+      throw std::invalid_argument("the file holds more than " + std::to_string(max_secret_file) +
+                                  " bytes (a dialog secret file holds 32 hex digits)");
+    }
+    std::string_view hex(text);
+    while (!hex.empty() &&
+           (hex.back() == '\n' || hex.back() == '\r' || hex.back() == ' ' || hex.back() == '\t')) {
+      hex.remove_suffix(1);
+    }
+    return parse_secret(hex);
   }
 
   /// Our To tag for the dialog (Call-ID, From tag) of the number `from_user`:

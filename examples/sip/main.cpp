@@ -46,7 +46,8 @@ Usage: sip-front-door [options]
   --redis-timeout MS         Redis connect and command timeout in ms, 1..60000
                              (default: the library's, 200 ms and 100 ms); a
                              check past it is answered 500
-  --dialog-secret-file PATH  a file holding 32 hex digits: the key of the To tags
+  --dialog-secret-file PATH  a file holding 32 hex digits (then at most whitespace, 4096
+                             bytes in all; read whole): the key of the To tags
                              of our answers, which a BYE must carry; front doors
                              sharing a store and an address need the same one
                              (default: a random key per process)
@@ -132,22 +133,12 @@ options parse_args(int argc, char** argv) {
   return o;
 }
 
-/// The To tags' key: read from `path` (32 hex digits, then at most
-/// whitespace), or random when `path` is empty.
+/// The To tags' key: read from `path` whole (32 hex digits, then at most
+/// whitespace; see front_door::read_secret_file), or random when `path` is empty.
 ratelimit::detail::siphash_key dialog_secret(const std::string& path) {
   if (path.empty()) return sipfd::front_door::random_secret();
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) usage_error("--dialog-secret-file: cannot open \"" + path + "\"");
-  char buf[256];
-  const std::size_t n = std::fread(buf, 1, sizeof buf, f);
-  std::fclose(f);
-  std::string_view text(buf, n);
-  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ' ||
-                           text.back() == '\t')) {
-    text.remove_suffix(1);
-  }
   try {
-    return sipfd::front_door::parse_secret(text);
+    return sipfd::front_door::read_secret_file(path);
   } catch (const std::invalid_argument& e) {
     usage_error("--dialog-secret-file \"" + path + "\": " + e.what());
   }

@@ -58,11 +58,30 @@ class acquire_op : public std::enable_shared_from_this<acquire_op<Handler>> {
   }
 
   /// Completes with the first result to arrive; later ones are ignored.
-  /// The handler is posted to its executor, never invoked here.
+  /// The handler is posted to its executor, never invoked here, unless
+  /// posting throws (memory ran short, or the executor refused the work):
+  /// then it is invoked here, on this thread, with what post() threw, so
+  /// that it still runs exactly once (the decision is lost; the check may
+  /// have consumed).
   void finish(std::exception_ptr e, decision d) {
     if (done_.exchange(true, std::memory_order_acq_rel)) return;
-    ::asio::post(work_->get_executor(), [self = this->shared_from_this(), e = std::move(e),
-                                         d]() mutable { self->complete(std::move(e), d); });
+    std::exception_ptr refused;
+    try {
+      ::asio::post(work_->get_executor(), [self = this->shared_from_this(), e = std::move(e),
+                                           d]() mutable { self->complete(std::move(e), d); });
+    } catch (...) {
+      refused = std::current_exception();
+    }
+    if (refused) {
+      // The cancellation slot is left as it is: this may run inside the
+      // canceller, which clearing the slot would destroy under its feet
+      // (a later cancellation finds the operation done and does nothing).
+      Handler h = std::move(*handler_);
+      handler_.reset();
+      work_.reset();
+      std::move(h)(std::move(refused), decision{});
+      return;
+    }
     // Released only once post() has returned: the posted completion holds
     // work of its own, and an io_context whose run() returns as soon as it
     // ran is not destroyed while post() is still waking its thread.
@@ -157,7 +176,10 @@ auto start(Limiter& l, std::string_view key, units cost, Token&& token, Args... 
 /// answers on its I/O thread, memory_store decides during the call; either
 /// way the handler is never invoked inside this function but posted to its
 /// associated executor (::asio::system_executor when it has none), and that
-/// executor has outstanding work while the check is in flight.
+/// executor has outstanding work while the check is in flight. Should posting
+/// it throw (no memory, or an executor refusing work), the handler is invoked
+/// on the thread that finished the check, with the exception post() threw:
+/// never lost, never twice.
 ///
 /// Cancellation (the handler's associated cancellation slot): a terminal
 /// cancellation that arrives before the decision completes the handler at

@@ -15,6 +15,7 @@
 #include <asio/thread_pool.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <stdexcept>
@@ -232,6 +233,61 @@ TEST(Asio, WhatAHandlerThrowsLeavesRun) {
   EXPECT_EQ(c.calls[2], 1);
   EXPECT_TRUE(c.decisions[1].allowed);
   EXPECT_FALSE(c.decisions[2].allowed);
+}
+
+/// An io_context's executor whose execute() throws while `*refuse` is set
+/// (an executor that refuses work, or a post that runs out of memory).
+struct refusing_executor {
+  ::asio::io_context::executor_type inner;
+  std::atomic<bool>* refuse;
+
+  [[nodiscard]] ::asio::execution_context& query(::asio::execution::context_t) const noexcept {
+    return inner.context();
+  }
+  static constexpr ::asio::execution::blocking_t query(::asio::execution::blocking_t) noexcept {
+    return ::asio::execution::blocking.never;
+  }
+  template <class F>
+  void execute(F&& f) const {
+    if (refuse->load()) throw std::runtime_error("executor refused the completion");
+    ::asio::post(inner, std::forward<F>(f));
+  }
+  bool operator==(const refusing_executor&) const noexcept = default;
+};
+
+// Verifies that when posting the completion to the handler's executor
+// throws, the handler is not lost: it is completed exactly once, on the
+// thread that finished the check, with what the executor threw (the check
+// itself was decided and may have consumed). It was never called.
+TEST(Asio, HandlerIsCompletedOnceWhenItsExecutorRefusesTheCompletion) {
+  ::asio::io_context io;
+  std::atomic<bool> refuse{true};
+  limiter<fixed_window> l(two_per_second);
+  completions c(2);
+  std::thread::id ran_on;
+  ratelimit::asio::async_try_acquire(
+      l, "k", 0us, 1,
+      ::asio::bind_executor(refusing_executor{io.get_executor(), &refuse},
+                            [&](std::exception_ptr e, decision d) {
+                              ran_on = std::this_thread::get_id();
+                              c.handler(0)(std::move(e), d);
+                            }));
+  io.run();
+  EXPECT_EQ(c.calls[0], 1);
+  EXPECT_EQ(ran_on, std::this_thread::get_id());  // memory_store finished it on this thread
+  EXPECT_TRUE(rltest::holds<std::runtime_error>(c.errors[0]));
+  // The same executor taking work again: posted, run by run(), exactly once.
+  refuse = false;
+  ratelimit::asio::async_try_acquire(
+      l, "k", 0us, 1,
+      ::asio::bind_executor(refusing_executor{io.get_executor(), &refuse}, c.handler(1)));
+  EXPECT_EQ(c.calls[1], 0);
+  io.restart();
+  EXPECT_EQ(io.run(), 1u);
+  EXPECT_EQ(c.calls[1], 1);
+  EXPECT_FALSE(c.errors[1]);
+  EXPECT_TRUE(c.decisions[1].allowed);
+  EXPECT_EQ(c.decisions[1].remaining, 0);  // the refused completion's check consumed
 }
 
 // Verifies named (lvalue) callbacks, as Asio's own operations take them (the

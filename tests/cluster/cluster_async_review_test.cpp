@@ -23,11 +23,14 @@
 #include "ratelimit/policy/compound.hpp"
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis/cluster_store.hpp"
+#include "support/async_outcomes.hpp"
 #include "support/eventually.hpp"
 
 namespace {
 
 using namespace ratelimit;
+using rltest::holds;
+using rltest::outcomes;
 using namespace std::chrono_literals;
 using rltest::redis_cluster;
 using std::chrono::microseconds;
@@ -42,46 +45,6 @@ redis::cluster_options cluster_opts(std::string_view what, std::size_t multiplex
                   std::string(what) + ":";
   o.node.multiplex = multiplex;
   return o;
-}
-
-/// Outcomes of async checks, each slot written by exactly one handler call.
-struct outcomes {
-  explicit outcomes(std::size_t n) : calls(n, 0), decisions(n), errors(n), left(n) {}
-
-  auto handler(std::size_t i) {
-    return [this, i](decision d, std::exception_ptr e) {
-      std::lock_guard<std::mutex> lock(m);
-      ++calls[i];
-      decisions[i] = d;
-      errors[i] = std::move(e);
-      if (left > 0) --left;
-      cv.notify_all();
-    };
-  }
-
-  bool wait(std::chrono::milliseconds limit = 10s) {
-    std::unique_lock<std::mutex> lock(m);
-    return cv.wait_for(lock, limit, [&] { return left == 0; });
-  }
-
-  std::mutex m;
-  std::condition_variable cv;
-  std::vector<int> calls;
-  std::vector<decision> decisions;
-  std::vector<std::exception_ptr> errors;
-  std::size_t left;
-};
-
-template <class E>
-bool holds(const std::exception_ptr& e) {
-  if (!e) return false;
-  try {
-    std::rethrow_exception(e);
-  } catch (const E&) {
-    return true;
-  } catch (...) {
-    return false;
-  }
 }
 
 /// A master other than `from`.
@@ -345,6 +308,48 @@ TEST(ClusterAsyncReview, BlockingCheckInAHandlerThrowsOnlyWhenMultiplexed) {
       EXPECT_TRUE(holds<std::logic_error>(out.errors[0]));
     }
   }
+}
+
+// Verifies that the refusal is per store: inside a handler on store A's I/O
+// thread, a blocking multiplexed check on another store B is decided (B's
+// I/O threads answer it), while one on A throws std::logic_error; and the
+// same from B's handler. A thread that only called async_apply (no I/O
+// thread of any store) makes blocking checks on both afterwards.
+TEST(ClusterAsyncReview, BlockingCheckRefusedOnlyOnTheStoresOwnIoThread) {
+  const fixed_window::config cfg("10/1h", window_options{.name = "t"});
+  redis::cluster_store a(cluster_opts("owna", 1));
+  redis::cluster_store b(cluster_opts("ownb", 2));
+  for (const bool from_a : {true, false}) {
+    redis::cluster_store& here = from_a ? a : b;
+    redis::cluster_store& there = from_a ? b : a;
+    const std::string key = from_a ? "ka" : "kb";
+    outcomes out(2);
+    here.async_apply(cfg, key, microseconds{t0}, 1, access::consume,
+                     [&](decision, std::exception_ptr) {
+                       decision d;
+                       std::exception_ptr e;
+                       try {
+                         d = there.apply(cfg, key, microseconds{t0}, 1);
+                       } catch (...) {
+                         e = std::current_exception();
+                       }
+                       out.handler(0)(d, e);
+                       try {
+                         (void)here.apply(cfg, key, microseconds{t0}, 1);
+                       } catch (...) {
+                         e = std::current_exception();
+                       }
+                       out.handler(1)(decision{}, e);
+                     });
+    ASSERT_TRUE(out.wait());
+    EXPECT_FALSE(out.errors[0]) << from_a;
+    EXPECT_EQ(out.decisions[0].source, decision_source::store);
+    EXPECT_EQ(out.decisions[0].remaining, 9);  // the other store's prefix: its own count
+    EXPECT_TRUE(holds<std::logic_error>(out.errors[1])) << from_a;
+  }
+  // This thread is no store's I/O thread: both decide here, in order.
+  EXPECT_EQ(a.apply(cfg, "ka", microseconds{t0}, 1).remaining, 8);
+  EXPECT_EQ(b.apply(cfg, "kb", microseconds{t0}, 1).remaining, 8);
 }
 
 /// A CLUSTER SLOTS reply giving every slot to 127.0.0.1:`port`.

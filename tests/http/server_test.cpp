@@ -7,8 +7,10 @@
 // Each test runs on the memory store and, when built with Redis, on a
 // throwaway redis-server.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -348,5 +350,74 @@ std::vector<std::string> stores() {
 
 INSTANTIATE_TEST_SUITE_P(http, server_test, ::testing::ValuesIn(stores()),
                          [](const auto& info) { return info.param; });
+
+/// Open file descriptors of this process.
+std::size_t open_fds() {
+  std::size_t n = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (const dirent* e = ::readdir(d)) {
+      if (e->d_name[0] != '.') ++n;
+    }
+    ::closedir(d);
+  }
+  return n;
+}
+
+/// A connection to 127.0.0.1:`port` that sends nothing (a slow client).
+/// Waits up to 50 ms for the handshake (past the listen backlog the server
+/// drops it, and the connect would wait seconds for a SYN retry).
+int idle_client(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  (void)::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a);
+  pollfd p{fd, POLLOUT, 0};
+  (void)::poll(&p, 1, 50);
+  return fd;
+}
+
+// Verifies the bound on slow clients: with 2 workers and at most 2
+// connections waiting for one, 20 clients that send nothing make the server
+// hold at most 2 + 2 + 1 accepted sockets (httplib's own ThreadPool, which
+// the example used, queued all 20: one socket each, without bound). Once they
+// leave, the server answers again; and stop() returns while the accept loop
+// waits for room.
+TEST(http_bounds, SlowClientsCannotMakeTheServerHoldMoreSockets) {
+  using store = ratelimit::memory_store<ratelimit::fixed_window>;
+  http_example::server_config cfg;
+  auto limits = std::make_unique<http_example::tier_limits_on<store>>(cfg.tiers,
+                                                                      [] { return store{}; });
+  api_server server(cfg, std::move(limits), [] { return std::chrono::microseconds{0}; });
+  server.set_workers(2, 2);
+  const int port = server.http().bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread serving([&] { server.http().listen_after_bind(); });
+  for (int i = 0; i < 5000 && !server.http().is_running(); ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(server.http().is_running());
+
+  const std::size_t before = open_fds();
+  std::vector<int> clients;
+  for (int i = 0; i < 20; ++i) clients.push_back(idle_client(port));
+  std::this_thread::sleep_for(500ms);
+  const std::size_t held = open_fds() - before - clients.size();
+  EXPECT_LE(held, 2u + 2u + 1u);
+  EXPECT_GE(held, 2u);  // the workers took theirs
+  for (const int fd : clients) ::close(fd);
+  clients.clear();
+
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(10, 0);
+  const auto r = c.Get("/healthz");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+
+  for (int i = 0; i < 20; ++i) clients.push_back(idle_client(port));
+  std::this_thread::sleep_for(300ms);
+  server.stop();
+  for (const int fd : clients) ::close(fd);
+  serving.join();
+}
 
 }  // namespace

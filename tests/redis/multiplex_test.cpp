@@ -25,52 +25,15 @@
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis/redis_store.hpp"
 #include "redis_server.hpp"
+#include "support/async_outcomes.hpp"
 #include "support/fork_child.hpp"
 
 namespace {
 
 using namespace ratelimit;
+using rltest::holds;
+using rltest::outcomes;
 using namespace std::chrono_literals;
-
-/// Outcomes of async checks, each slot written by exactly one handler call.
-struct outcomes {
-  explicit outcomes(std::size_t n) : calls(n, 0), decisions(n), errors(n), left(n) {}
-
-  auto handler(std::size_t i) {
-    return [this, i](decision d, std::exception_ptr e) {
-      std::lock_guard<std::mutex> lock(m);
-      ++calls[i];
-      decisions[i] = d;
-      errors[i] = std::move(e);
-      if (left > 0) --left;
-      cv.notify_all();
-    };
-  }
-
-  /// Waits until every handler ran once (false when `limit` passed first).
-  bool wait(std::chrono::milliseconds limit = 10s) {
-    std::unique_lock<std::mutex> lock(m);
-    return cv.wait_for(lock, limit, [&] { return left == 0; });
-  }
-
-  std::mutex m;
-  std::condition_variable cv;
-  std::vector<int> calls;
-  std::vector<decision> decisions;
-  std::vector<std::exception_ptr> errors;
-  std::size_t left;
-};
-
-template <class E>
-bool holds(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const E&) {
-    return true;
-  } catch (...) {
-    return false;
-  }
-}
 
 /// Lets the I/O thread write what was submitted (the server holds it: CLIENT PAUSE).
 void let_write() {

@@ -73,7 +73,7 @@ TEST(SentinelUrl, BadValuesAreNamed) {
   EXPECT_NE(url_error("redis-sentinel://h/m?db=1&db=2").find("\"db\" twice"), std::string::npos);
   EXPECT_NE(url_error("redis-sentinel://h/m?db").find("no '=' after parameter \"db\""),
             std::string::npos);
-  EXPECT_NE(url_error("redis-sentinel://h/m?").find("no '='"), std::string::npos);
+  EXPECT_NE(url_error("redis-sentinel://h/m?").find("no parameter after '?'"), std::string::npos);
   EXPECT_NE(url_error("sentinel://h/m").find("must start with"), std::string::npos);
   // An '@' in the db value: refused, not read as a password "h/m?db=1" and
   // the sentinel h2 (silently other sentinels and no database).
@@ -153,6 +153,48 @@ TEST(SentinelOptions, RefusedByTheStores) {
   c.seeds.push_back(redis::node_address{});
   c.node = o;
   EXPECT_THROW(redis::cluster_store{c}, std::invalid_argument);
+}
+
+}  // namespace
+
+namespace {
+
+// Verifies that a master name holding CR, LF, another control byte, a space
+// or DEL is refused when a store is made (in code or through a URL), the
+// message showing the name with those bytes escaped: the sentinels announce
+// failovers as space-separated "+switch-master <name> ..." lines, which such
+// a name could never match (and a raw CR/LF would split a log line).
+TEST(SentinelOptions, MasterNameWithControlBytesIsRefusedByValue) {
+  using namespace std::string_literals;
+  for (const std::string& name : {"m\r\nQUIT"s, "m\n"s, "\tm"s, "m x"s, "m\x7f"s, "m\0x"s}) {
+    redis::options o;
+    o.sentinel.master_name = name;
+    o.sentinel.sentinels.push_back(redis::sentinel_address{"127.0.0.1", 26379});
+    std::string why;
+    try {
+      redis::redis_store s(o);
+    } catch (const std::invalid_argument& e) {
+      why = e.what();
+    }
+    EXPECT_NE(why.find("master name"), std::string::npos) << why;
+    EXPECT_EQ(why.find_first_of("\r\n\t\x7f"), std::string::npos) << why;  // escaped
+  }
+  std::string why;
+  try {
+    redis::options o;
+    o.sentinel.master_name = "m\r\nQUIT";
+    o.sentinel.sentinels.push_back(redis::sentinel_address{"127.0.0.1", 26379});
+    redis::redis_store s(o);
+  } catch (const std::invalid_argument& e) {
+    why = e.what();
+  }
+  EXPECT_NE(why.find("\"m\\r\\nQUIT\""), std::string::npos) << why;
+  EXPECT_NE(url_error("redis-sentinel://a/m\r\nQUIT").find("\"m\\r\\nQUIT\""), std::string::npos);
+  // Printable names stay accepted.
+  redis::options ok;
+  ok.sentinel.master_name = "my-master.1_x";
+  ok.sentinel.sentinels.push_back(redis::sentinel_address{"127.0.0.1", 26379});
+  EXPECT_NO_THROW(redis::redis_store{ok});
 }
 
 }  // namespace

@@ -4,11 +4,13 @@
 #include "front_door.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -563,6 +565,63 @@ TEST(SipFrontDoor, DialogTagsFollowTheSecret) {
   for (const std::string& bad : {std::string(31, '0'), std::string(33, '0'), std::string(),
                                  std::string(31, '0') + "g", std::string(31, '0') + " "}) {
     EXPECT_THROW((void)sipfd::front_door::parse_secret(bad), std::invalid_argument) << bad;
+  }
+}
+
+/// Writes `bytes` to a new file in the temp directory; its path.
+std::string temp_file(const std::string& bytes) {
+  static int n = 0;
+  const std::string path = std::string(::testing::TempDir()) + "sipfd_secret_" +
+                           std::to_string(::getpid()) + "_" + std::to_string(++n);
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) throw std::runtime_error("cannot write " + path);
+  std::fwrite(bytes.data(), 1, bytes.size(), f);
+  std::fclose(f);
+  return path;
+}
+
+/// The message read_secret_file refuses `bytes` with ("" when accepted).
+std::string secret_file_refusal(const std::string& bytes) {
+  const std::string path = temp_file(bytes);
+  std::string why;
+  try {
+    (void)sipfd::front_door::read_secret_file(path);
+  } catch (const std::invalid_argument& e) {
+    why = e.what();
+  }
+  std::remove(path.c_str());
+  return why;
+}
+
+// Verifies that --dialog-secret-file reads its file whole: what follows the
+// first 256 bytes (which alone were read) is no longer ignored, a file
+// over 4096 bytes is refused rather than cut, a binary one is refused
+// without quoting its bytes, and the secret with trailing whitespace (up to
+// the bound) is read exactly.
+TEST(SipFrontDoor, DialogSecretFileIsReadWhole) {
+  using namespace std::string_literals;
+  const std::string hex = "00112233445566778899AABBCCDDEEFF";
+  const std::string path = temp_file(hex + "\r\n" + std::string(3000, ' ') + "\n");
+  const auto k = sipfd::front_door::read_secret_file(path);
+  std::remove(path.c_str());
+  EXPECT_EQ(k.k0, 0x0011223344556677ULL);
+  EXPECT_EQ(k.k1, 0x8899aabbccddeeffULL);
+  EXPECT_EQ(secret_file_refusal(hex + std::string(4096 - 32, '\n')), "");  // exactly the bound
+  // Garbage after byte 256: the old reader stopped before it.
+  EXPECT_NE(secret_file_refusal(hex + std::string(300, ' ') + "x"), "");
+  EXPECT_NE(secret_file_refusal(hex + std::string(4097 - 32, '\n')).find("more than 4096 bytes"),
+            std::string::npos);
+  const std::string binary = secret_file_refusal(hex + "\0\xff\x01secret"s);
+  EXPECT_NE(binary.find("32 hex digits"), std::string::npos) << binary;
+  EXPECT_EQ(binary.find("secret\""), std::string::npos) << binary;
+  EXPECT_NE(secret_file_refusal("\x7f\x45\x4c\x46"s + std::string(28, '\0')).find("hex digit"),
+            std::string::npos);
+  EXPECT_NE(secret_file_refusal(""), "");
+  try {
+    (void)sipfd::front_door::read_secret_file("/nonexistent/dir/secret");
+    ADD_FAILURE() << "a missing file was read";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot open"), std::string::npos);
   }
 }
 

@@ -35,6 +35,8 @@
 #include "ratelimit/redis/cluster/node.hpp"
 #include "ratelimit/redis/cluster/options.hpp"
 #include "ratelimit/redis/cluster/redirect.hpp"
+#include "ratelimit/redis/cluster/retry_queue.hpp"
+#include "ratelimit/redis/cluster/thread_mark.hpp"
 #include "ratelimit/redis/connection_pool.hpp"
 #include "ratelimit/redis/errors.hpp"
 #include "ratelimit/redis/multiplexer.hpp"
@@ -415,7 +417,7 @@ class cluster_store {
       // Before the retry thread's checks complete: they get
       // multiplexer_stopped, not the failure policy (nor a breaker failure).
       stopping_io.store(true, std::memory_order_release);
-      stop_retries();  // sends to the nodes
+      retries.stop();  // sends to the nodes
       stop_io();       // completions use the prober, refresher and counters
       // A check may still be completing on the I/O thread of a node the
       // store no longer holds (it left the slot map and that check was its
@@ -434,123 +436,41 @@ class cluster_store {
       if (refresher.joinable()) refresher.join();
     }
 
-    /// Has `job` sent again at `due` by the retry thread (started on first
-    /// use), or at once when no thread can be started.
-    /// @return false after stop_retries() began (`job` kept)
-    bool resend_at(deadline due, std::unique_ptr<mux_job>& job) noexcept {
-      try {
-        std::lock_guard<std::mutex> lock(retry_mutex);
-        if (retry_stopping) return false;
-        if (!retrier.joinable()) retrier = std::thread([this] { retry_loop(); });
-        retries.push_back(delayed{due, nullptr});
-        retries.back().job = std::move(job);
-      } catch (...) {
-        if (job == nullptr) return true;  // queued; only the notify is left
-        static_cast<detail::cluster_job*>(job.get())->resend(job);
-        return true;
-      }
-      retry_cv.notify_one();
-      return true;
-    }
-
-    void retry_loop() noexcept {
-      retry_thread_id.store(std::this_thread::get_id(), std::memory_order_release);
-      std::unique_lock<std::mutex> lock(retry_mutex);
-      while (!retry_stopping) {
-        deadline next = deadline::max();
-        const deadline now = deadline_clock::now();
-        // The due checks leave the queue in one pass (erasing one by one
-        // would cost O(n^2) under the lock with many checks waiting). Should
-        // memory run short, the due ones stay queued for the next round.
-        std::vector<std::unique_ptr<mux_job>> due;
-        try {
-          due.reserve(static_cast<std::size_t>(std::count_if(
-              retries.begin(), retries.end(), [&](const delayed& d) { return d.due <= now; })));
-          for (delayed& d : retries) {
-            if (d.due <= now) {
-              due.push_back(std::move(d.job));
-            } else {
-              next = std::min(next, d.due);
-            }
-          }
-          std::erase_if(retries, [](const delayed& d) { return d.job == nullptr; });
-        } catch (const std::bad_alloc&) {
-          next = now + std::chrono::milliseconds(5);
-        }
-        if (!due.empty()) {
-          lock.unlock();
-          for (auto& j : due) static_cast<detail::cluster_job*>(j.get())->resend(j);
-          lock.lock();
-          continue;
-        }
-        if (next == deadline::max()) {
-          retry_cv.wait(lock);
-        } else {
-          retry_cv.wait_until(lock, next);
-        }
-      }
-    }
-
-    /// Joins the retry thread; the checks it held get multiplexer_stopped.
-    void stop_retries() noexcept {
-      std::vector<delayed> left;
-      {
-        std::lock_guard<std::mutex> lock(retry_mutex);
-        retry_stopping = true;
-        left.swap(retries);
-      }
-      retry_cv.notify_all();
-      if (retrier.joinable()) retrier.join();
-      {
-        std::lock_guard<std::mutex> lock(retry_mutex);
-        for (auto& d : retries) left.push_back(std::move(d));
-        retries.clear();
-      }
-      const auto err = std::make_exception_ptr(multiplexer_stopped(
-          "ratelimit: redis: the store was destroyed with this check in flight"));
-      for (auto& d : left) {
-        mux_job* j = d.job.get();
-        j->complete(std::move(d.job), nullptr, err);
-      }
-    }
-
     /// Stops the multiplexers of every node made so far (the slot map's and
     /// those it left, still held by checks in flight): their checks get
     /// multiplexer_stopped. A completion that was following a redirect as
     /// this began may queue its check on another node, even a new one: rounds
     /// go on until one finds no node it has not stopped.
+    ///
+    /// Allocates nothing (it runs in the destructor, maybe with memory
+    /// short): one node is held at a time, and once stopping_io is set the
+    /// registry only grows at its end (node_locked erases nothing then), so
+    /// each round takes the nodes appended since the last.
     void stop_io() noexcept {
       stopping_io.store(true, std::memory_order_release);
-      std::vector<node_ptr> stopped;
+      std::size_t from = 0;
       for (;;) {
-        std::vector<node_ptr> round;
-        {
-          std::lock_guard<std::mutex> lock(registry_mutex);
-          for (const auto& w : registry) {
-            node_ptr n = w.lock();
-            if (n != nullptr && std::find(stopped.begin(), stopped.end(), n) == stopped.end()) {
-              round.push_back(std::move(n));
-            }
+        std::size_t i = from;
+        for (;; ++i) {
+          node_ptr n;
+          {
+            std::lock_guard<std::mutex> lock(registry_mutex);
+            if (i >= registry.size()) break;
+            n = registry[i].lock();
           }
+          if (n != nullptr) n->stop_io();
         }
-        if (round.empty()) return;
-        for (const node_ptr& n : round) n->stop_io();
-        stopped.insert(stopped.end(), round.begin(), round.end());
+        if (i == from) return;
+        from = i;
       }
     }
 
     /// True on the I/O thread of one of this store's nodes, or its retry
-    /// thread (where a blocking check could wait for itself).
-    [[nodiscard]] bool on_io_thread() noexcept {
-      if (retry_thread_id.load(std::memory_order_acquire) == std::this_thread::get_id()) {
-        return true;
-      }
-      std::lock_guard<std::mutex> lock(registry_mutex);
-      return std::any_of(registry.begin(), registry.end(), [](const auto& w) {
-        const node_ptr n = w.lock();
-        return n != nullptr && n->on_io_thread();
-      });
-    }
+    /// thread (where a blocking check could wait for itself): one
+    /// thread-local read. The retry thread is marked as it starts; an I/O
+    /// thread by the first check completing on it, before any handler can
+    /// run there (see check_job::complete).
+    [[nodiscard]] bool on_io_thread() const noexcept { return detail::cluster_thread_mark() == id; }
 
     /// Counts a failed round trip to `node`; when it opens the node's breaker,
     /// has the node probed in the background. The probe owns the node, so the
@@ -602,8 +522,11 @@ class cluster_store {
       node_ptr n(new detail::cluster_node(name, std::move(o)), detail::cluster_node_deleter{});
       {
         std::lock_guard<std::mutex> lock(registry_mutex);
-        std::erase_if(registry,
-                      [](const std::weak_ptr<detail::cluster_node>& w) { return w.expired(); });
+        // Not while stop_io() walks the registry by index.
+        if (!stopping_io.load(std::memory_order_acquire)) {
+          std::erase_if(registry,
+                        [](const std::weak_ptr<detail::cluster_node>& w) { return w.expired(); });
+        }
         registry.push_back(n);
       }
       nodes.emplace(std::move(name), n);
@@ -924,24 +847,15 @@ class cluster_store {
       }
     }
 
-    const pid_t owner_pid = ::getpid();  ///< see shared_deleter
+    const pid_t owner_pid = ::getpid();                        ///< see shared_deleter
+    const std::uint64_t id = detail::next_cluster_store_id();  ///< see on_io_thread
     cluster_options opts;
     /// Every node made, as long as something holds it (see stop_io).
     std::mutex registry_mutex;
     std::vector<std::weak_ptr<detail::cluster_node>> registry;
     std::atomic<bool> stopping_io{false};     ///< the store is being destroyed
     std::atomic<std::size_t> live_checks{0};  ///< check_jobs not yet destroyed (see ~shared)
-    /// A check waiting to be sent again (after TRYAGAIN).
-    struct delayed {
-      deadline due;
-      std::unique_ptr<mux_job> job;
-    };
-    std::mutex retry_mutex;
-    std::condition_variable retry_cv;
-    std::vector<delayed> retries;  ///< guarded by retry_mutex
-    bool retry_stopping = false;   ///< guarded by retry_mutex
-    std::thread retrier;
-    std::atomic<std::thread::id> retry_thread_id{};
+    detail::cluster_retry_queue retries{id};  ///< checks sent again after TRYAGAIN
     std::mutex tls_failure_mutex;
     std::string tls_failure;  ///< the TLS failure of the last slot map read, if any
     std::chrono::milliseconds command_timeout;
@@ -1003,256 +917,19 @@ class cluster_store {
     }
   };
 
-  /// The ASKING sent right before a check an ASK redirected (its reply, +OK,
-  /// is dropped; a failure shows in the check's own reply).
-  struct asking_job final : mux_job {
-    node_ptr node;  ///< keeps the node (and the multiplexer it is queued on) alive
-    void complete(std::unique_ptr<mux_job>, reply_ptr, std::exception_ptr) noexcept override {}
-  };
-
-  /// One single check through the nodes' multiplexers: EVALSHA (EVAL once
-  /// after NOSCRIPT), sent again after MOVED, ASK or TRYAGAIN (the script did
-  /// not run) from the completion, to the node named; never sent again after
-  /// a failure or timeout (it may have run). Holds its node, so a node that
-  /// left the slot map lives until its last check completes.
+  /// The ASKING sent right before a check an ASK redirected (cluster/async_check.hpp).
+  struct asking_job;
+  /// One single check through the nodes' multiplexers (cluster/async_check.hpp).
   template <class Config, class Handler>
-  struct check_job final : detail::cluster_job {
-    check_job(shared* st, const Config& c, std::string_view k, std::optional<timestamp> t, units n,
-              access acc, Handler&& h)
-        : s(st),
-          cfg(c),
-          key(k),
-          keys(detail::redis_keys(st->opts.node.prefix, c, k)),
-          slot(key_slot(keys.front())),
-          now(t),
-          cost(n),
-          a(acc),
-          handler(std::move(h)) {
-      s->live_checks.fetch_add(1, std::memory_order_relaxed);
-    }
-    check_job(const check_job&) = delete;
-    check_job& operator=(const check_job&) = delete;
-    /// Last touch of the store (the members, the node, go after).
-    ~check_job() override { s->live_checks.fetch_sub(1, std::memory_order_release); }
-
-    shared* s;
-    Config cfg;
-    std::string key;
-    std::vector<std::string> keys;
-    std::uint16_t slot;
-    std::optional<timestamp> now;
-    units cost;
-    access a;
-    Handler handler;
-    node_ptr node;
-    std::size_t hops = 0;
-    bool asking = false;
-    bool with_text = false;
-
-    /// The command: EVALSHA, or EVAL with the script's text.
-    void build() {
-      using P = typename Config::policy_type;
-      std::vector<std::string> policy_args;
-      script_for<P>::append_args(cfg, policy_args);
-      const std::string time_arg = now ? std::to_string(now->count()) : std::string();
-      const std::string cost_arg = std::to_string(cost);
-      const std::string_view floor = now ? std::string_view(s->floor_ms) : std::string_view("0");
-      bytes.clear();
-      bytes.reserve(with_text ? script_for<P>::text.size() + 256 : 256);
-      detail::append_eval<P>(bytes, with_text, keys, time_arg, cost_arg, a, policy_args, floor);
-    }
-
-    void deliver(const decision& d, std::exception_ptr e) noexcept {
-      ++in_handler();
-      try {
-        handler(d, std::move(e));
-      } catch (...) {
-      }
-      --in_handler();
-    }
-
-    /// Counts `e` and has the failure policy decide.
-    void fail(const std::exception_ptr& e) noexcept {
-      detail::count_error(s->stats, e);
-      decision d;
-      try {
-        d = s->degrader.degrade(s->stats, cfg, key, now, cost, a, e);
-      } catch (...) {
-        deliver(decision{}, std::current_exception());
-        return;
-      }
-      deliver(d, nullptr);
-    }
-
-    /// Queues this check, owned by `self`, on its node's multiplexer (behind
-    /// an ASKING after an ASK), or decides it here when the node's breaker
-    /// is open or no I/O thread can be started (`self` then consumed).
-    /// Nothing of this job is touched once it is queued: another thread may
-    /// complete it at once.
-    /// @return false when the multiplexer is stopped (the store is being
-    ///   destroyed; `self` kept)
-    /// @throws std::bad_alloc (nothing queued)
-    bool send(std::unique_ptr<mux_job>& self) {
-      const node_ptr n = node;  // outlives the submit even if the check completes meanwhile
-      if (n->gate.enter() == detail::breaker::verdict::refuse) {
-        s->stats.short_circuited.fetch_add(1, std::memory_order_relaxed);
-        s->request_refresh();
-        const auto err = std::make_exception_ptr(connection_error(
-            "ratelimit: redis: circuit breaker of " + n->name + " open (it failed recently)"));
-        decision d;
-        std::exception_ptr e;
-        try {
-          d = s->degrader.degrade(s->stats, cfg, key, now, cost, a, err);
-        } catch (...) {
-          e = std::current_exception();
-        }
-        deliver(d, std::move(e));
-        self.reset();
-        return true;
-      }
-      build();
-      try {
-        if (!asking) return n->mux.submit(self);
-        auto ask_job = std::make_unique<asking_job>();
-        const std::string_view ask_args[] = {"ASKING"};
-        append_command(ask_job->bytes, ask_args, 1);
-        ask_job->until = until;
-        ask_job->node = n;
-        std::unique_ptr<mux_job> ask_base(std::move(ask_job));
-        // Both on the one connection of ask_mux, nothing queued between them.
-        std::lock_guard<std::mutex> lock(n->ask_mutex);
-        if (!n->ask_mux.submit(ask_base)) return false;
-        return n->ask_mux.submit(self);
-      } catch (const connection_error&) {
-        // No eventfd or I/O thread: nothing of this check was sent.
-        mux_job* j = self.get();
-        j->complete(std::move(self), nullptr, std::current_exception());
-        return true;
-      }
-    }
-
-    /// Sends the check again (the script did not run).
-    void resend(std::unique_ptr<mux_job>& self) noexcept override {
-      std::exception_ptr error;
-      try {
-        if (send(self)) return;
-        deliver(decision{}, std::make_exception_ptr(multiplexer_stopped(
-                                "ratelimit: redis: the store is being destroyed")));
-        return;
-      } catch (...) {
-        error = std::current_exception();
-      }
-      fail(error);
-    }
-
-    void complete(std::unique_ptr<mux_job> self, reply_ptr r,
-                  std::exception_ptr error) noexcept override {
-      if (error) {
-        if (s->stopping_io.load(std::memory_order_acquire)) {
-          deliver(decision{}, error);
-          return;
-        }
-        // Never resent: it may have run. The node may be gone or demoted.
-        s->gate_failed(*node);
-        s->request_refresh();
-        fail(error);
-        return;
-      }
-      node->gate.success();  // the node answered
-      if (r->type != REDIS_REPLY_ERROR) {
-        decision d;
-        try {
-          d = detail::parse_reply(cfg, *r);
-        } catch (...) {
-          fail(std::current_exception());
-          return;
-        }
-        s->stats.store.fetch_add(1, std::memory_order_relaxed);
-        deliver(d, nullptr);
-        return;
-      }
-      // Every answer below but the last two means the script did not run.
-      const bool again = ++hops <= s->max_redirects;
-      try {
-        if (detail::is_noscript(*r)) {
-          s->stats.script_reloads.fetch_add(1, std::memory_order_relaxed);
-          with_text = true;
-        } else if (auto d = detail::parse_redirect(*r, node->opts.host, slot)) {
-          if (d->ask) {
-            s->ask.fetch_add(1, std::memory_order_relaxed);
-            node = s->node_at(d->to);
-            asking = true;
-          } else {
-            s->moved.fetch_add(1, std::memory_order_relaxed);
-            node = s->learn(d->slot, d->to);
-            asking = false;
-            s->request_refresh();
-          }
-        } else if (detail::error_starts(*r, "TRYAGAIN")) {
-          s->tryagain.fetch_add(1, std::memory_order_relaxed);
-          asking = false;
-          if (node_ptr o = s->owner(slot)) node = std::move(o);
-          // The rest of the slot's keys are being moved: sent again 5 ms
-          // later (by the retry thread: nothing waits here), at once when
-          // that would pass the deadline.
-          const deadline due = deadline_clock::now() + std::chrono::milliseconds(5);
-          if (again && due < until) {
-            if (s->resend_at(due, self)) return;
-            deliver(decision{}, std::make_exception_ptr(multiplexer_stopped(
-                                    "ratelimit: redis: the store is being destroyed")));
-            return;
-          }
-        } else if (detail::error_starts(*r, "CLUSTERDOWN") ||
-                   detail::error_starts(*r, "MASTERDOWN") || detail::error_starts(*r, "LOADING")) {
-          s->request_refresh();
-          fail(std::make_exception_ptr(connection_error(
-              "ratelimit: redis: " + node->name + " answered " + std::string(r->str, r->len))));
-          return;
-        } else {
-          fail(std::make_exception_ptr(
-              script_error("ratelimit: redis: script failed: " + std::string(r->str, r->len))));
-          return;
-        }
-        if (!again) {
-          fail(std::make_exception_ptr(script_error(
-              "ratelimit: redis: more than " + std::to_string(s->max_redirects) +
-              " redirects for one check (last: " + std::string(r->str, r->len) + ")")));
-          return;
-        }
-      } catch (...) {
-        fail(std::current_exception());  // bad_alloc learning a node
-        return;
-      }
-      if (s->stopping_io.load(std::memory_order_acquire)) {
-        deliver(decision{}, std::make_exception_ptr(multiplexer_stopped(
-                                "ratelimit: redis: the store is being destroyed")));
-        return;
-      }
-      resend(self);
-    }
-  };
+  struct check_job;
 
   /// Starts one check on the multiplexer of the node owning its slot (a
   /// seed when the slot has no known owner), or decides it at once when
   /// that node's breaker is open. `handler` gets the outcome exactly once.
+  /// (cluster/async_check.hpp)
   template <class Config, class Handler>
   void start_check(const Config& cfg, std::string_view key, std::optional<timestamp> now,
-                   units cost, access a, Handler&& handler) {
-    detail::check_same_process(shared_->owner_pid);
-    shared& st = *shared_;
-    using job_t = check_job<Config, std::decay_t<Handler>>;
-    auto job = std::make_unique<job_t>(&st, cfg, key, now, cost, a, std::move(handler));
-    job->until = deadline_clock::now() + st.command_timeout;
-    job->node = st.owner(job->slot);
-    if (job->node == nullptr) {
-      // No map yet, or none naming the slot: a seed answers or redirects.
-      st.request_refresh();
-      job->node = st.node_at(st.opts.seeds[job->slot % st.opts.seeds.size()]);
-    }
-    job_t* j = job.get();
-    std::unique_ptr<mux_job> base(std::move(job));
-    if (!j->send(base)) throw multiplexer_stopped("ratelimit: redis: the store is being destroyed");
-  }
+                   units cost, access a, Handler&& handler);
 
   /// A single check through the multiplexers, waited for on this thread.
   template <class Config>
@@ -1276,62 +953,20 @@ class cluster_store {
         [&](auto handler) { start_check(cfg, key, now, cost, a, std::move(handler)); });
   }
 
+  // The pooled path: cluster/batch.hpp.
+
   /// What became of one check.
-  enum class fate : unsigned char {
-    pending,   ///< to be sent (again)
-    done,      ///< decided by Redis
-    failed,    ///< no answer: the failure policy decides; the error is not counted yet
-    degraded,  ///< no answer, error already counted (or none: breaker open)
-  };
-
-  struct item {
-    std::string key;
-    std::vector<std::string> keys;
-    std::string time;
-    std::string cost;
-    node_ptr node;
-    std::size_t hops = 0;
-    bool asking = false;
-    bool with_text = false;
-    fate state = fate::pending;
-    std::exception_ptr error;
-  };
-
+  enum class fate : unsigned char;
+  /// One check of a round.
+  struct item;
   /// The items of one round trip to one node.
-  struct group {
-    detail::cluster_node* node = nullptr;
-    std::vector<std::size_t> items;
-    detail::breaker::verdict verdict = detail::breaker::verdict::go;
-    std::optional<connection_pool::lease> lease;
-    std::exception_ptr failure;
-    bool settled = false;  ///< the breaker was told the outcome
-  };
+  struct group;
 
   template <class Config>
   std::vector<decision> run_items(const Config& cfg, std::span<const batch_item> items,
-                                  bool server_time, access a) {
-    std::vector<std::string_view> keys;
-    std::vector<units> costs;
-    std::vector<timestamp> times;
-    keys.reserve(items.size());
-    costs.reserve(items.size());
-    if (!server_time) times.reserve(items.size());
-    for (const batch_item& it : items) {
-      keys.push_back(it.key);
-      costs.push_back(it.cost);
-      if (!server_time) times.push_back(it.now);
-    }
-    return run(cfg, keys, costs, times, a);
-  }
+                                  bool server_time, access a);
 
-  void node_failed(group& g, std::exception_ptr e) {
-    shared& s = *shared_;
-    g.failure = e;
-    g.settled = true;
-    detail::count_error(s.stats, e);
-    s.gate_failed(*g.node);
-    s.request_refresh();
-  }
+  void node_failed(group& g, std::exception_ptr e);
 
   /// Rounds of pipelines, one per node, until every check is decided or given
   /// up: redirects and NOSCRIPT go round again; a check whose round trip broke
@@ -1339,225 +974,18 @@ class cluster_store {
   template <class Config>
   std::vector<decision> run(const Config& cfg, std::span<const std::string_view> keys,
                             std::span<const units> costs, std::span<const timestamp> times,
-                            access a, const detail::once_request* once = nullptr) {
-    using P = typename Config::policy_type;
-    detail::check_same_process(shared_->owner_pid);
-    shared& s = *shared_;
-    detail::counters& c = s.stats;
-    const std::size_t n = keys.size();
-    std::vector<decision> out(n);
-    if (n == 0) return out;
-    const bool server_time = times.empty();
-    const std::string_view floor = server_time ? std::string_view("0")
-                                               : std::string_view(s.floor_ms);
-    std::vector<item> items(n);
-    try {
-      s.ensure_map();
-      for (std::size_t i = 0; i < n; ++i) {
-        item& it = items[i];
-        it.keys = detail::redis_keys(shared_->opts.node.prefix, cfg, keys[i]);
-        it.key = it.keys.front();
-        if (once != nullptr) {
-          it.keys.push_back(detail::once_key(shared_->opts.node.prefix, cfg, keys[i], once->id));
-        }
-        if (!server_time) it.time = std::to_string(times[i].count());
-        it.cost = std::to_string(costs[i]);
-        it.node = s.owner(key_slot(it.key));
-        if (it.node == nullptr) {
-          it.state = fate::failed;
-          it.error = std::make_exception_ptr(connection_error(
-              "ratelimit: redis: no known master for slot " + std::to_string(key_slot(it.key))));
-          s.request_refresh();
-        }
-      }
-    } catch (const connection_error&) {
-      const std::exception_ptr e = std::current_exception();
-      detail::count_error(c, e);
-      for (std::size_t i = 0; i < n; ++i) {
-        items[i].state = fate::degraded;
-        items[i].error = e;
-      }
-    }
-
-    std::vector<std::string> policy_args;
-    script_for<P>::append_args(cfg, policy_args);
-    deadline until = deadline_clock::now() + s.command_timeout;
-    std::string buf;
-    for (;;) {
-      // Group what is left by node, in one global order (node address) so two
-      // threads never wait for each other's pooled connections.
-      std::map<detail::cluster_node*, group> groups;
-      for (std::size_t i = 0; i < n; ++i) {
-        if (items[i].state != fate::pending) continue;
-        group& g = groups[items[i].node.get()];
-        g.node = items[i].node.get();
-        g.items.push_back(i);
-      }
-      if (groups.empty()) break;
-
-      // Write every node's pipeline, then read every node's replies.
-      bool wait_before_retry = false;
-      try {
-        for (auto& [node, g] : groups) {
-          g.verdict = node->gate.enter();
-          if (g.verdict == detail::breaker::verdict::refuse) {
-            g.settled = true;
-            c.short_circuited.fetch_add(g.items.size(), std::memory_order_relaxed);
-            g.failure = std::make_exception_ptr(
-                connection_error("ratelimit: redis: circuit breaker of " + node->name +
-                                 " open (it failed recently)"));
-            s.request_refresh();
-            continue;
-          }
-          try {
-            g.lease.emplace(node->pool.acquire(until));
-            // Making a connection (bounded by connect_timeout) does not eat
-            // into the round trip's command_timeout.
-            until += g.lease->connect_time();
-            buf.clear();
-            bool text_sent = false;
-            for (const std::size_t i : g.items) {
-              const item& it = items[i];
-              if (it.asking) {
-                const std::string_view ask_args[] = {"ASKING"};
-                append_command(buf, ask_args, 1);
-              }
-              // After NOSCRIPT one EVAL per node loads the script for the rest.
-              const bool text = it.with_text && !text_sent;
-              text_sent = text_sent || text;
-              if (once != nullptr) {
-                detail::append_eval_once<P>(buf, text, it.keys, it.time, it.cost, a, policy_args,
-                                            floor, once->limit, once->retention_us);
-              } else {
-                detail::append_eval<P>(buf, text, it.keys, it.time, it.cost, a, policy_args, floor);
-              }
-            }
-            g.lease->send(buf, until);  // resent only if closed before a byte left
-          } catch (const connection_error&) {
-            node_failed(g, std::current_exception());
-          }
-        }
-
-        for (auto& [node, g] : groups) {
-          if (g.failure) {
-            for (const std::size_t i : g.items) {
-              items[i].state = fate::degraded;
-              items[i].error = g.failure;
-            }
-            continue;
-          }
-          std::size_t next = 0;
-          bool noscript = false;
-          try {
-            for (; next < g.items.size(); ++next) {
-              item& it = items[g.items[next]];
-              if (it.asking) (void)(*g.lease)->receive(until);
-              reply_ptr r = (*g.lease)->receive(until);
-              classify(cfg, it, *r, node, out[g.items[next]], noscript, wait_before_retry,
-                       once != nullptr);
-            }
-            g.settled = true;
-            node->gate.success();
-          } catch (const connection_error&) {
-            node_failed(g, std::current_exception());
-            // The checks without a reply may or may not have run: never resent.
-            for (; next < g.items.size(); ++next) {
-              items[g.items[next]].state = fate::degraded;
-              items[g.items[next]].error = g.failure;
-            }
-          }
-          if (noscript) c.script_reloads.fetch_add(1, std::memory_order_relaxed);
-        }
-      } catch (...) {
-        // Not an I/O error (e.g. bad_alloc): replies may be left unread, so
-        // no connection of this round goes back to a pool; no probe is left open.
-        for (auto& [node, g] : groups) {
-          if (g.lease) (*g.lease)->mark_broken();
-          if (!g.settled) shared_->gate_failed(*node);
-        }
-        throw;
-      }
-      groups.clear();  // leases back to their pools before any wait
-      if (wait_before_retry) {
-        const auto pause = std::chrono::milliseconds(5);
-        if (deadline_clock::now() + pause < until) std::this_thread::sleep_for(pause);
-      }
-    }
-
-    for (std::size_t i = 0; i < n; ++i) {
-      item& it = items[i];
-      if (it.state == fate::done) {
-        c.store.fetch_add(1, std::memory_order_relaxed);
-        continue;
-      }
-      if (it.state == fate::failed) detail::count_error(c, it.error);
-      out[i] = s.degrader.degrade(
-          c, cfg, keys[i],
-          server_time ? std::optional<timestamp>{} : std::optional<timestamp>{times[i]}, costs[i],
-          a, it.error);
-    }
-    return out;
-  }
+                            access a, const detail::once_request* once = nullptr);
 
   /// Decides what one reply means for its check.
   template <class Config>
   void classify(const Config& cfg, item& it, const redisReply& r, detail::cluster_node* node,
-                decision& out, bool& noscript, bool& wait, bool once) {
-    shared& s = *shared_;
-    if (r.type != REDIS_REPLY_ERROR) {
-      try {
-        out = once ? detail::parse_reply_once(cfg, r) : detail::parse_reply(cfg, r);
-        it.state = fate::done;
-      } catch (const script_error&) {
-        it.state = fate::failed;
-        it.error = std::current_exception();
-      }
-      return;
-    }
-    // Every answer below means the script did not run, so resending is safe.
-    const bool again = ++it.hops <= s.max_redirects;
-    if (detail::is_noscript(r)) {
-      noscript = true;
-      it.with_text = true;
-      if (again) return;
-    } else if (auto d = detail::parse_redirect(r, node->opts.host, key_slot(it.keys.front()))) {
-      if (d->ask) {
-        s.ask.fetch_add(1, std::memory_order_relaxed);
-        it.node = s.node_at(d->to);
-        it.asking = true;
-      } else {
-        s.moved.fetch_add(1, std::memory_order_relaxed);
-        it.node = s.learn(d->slot, d->to);
-        it.asking = false;
-        s.request_refresh();
-      }
-      if (again) return;
-    } else if (detail::error_starts(r, "TRYAGAIN")) {
-      s.tryagain.fetch_add(1, std::memory_order_relaxed);
-      wait = true;
-      if (again) return;
-    } else if (detail::error_starts(r, "CLUSTERDOWN") || detail::error_starts(r, "MASTERDOWN") ||
-               detail::error_starts(r, "LOADING")) {
-      // The node cannot serve the slot now (failover in progress): the
-      // failure policy decides, and the slot map is read again.
-      s.request_refresh();
-      it.state = fate::failed;
-      it.error = std::make_exception_ptr(connection_error(
-          "ratelimit: redis: " + node->name + " answered " + std::string(r.str, r.len)));
-      return;
-    } else {
-      it.state = fate::failed;
-      it.error = std::make_exception_ptr(
-          script_error("ratelimit: redis: script failed: " + std::string(r.str, r.len)));
-      return;
-    }
-    it.state = fate::failed;
-    it.error = std::make_exception_ptr(
-        script_error("ratelimit: redis: more than " + std::to_string(s.max_redirects) +
-                     " redirects for one check (last: " + std::string(r.str, r.len) + ")"));
-  }
+                decision& out, bool& noscript, bool& wait, bool once);
 
   std::shared_ptr<shared> shared_;
 };
 
 }  // namespace ratelimit::redis
+
+// The async checks and the pooled path, defined out of the class.
+#include "ratelimit/redis/cluster/async_check.hpp"  // IWYU pragma: export
+#include "ratelimit/redis/cluster/batch.hpp"        // IWYU pragma: export

@@ -302,6 +302,51 @@ namespace detail {
   return out;
 }
 
+/// `s` as a message quotes a name: `"` and `\\` escaped, CR, LF and tab as
+/// `\\r`, `\\n`, `\\t`, every other byte outside printable ASCII as `\\xNN`.
+[[nodiscard]] inline std::string escaped_name(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (const char c : s) {
+    const auto b = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (b < 0x20 || b >= 0x7f) {
+      constexpr char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out += hex[b >> 4];
+      out += hex[b & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+/// Why a Sentinel master name cannot be used, "" when it can: it must hold
+/// no space and no control byte (0x00-0x20, 0x7f): the sentinels announce
+/// failovers as space-separated "+switch-master NAME ..." lines, which such a
+/// name could never match.
+[[nodiscard]] inline std::string bad_master_name(std::string_view name) {
+  if (name.empty()) return "is empty";
+  for (const char c : name) {
+    const auto b = static_cast<unsigned char>(c);
+    if (b <= 0x20 || b == 0x7f) {
+      return "\"" + escaped_name(name) +
+             "\" holds a space or control byte (the sentinels name a master in space-separated "
+             "lines)";
+    }
+  }
+  return {};
+}
+
 /// Applies the query `k=v&k=v` of a `rediss://` URL to `t`: ca, ca_dir, cert,
 /// key, sni, verify (full, chain or none). Each at most once, none empty.
 /// @throws std::invalid_argument naming the bad parameter (and the URL, redacted)
@@ -320,6 +365,11 @@ inline void apply_tls_query(tls_options& t, std::string_view query, std::string_
     }
     seen.push_back(name);
     const std::string value(item.substr(eq + 1));
+    if (value.find('?') != std::string::npos) {
+      // `?ca=/x?multiplex=2` would read the file "/x?multiplex=2".
+      bad_url(url, "has a '?' in the value of parameter \"" + std::string(name) +
+                       "\" (parameters are separated by '&')");
+    }
     if (name == "ca") {
       t.ca_file = value;
     } else if (name == "ca_dir") {
@@ -395,7 +445,11 @@ inline constexpr std::size_t max_multiplex_connections = 256;
     if (amp == std::string_view::npos) break;
     query.remove_prefix(amp + 1);
   }
-  if (seen && others && kept.find_first_not_of('&') == std::string::npos) {
+  // With multiplex= the '?' surely starts a query: an empty parameter there
+  // (`unix:///t/s?&multiplex=2&db=1`) would leave the rest read as a path.
+  if (seen && others &&
+      (kept.empty() || kept.front() == '&' || kept.back() == '&' ||
+       kept.find("&&") != std::string::npos)) {
     bad_url(url, "has an empty parameter beside multiplex= (a stray '&')");
   }
   rest = rest.substr(0, q) + (others ? "?" + kept : std::string());
@@ -421,6 +475,9 @@ inline void take_tls_query(std::string_view& rest, tls_options& t, std::string_v
       }
     }
     return;
+  }
+  if (rest.substr(q + 1).find_first_not_of('&') == std::string_view::npos) {
+    bad_url(url, "has no parameter after '?'");
   }
   if (!t.enabled) bad_url(url, "has parameters after '?': TLS parameters need rediss://");
   apply_tls_query(t, rest.substr(q + 1), url);
@@ -470,6 +527,9 @@ namespace detail {
     bad_url(url,
             "has a '/' in MASTER_NAME \"" + std::string(name) + "\" (use ?db=N for a database)");
   }
+  if (const std::string why = bad_master_name(name); !why.empty()) {
+    bad_url(url, "has master name " + why);
+  }
   o.sentinel.master_name = std::string(name);
   std::string_view hosts = rest.substr(0, slash);
   for (;;) {
@@ -495,6 +555,9 @@ namespace detail {
   bool seen_user = false;
   bool seen_password = false;
   bool seen_multiplex = false;
+  if (has_query && query.find_first_not_of('&') == std::string_view::npos) {
+    bad_url(url, "has no parameter after '?'");
+  }
   while (has_query) {
     const auto amp = query.find('&');
     const std::string_view item = query.substr(0, amp);
@@ -502,8 +565,15 @@ namespace detail {
     const std::string_view key = item.substr(0, eq);
     const std::string_view value = eq == std::string_view::npos ? std::string_view()
                                                                 : item.substr(eq + 1);
+    if (item.empty()) bad_url(url, "has an empty parameter (a stray '&')");
     if (eq == std::string_view::npos) {
       bad_url(url, "has no '=' after parameter \"" + std::string(key) + "\"");
+    }
+    if (value.find('?') != std::string_view::npos) {
+      // `?sentinel_user=u?db=2` would hide the database in the user name.
+      bad_url(url, "has a '?' in the value of parameter \"" + std::string(key) +
+                       "\" (parameters are separated by '&'; set options::sentinel in code for "
+                       "such a value)");
     }
     const auto once = [&](bool& seen) {
       if (seen) bad_url(url, "sets \"" + std::string(key) + "\" twice");
@@ -553,6 +623,10 @@ namespace detail {
 /// `redis://`, `rediss://` and `unix://` also take `?multiplex=N` (0..256,
 /// at most once; options::multiplex), alone or among the other parameters
 /// (an empty parameter, as in `?&multiplex=2` or a trailing `&`, is refused).
+/// A '?' inside the value of a TLS or Sentinel parameter is refused (a second
+/// '?' is no separator: `?ca=F?multiplex=2` would name the file "F?multiplex=2"),
+/// and so is a `redis://`, `rediss://` or `redis-sentinel://` URL with no
+/// parameter after its '?'. Without `multiplex=`, a `unix://` path may hold '?'.
 ///
 /// Sentinel (ratelimit/redis/sentinel.hpp):
 /// `redis-sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER_NAME[?PARAMS]`

@@ -138,13 +138,17 @@ inline void sentinel_same_process(pid_t owner) {
 /// Thread safety: all member functions may be called from any number of threads.
 class sentinel_locator {
  public:
-  /// @throws std::invalid_argument when `o.sentinel` names no master or lists
+  /// @throws std::invalid_argument when `o.sentinel` names no master (or one
+  ///   holding a space or control byte, see detail::bad_master_name) or lists
   ///   no sentinel, a sentinel has a host of other than 1..253 letters, digits
   ///   and `.-_:%` or a port outside 1..65535, or `o.unix_socket` is set
   explicit sentinel_locator(const options& o) : order_(o.sentinel.sentinels) {
     const sentinel_options& s = o.sentinel;
     if (s.master_name.empty()) {
       throw std::invalid_argument("ratelimit: redis: sentinel: no master name given");
+    }
+    if (const std::string why = detail::bad_master_name(s.master_name); !why.empty()) {
+      throw std::invalid_argument("ratelimit: redis: sentinel: master name " + why);
     }
     if (s.sentinels.empty()) {
       throw std::invalid_argument("ratelimit: redis: sentinel: no sentinel given for master \"" +

@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: Apache-2.0
+// Review of the Redis URL parsers (no server): a '?' inside a query value,
+// empty parameters beside multiplex= that left db= unapplied, and a URL
+// ending in '?'.
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "ratelimit/redis/cluster/options.hpp"
+#include "ratelimit/redis/options.hpp"
+
+namespace {
+
+using namespace ratelimit;
+
+/// The message parse_url (or parse_cluster_url) refuses `url` with; "" when accepted.
+std::string refusal(const std::string& url) {
+  try {
+    if (url.find("-cluster://") != std::string::npos) {
+      (void)redis::parse_cluster_url(url);
+    } else {
+      (void)redis::parse_url(url);
+    }
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// Verifies that a second '?' in a query is refused rather than kept inside
+// a value: `rediss://h?ca=/x?multiplex=2` used to read the CA file
+// "/x?multiplex=2" and leave multiplex unset; a Sentinel password
+// "x?db=2" hid the database. The message names the parameter.
+TEST(UrlReview, QuestionMarkInsideAQueryValueIsRefused) {
+  for (const std::string url :
+       {"rediss://h?ca=/x?multiplex=2", "rediss://h?sni=a?b", "rediss://h?verify=none&sni=a?b",
+        "rediss-cluster://h:7000?sni=a?b", "rediss://h?multiplex=2&sni=a?b",
+        "redis-sentinel://a/m?sentinel_user=u?db=2",
+        "redis-sentinel://a/m?db=1&sentinel_user=u?x"}) {
+    SCOPED_TRACE(url);
+    const std::string why = refusal(url);
+    EXPECT_NE(why.find("'?'"), std::string::npos) << why;
+  }
+  // The same values without the stray '?' are taken.
+  const auto o = redis::parse_url("rediss://h?sni=a&multiplex=2");
+  EXPECT_EQ(o.tls.server_name, "a");
+  EXPECT_EQ(o.multiplex, 2u);
+  // A Sentinel password holding '?' is refused, its value not quoted.
+  const std::string why = refusal("redis-sentinel://a/m?sentinel_password=s3?cret");
+  EXPECT_NE(why.find("sentinel_password"), std::string::npos) << why;
+  EXPECT_EQ(why.find("s3"), std::string::npos) << why;
+}
+
+// Verifies that an empty parameter anywhere in a query holding multiplex=
+// is refused: `unix:///t/s?&multiplex=2&db=1` used to connect to the
+// socket "/t/s?&db=1" on database 0.
+TEST(UrlReview, EmptyParameterBesideMultiplexIsRefused) {
+  for (const std::string url :
+       {"unix:///t/s?&multiplex=2&db=1", "unix:///t/s?multiplex=2&&db=1",
+        "unix:///t/s?db=1&multiplex=2&", "redis://h?&multiplex=2", "rediss://h?multiplex=2&&sni=a",
+        "redis-cluster://h:7000?&multiplex=2"}) {
+    SCOPED_TRACE(url);
+    const std::string why = refusal(url);
+    EXPECT_NE(why.find("empty parameter"), std::string::npos) << why;
+  }
+  const auto o = redis::parse_url("unix:///t/s?multiplex=2&db=1");
+  EXPECT_EQ(o.unix_socket, "/t/s");
+  EXPECT_EQ(o.database, 1);
+  EXPECT_EQ(o.multiplex, 2u);
+  // Without multiplex= a unix path may still hold '?' (documented).
+  EXPECT_EQ(redis::parse_url("unix:///t/s?x=1").unix_socket, "/t/s?x=1");
+}
+
+// Verifies that a URL whose query is empty says so, rather than ask for
+// rediss:// ("TLS parameters") as `redis://h?` used to.
+TEST(UrlReview, NothingAfterTheQuestionMarkIsNamed) {
+  for (const std::string url : {"redis://h?", "rediss://h?", "redis://h?&", "redis-cluster://h:1?",
+                                "rediss-cluster://h:1?", "redis-sentinel://a/m?"}) {
+    SCOPED_TRACE(url);
+    const std::string why = refusal(url);
+    EXPECT_NE(why.find("no parameter after '?'"), std::string::npos) << why;
+    EXPECT_EQ(why.find("TLS parameters"), std::string::npos) << why;
+  }
+}
+
+}  // namespace
