@@ -68,6 +68,9 @@ struct cluster_store::check_job final : detail::cluster_job {
   node_ptr node;
   std::size_t hops = 0;
   bool asking = false;
+  /// Refused by the node's pending cap (multiplexer_full): local overload,
+  /// not a fault of the node, so no failure for its circuit breaker.
+  bool refused_full = false;
   bool with_text = false;
 
   /// The command: EVALSHA, or EVAL with the script's text.
@@ -144,6 +147,12 @@ struct cluster_store::check_job final : detail::cluster_job {
       std::lock_guard<std::mutex> lock(n->ask_mutex);
       if (!n->ask_mux.submit(ask_base)) return false;
       return n->ask_mux.submit(self);
+    } catch (const multiplexer_full&) {
+      // Nothing of this check was sent, and the node did not fail.
+      refused_full = true;
+      mux_job* j = self.get();
+      j->complete(std::move(self), nullptr, std::current_exception());
+      return true;
     } catch (const connection_error&) {
       // No eventfd or I/O thread: nothing of this check was sent.
       mux_job* j = self.get();
@@ -180,8 +189,10 @@ struct cluster_store::check_job final : detail::cluster_job {
         return;
       }
       // Never resent: it may have run. The node may be gone or demoted.
-      s->gate_failed(*node);
-      s->request_refresh();
+      if (!refused_full) {
+        s->gate_failed(*node);
+        s->request_refresh();
+      }
       fail(error);
       return;
     }
