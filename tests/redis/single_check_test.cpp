@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -85,18 +86,17 @@ void expect_same_bytes(const Config& cfg, std::string_view prefix, std::string_v
 // tag is refused by value as before.
 TEST(RedisSingleCheck, CommandBytesEqualTheBatchPath) {
   const std::string nul_key("a\0b", 3);
-  const std::vector<std::string> keys = {"k",      "+15551234567",      "}x",     "}",
-                                         "{}",     "{a}b",              "a}{b}",  nul_key,
-                                         "a\r\nb", std::string(512, 'z'), "sp ace"};
+  const std::vector<std::string> keys = {
+      "k",      "+15551234567",        "}x",    "}", "{}", "{a}b", "a}{b}", nul_key,
+      "a\r\nb", std::string(512, 'z'), "sp ace"};
   const std::vector<std::string> prefixes = {"", "rl:", "p{", "{t}:", "a}b{c"};
   const fixed_window::config fw("10/1s", window_options{.name = "fw"});
   const sliding_window_log::config swl("10/1s", window_options{.name = "swl"});
   const sliding_window_counter::config swc("10/1s", window_options{.name = "swc"});
   const token_bucket::config tb("10/1s", bucket_options{.name = "tb"});
   const gcra::config g("10/15min", bucket_options{.burst = 3, .name = "g"});
-  const compound<gcra, fixed_window>::config both(compound_options{.name = "both"},
-                                                   gcra::config("5/1s"),
-                                                   fixed_window::config("100/1h"));
+  const compound<gcra, fixed_window>::config both(
+      compound_options{.name = "both"}, gcra::config("5/1s"), fixed_window::config("100/1h"));
   for (const std::string& p : prefixes) {
     for (const std::string& k : keys) {
       expect_same_bytes(fw, p, k);
@@ -216,14 +216,15 @@ TEST(RedisSingleCheck, SequentialChecksAllocateNothing) {
   redis::redis_store store(o);
   const gcra::config cfg("10/15min", bucket_options{.name = "bench"});
   const std::vector<std::string> keys = {"+15551234567", "+15557654321", "+15550000000"};
-  for (int i = 0; i < 10; ++i) (void)store.apply(cfg, keys[i % 3], store_time, 1);
+  for (std::size_t i = 0; i < 10; ++i) (void)store.apply(cfg, keys[i % 3], store_time, 1);
   (void)store.apply(cfg, keys[0], timestamp{1'700'000'000'000'000}, 1);
   allocations = 0;
   counting = true;
   int from_store = 0;
-  for (int i = 0; i < 300; ++i) {
+  for (std::size_t i = 0; i < 300; ++i) {
+    const timestamp t{1'700'000'000'000'000 + static_cast<std::int64_t>(i)};
     const decision d = i % 2 == 0 ? store.apply(cfg, keys[i % 3], store_time, 1)
-                                  : store.apply(cfg, keys[i % 3], timestamp{1'700'000'000'000'000 + i}, 1);
+                                  : store.apply(cfg, keys[i % 3], t, 1);
     from_store += d.source == decision_source::store ? 1 : 0;
   }
   counting = false;
