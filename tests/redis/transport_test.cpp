@@ -510,4 +510,152 @@ TEST(Transport, FailuresLeaveNoDescriptorOpen) {
   EXPECT_EQ(open_fds(), before);
 }
 
+/// The bytes of a script's usual reply, and its values.
+constexpr std::string_view gcra_reply = "*5\r\n:1\r\n:1\r\n:9\r\n:0\r\n:-90000000\r\n";
+constexpr long long gcra_values[5] = {1, 1, 9, 0, -90000000};
+
+/// Sends PING and reads the answer as a script's reply, within `timeout`.
+void script_call(redis::connection& c, clk::duration timeout, redis::script_reply& out) {
+  const auto until = clk::now() + timeout;
+  c.send(ping_bytes, until);
+  c.receive_script(until, out);
+}
+
+// Verifies receive_script (the pooled single check's read): a reply of
+// integers that arrives whole is read without hiredis, one that arrives a
+// byte at a time goes through hiredis with the same values, an error reply
+// (NOSCRIPT) comes back whole, and a node failure (READONLY) throws
+// connection_error as receive() does; over TCP and a unix socket.
+TEST(Transport, ScriptRepliesWholeSplitAndErrors) {
+  const auto serve = [](int fd) {
+    int n = 0;
+    while (read_some(fd, ping_bytes.size()) == ping_bytes) {
+      switch (n++) {
+        case 0: (void)send_all(fd, gcra_reply); break;
+        case 1:
+          for (const char ch : gcra_reply) {
+            if (!send_all(fd, std::string_view(&ch, 1))) return;
+            std::this_thread::sleep_for(1ms);
+          }
+          break;
+        case 2: (void)send_all(fd, "-NOSCRIPT No matching script. Please use EVAL.\r\n"); break;
+        default: (void)send_all(fd, "-READONLY You can't write against a read only replica.\r\n");
+      }
+    }
+  };
+  for (const auto kind : {fake_server::kind::v4, fake_server::kind::unix_socket}) {
+    fake_server server(serve, kind);
+    ASSERT_TRUE(server.ok());
+    redis::connection c(server.options(kind));
+    redis::script_reply r;
+    script_call(c, 5s, r);
+    ASSERT_EQ(r.count, 5u);
+    EXPECT_EQ(r.other, nullptr);
+    for (std::size_t i = 0; i < 5; ++i) EXPECT_EQ(r.values[i], gcra_values[i]);
+    script_call(c, 5s, r);
+    ASSERT_EQ(r.count, 0u);
+    ASSERT_NE(r.other, nullptr);
+    ASSERT_EQ(r.other->type, REDIS_REPLY_ARRAY);
+    ASSERT_EQ(r.other->elements, 5u);
+    for (std::size_t i = 0; i < 5; ++i) EXPECT_EQ(r.other->element[i]->integer, gcra_values[i]);
+    script_call(c, 5s, r);
+    ASSERT_EQ(r.count, 0u);
+    ASSERT_NE(r.other, nullptr);
+    EXPECT_TRUE(redis::detail::is_noscript(*r.other));
+    EXPECT_FALSE(c.broken());
+    EXPECT_THROW(script_call(c, 5s, r), redis::connection_error);
+    EXPECT_TRUE(c.broken());
+  }
+}
+
+// Verifies the deadline of receive_script's blocking read: a reply that
+// comes after the read's own limit (3/4 of the time left less 10 ms, 1,492
+// ms of 2 s, which the kernel may stretch to 1,689 ms) but before the
+// deadline is read; a silent peer times out at the deadline, not before and
+// not much after; a peer that closes gives connection_error.
+TEST(Transport, ScriptReplyDeadlineIsExact) {
+  int served = 0;
+  fake_server server([&served](int fd) {
+    const int n = served++;
+    if (read_some(fd, ping_bytes.size()) != ping_bytes) return;
+    if (n == 0) {
+      std::this_thread::sleep_for(1800ms);  // past the read's limit, before the deadline (2 s)
+      (void)send_all(fd, gcra_reply);
+      (void)read_some(fd, 1 << 20);
+    } else if (n == 1) {
+      (void)read_some(fd, 1 << 20);  // silent
+    }                                // else: closes
+  });
+  ASSERT_TRUE(server.ok());
+  {
+    redis::connection c(server.options());
+    redis::script_reply r;
+    const auto start = clk::now();
+    script_call(c, 2s, r);
+    EXPECT_GE(clk::now() - start, 1800ms);
+    ASSERT_EQ(r.count, 5u);
+    EXPECT_EQ(r.values[4], gcra_values[4]);
+  }
+  {
+    redis::connection c(server.options());
+    redis::script_reply r;
+    const auto start = clk::now();
+    EXPECT_THROW(script_call(c, 300ms, r), redis::timeout_error);
+    const auto took = clk::now() - start;
+    EXPECT_GE(took, 300ms);
+    EXPECT_LT(took, 2s);
+    EXPECT_TRUE(c.broken());
+  }
+  redis::connection c(server.options());
+  redis::script_reply r;
+  EXPECT_THROW(script_call(c, 5s, r), redis::connection_error);
+  EXPECT_TRUE(c.broken());
+}
+
+// Verifies signals interrupting receive_script's waits (no SA_RESTART: the
+// blocking recv and poll fail with EINTR) change nothing: a reply after
+// 200 ms is read, a silent peer times out at the deadline.
+TEST(Transport, SignalsDuringScriptReplyWaitsChangeNothing) {
+  struct sigaction sa {};
+  sa.sa_handler = [](int) {};
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART
+  struct sigaction old {};
+  ASSERT_EQ(::sigaction(SIGUSR1, &sa, &old), 0);
+  int served = 0;
+  fake_server server([&served](int fd) {
+    if (served++ == 0) {
+      if (read_some(fd, ping_bytes.size()) != ping_bytes) return;
+      std::this_thread::sleep_for(200ms);
+      (void)send_all(fd, gcra_reply);
+    }
+    (void)read_some(fd, 1 << 20);
+  });
+  ASSERT_TRUE(server.ok());
+  const pthread_t self = ::pthread_self();
+  std::atomic<bool> stop{false};
+  std::thread signaller([&] {
+    while (!stop) {
+      ::pthread_kill(self, SIGUSR1);
+      std::this_thread::sleep_for(1ms);
+    }
+  });
+  redis::script_reply r;
+  {
+    redis::connection c(server.options());
+    script_call(c, 5s, r);
+  }
+  redis::connection c(server.options());
+  const auto start = clk::now();
+  redis::script_reply silent;
+  EXPECT_THROW(script_call(c, 150ms, silent), redis::timeout_error);
+  const auto took = clk::now() - start;
+  stop = true;
+  signaller.join();
+  ::sigaction(SIGUSR1, &old, nullptr);
+  EXPECT_EQ(r.count, 5u);
+  EXPECT_GE(took, 150ms);
+  EXPECT_LT(took, 2s);
+}
+
 }  // namespace

@@ -293,6 +293,53 @@ inline constexpr std::size_t max_reply_bytes = std::size_t{64} << 20;
 
 }  // namespace detail
 
+/// The reply to one script call (see connection::receive_script): the
+/// integers of an array reply of 5 to 7 integers, the usual answer of the
+/// scripts, read without allocating; or any other reply, whole, in `other`.
+struct script_reply {
+  long long values[7] = {};
+  std::size_t count = 0;  ///< integers in `values`; 0 when `other` holds the reply
+  reply_ptr other;
+};
+
+namespace detail {
+
+/// Reads `bytes` as exactly one RESP array of 5 to 7 integers, each written
+/// as Redis writes them (`:` then `0`, or an optional `-` and up to 18
+/// digits without a leading zero, then CRLF), into `out`; false for
+/// anything else (another reply, more or fewer bytes, another spelling),
+/// which the caller then hands to hiredis's reader.
+[[nodiscard]] inline bool parse_integer_array(std::string_view bytes, script_reply& out) noexcept {
+  if (bytes.size() < 4 || bytes[0] != '*' || bytes[1] < '5' || bytes[1] > '7' || bytes[2] != '\r' ||
+      bytes[3] != '\n') {
+    return false;
+  }
+  const std::size_t n = static_cast<std::size_t>(bytes[1] - '0');
+  std::size_t at = 4;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (at >= bytes.size() || bytes[at] != ':') return false;
+    ++at;
+    const bool negative = at < bytes.size() && bytes[at] == '-';
+    if (negative) ++at;
+    const std::size_t first = at;
+    long long v = 0;
+    while (at < bytes.size() && bytes[at] >= '0' && bytes[at] <= '9' && at - first < 18) {
+      v = v * 10 + (bytes[at] - '0');
+      ++at;
+    }
+    const std::size_t digits = at - first;
+    if (digits == 0 || (digits > 1 && bytes[first] == '0') || (negative && v == 0)) return false;
+    if (at + 2 > bytes.size() || bytes[at] != '\r' || bytes[at + 1] != '\n') return false;
+    at += 2;
+    out.values[i] = negative ? -v : v;
+  }
+  if (at != bytes.size()) return false;
+  out.count = n;
+  return true;
+}
+
+}  // namespace detail
+
 /// One connection to Redis. Every operation takes a deadline and throws
 /// timeout_error when it passes; any error leaves the connection broken
 /// (`broken()`), and the pool then discards it, because a late reply could
@@ -428,6 +475,71 @@ class connection {
     return r;
   }
 
+  /// Reads the reply to one script call, as receive() does, into `out`: an
+  /// array of 5 to 7 integers that arrives whole in one read is taken
+  /// straight from the bytes read (no reply objects); any other reply, or
+  /// one split over reads, goes through hiredis's reader as in receive().
+  ///
+  /// Over plain TCP or a unix socket, with nothing left over from an earlier
+  /// read, the first read blocks in recv() itself (one system call where
+  /// reading, failing with EAGAIN, polling and reading again took three: a
+  /// reply never comes back within the send), bounded by SO_RCVTIMEO set
+  /// once per connection to a limit that ends well before `until` (see
+  /// blocking_read_fits); when the limit passes first, or a signal comes,
+  /// poll() waits out the rest exactly as before. Over TLS it reads first
+  /// and polls (OpenSSL may hold bytes already). The deadline is the same:
+  /// a reply not read before `until` is a timeout.
+  /// @throws as receive()
+  void receive_script(deadline until, script_reply& out) {
+    out.count = 0;
+    out.other.reset();
+    if (stream_.tls() || has_buffered_input()) {
+      out.other = receive(until);
+      return;
+    }
+    bool blocking = blocking_read_fits(until);
+    for (;;) {
+      if (!blocking) wait_for(POLLIN, until);
+      char buf[16 * 1024];
+      std::size_t n = 0;
+      const transport::io got = blocking ? stream_.read_blocking(buf, sizeof buf, n)
+                                         : stream_.read_some(buf, sizeof buf, n);
+      blocking = false;
+      if (got == transport::io::ok) {
+        if (detail::parse_integer_array(std::string_view(buf, n), out)) {
+          if (deadline_clock::now() >= until) {
+            fail<timeout_error>("ratelimit: redis: command timed out");
+          }
+          answered_ = true;
+          return;
+        }
+        fed_ += n;
+        if (redisReaderFeed(reader_.get(), buf, n) != REDIS_OK) {
+          fail<connection_error>("ratelimit: redis: protocol error in reply");
+        }
+        if (deadline_clock::now() >= until) {
+          fail<timeout_error>("ratelimit: redis: command timed out");
+        }
+        out.other = receive(until);
+        return;
+      }
+      if (got == transport::io::closed) {
+        fail<connection_error>("ratelimit: redis: server closed the connection");
+      }
+      if (got == transport::io::failed) {
+        fail<connection_error>("ratelimit: redis: read failed: " + stream_.error_text());
+      }
+      // want_read: the blocking read's limit passed or a signal came, or
+      // poll() woke without data; poll() waits for what is left.
+    }
+  }
+
+  /// A command buffer and an argument list kept with the connection, so
+  /// that formatting a check's command allocates nothing once they have
+  /// grown to a check's size. Valid while the connection lives.
+  [[nodiscard]] std::string& command_buffer() noexcept { return scratch_; }
+  [[nodiscard]] std::vector<std::string>& argument_buffer() noexcept { return scratch_args_; }
+
   /// One command, one reply (see receive).
   [[nodiscard]] reply_ptr command(const std::string_view* args, std::size_t n, deadline until) {
     out_.clear();
@@ -440,6 +552,23 @@ class connection {
   struct reader_deleter {
     void operator()(redisReader* r) const noexcept { redisReaderFree(r); }
   };
+
+  /// True when a blocking read may wait for the reply to a command whose
+  /// deadline is `until`: its SO_RCVTIMEO limit, set on first use to 3/4 of
+  /// what is then left less 10 ms, ends before `until` even when the kernel
+  /// rounds it up (to a whole tick, at most 10 ms, and by its timer wheel's
+  /// granularity, at most 1/8 of it). Otherwise poll() waits, as it always did.
+  [[nodiscard]] bool blocking_read_fits(deadline until) noexcept {
+    using std::chrono::microseconds;
+    const auto left = std::chrono::duration_cast<microseconds>(until - deadline_clock::now());
+    if (read_limit_.count() == 0) {  // first use: choose the limit once
+      read_limit_ = (left - microseconds{10'000}) * 3 / 4;
+      if (read_limit_ < microseconds{1'000} || !stream_.allow_blocking_reads(read_limit_)) {
+        read_limit_ = microseconds{-1};  // never: poll() waits
+      }
+    }
+    return read_limit_.count() > 0 && left >= read_limit_ + read_limit_ / 8 + microseconds{11'000};
+  }
 
   /// The least time one address of several gets for its TCP connect.
   static constexpr std::chrono::milliseconds min_address_share{50};
@@ -599,6 +728,11 @@ class connection {
   detail::reply_budget budget_;  ///< objects the reply being read may still hold
   std::unique_ptr<redisReader, reader_deleter> reader_;
   std::string out_;
+  std::string scratch_;                    ///< see command_buffer
+  std::vector<std::string> scratch_args_;  ///< see argument_buffer
+  /// SO_RCVTIMEO of blocking reads: 0 until first needed, negative when
+  /// they are not used (see blocking_read_fits).
+  std::chrono::microseconds read_limit_{0};
   bool broken_ = false;
   bool closed_before_send_ = false;
   bool answered_ = false;  ///< a whole reply was read (the server accepted the session)
@@ -676,8 +810,10 @@ class connection_pool {
       const auto took = deadline_clock::now() - start;
       until += took;
       connect_time_ += took;
+      // `bytes` may be the old connection's command_buffer(): copied first.
+      const std::string kept(bytes);
       conn_ = std::move(fresh);
-      conn_->send(bytes, until);
+      conn_->send(kept, until);
     }
 
    private:

@@ -627,10 +627,113 @@ class redis_store {
   decision run(const Config& cfg, std::string_view key, std::optional<timestamp> now, units cost,
                access a) {
     if (shared_->opts.multiplex > 0) return run_multiplexed(cfg, key, now, cost, a);
-    return run_batch_impl(
-               cfg, std::span<const std::string_view>(&key, 1), std::span<const units>(&cost, 1),
-               now ? std::span<const timestamp>(&*now, 1) : std::span<const timestamp>(), a)
-        .front();
+    return run_pooled(cfg, key, now, cost, a);
+  }
+
+  /// One check on a pooled connection: run_batch_impl for one key, with the
+  /// same outcomes (EVALSHA; EVAL once after NOSCRIPT, the script did not
+  /// run; never resent otherwise; the failure policy decides a failed round
+  /// trip), on the connection's own buffers, so that a check allocates
+  /// nothing once they have grown, and with the reply's integers read
+  /// straight from the socket (connection::receive_script).
+  template <class Config>
+  decision run_pooled(const Config& cfg, std::string_view key, std::optional<timestamp> now,
+                      units cost, access a) {
+    detail::check_same_process(shared_->owner_pid);
+    shared& st = *shared_;
+    if (st.breaker.enter() == detail::breaker::verdict::refuse) {
+      st.stats.short_circuited.fetch_add(1, std::memory_order_relaxed);
+      const auto err = std::make_exception_ptr(
+          connection_error("ratelimit: redis: circuit breaker open (Redis failed recently)"));
+      return degrade(cfg, key, now, cost, a, err);
+    }
+    if (detail::has_empty_hash_tag(st.opts.prefix)) {
+      // Refused before a connection is taken, as run_batch_impl does.
+      (void)detail::redis_keys(st.opts.prefix, cfg, key);
+    }
+    const std::string_view floor = now ? std::string_view(st.floor_ms) : std::string_view("0");
+    decision d;
+    std::exception_ptr item_error;
+    bool format_failed = false;
+    try {
+      const deadline start = deadline_clock::now();
+      connection_pool::lease lease = st.pool.acquire(start + st.command_timeout);
+      // Time spent making a new connection (bounded by connect_timeout) does
+      // not eat into the round trip's command_timeout.
+      deadline until = start + st.command_timeout + lease.connect_time();
+      // Whatever interrupts the exchange (I/O, a timeout, bad_alloc), the
+      // connection may hold an unread reply: it must not serve another caller.
+      struct drop_unless_done {
+        connection_pool::lease& l;
+        bool done = false;
+        ~drop_unless_done() {
+          if (!done) l->mark_broken();
+        }
+      } guard{lease};
+      {
+        std::string& buf = lease->command_buffer();
+        buf.clear();
+        try {
+          detail::append_single_eval(buf, lease->argument_buffer(), false, st.opts.prefix, cfg, key,
+                                     now, cost, a, floor);
+        } catch (...) {
+          // Nothing was sent (a refused prefix, bad_alloc): the connection
+          // stays usable and Redis did not fail, as when run_batch_impl
+          // formats before it takes a connection.
+          guard.done = true;
+          format_failed = true;
+          throw;
+        }
+        // Resent on a new connection only when the server had closed this
+        // one before it accepted a byte (see lease::send); `buf` may be gone after.
+        lease.send(buf, until);
+      }
+      script_reply reply;
+      lease->receive_script(until, reply);
+      if (reply.count == 0 && detail::is_noscript(*reply.other)) {
+        // NOSCRIPT: the script never ran, so sending it again is safe. EVAL
+        // once (it also caches the script).
+        st.stats.script_reloads.fetch_add(1, std::memory_order_relaxed);
+        std::string eval;
+        std::vector<std::string> args;
+        detail::append_single_eval(eval, args, true, st.opts.prefix, cfg, key, now, cost, a, floor);
+        lease->send(eval, until);
+        lease->receive_script(until, reply);
+        if (reply.count == 0 && detail::is_noscript(*reply.other)) {
+          item_error = std::make_exception_ptr(
+              script_error("ratelimit: redis: NOSCRIPT again after EVAL"));
+        }
+      }
+      if (!item_error) {
+        try {
+          d = reply.count != 0 ? detail::decision_of(cfg, reply.values, reply.count)
+                               : detail::parse_reply(cfg, *reply.other);
+        } catch (const script_error&) {
+          item_error = std::current_exception();
+        }
+      }
+      guard.done = true;
+      st.breaker.success();
+    } catch (const connection_error&) {
+      const std::exception_ptr failure = std::current_exception();
+      count_error(failure);
+      st.failed();
+      // Sentinel: the master may have moved (failover, demotion). Idle
+      // connections to it are dropped; the next ones ask the sentinels.
+      if (!st.opts.sentinel.master_name.empty()) st.pool.clear();
+      // The reply was not read: the script may or may not have run, and is
+      // never sent again: the failure policy decides.
+      return degrade(cfg, key, now, cost, a, failure);
+    } catch (...) {
+      if (!format_failed) st.failed();
+      throw;
+    }
+    if (item_error) {
+      count_error(item_error);
+      return degrade(cfg, key, now, cost, a, item_error);
+    }
+    st.stats.store.fetch_add(1, std::memory_order_relaxed);
+    return d;
   }
 
   template <class Config>

@@ -6,17 +6,21 @@
 
 #include <hiredis/hiredis.h>
 
+#include <charconv>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "ratelimit/decision.hpp"
 #include "ratelimit/rate.hpp"
 #include "ratelimit/redis/connection_pool.hpp"
 #include "ratelimit/redis/errors.hpp"
+#include "ratelimit/redis/keys.hpp"
 #include "ratelimit/redis/scripts/script_for.hpp"
 
 namespace ratelimit::redis {
@@ -44,9 +48,108 @@ void append_eval(std::string& out, bool with_text, const std::vector<std::string
   append_command(out, args.data(), args.size());
 }
 
+/// Appends one RESP bulk string (`$<length>\r\n<bytes>\r\n`) to `out`.
+inline void append_bulk(std::string& out, std::string_view arg) {
+  char len[24];
+  const auto end = std::to_chars(len, len + sizeof len, arg.size()).ptr;
+  out += '$';
+  out.append(len, end);
+  out += "\r\n";
+  out.append(arg);
+  out += "\r\n";
+}
+
+/// Appends `v` as a RESP bulk string in decimal, as std::to_string writes it.
+inline void append_bulk(std::string& out, long long v) {
+  char digits[24];
+  const auto end = std::to_chars(digits, digits + sizeof digits, v).ptr;
+  append_bulk(out, std::string_view(digits, static_cast<std::size_t>(end - digits)));
+}
+
+/// Appends the Redis key of `key` (redis_key<P>) as a RESP bulk string,
+/// written straight into `out` for the usual form; the other form (a user
+/// key starting with `}`) and a refused prefix go through redis_key<P>.
+/// @throws std::invalid_argument as redis_key<P>
+template <class P>
+void append_key_bulk(std::string& out, std::string_view prefix, std::string_view key,
+                     std::string_view limiter_name) {
+  const std::string_view name = script_for<P>::name;
+  if (!has_empty_hash_tag(prefix)) {
+    const std::size_t mark = out.size();
+    char len[24];
+    const auto end = std::to_chars(
+                         len, len + sizeof len,
+                         prefix.size() + key.size() + name.size() + limiter_name.size() + 4)
+                         .ptr;
+    out += '$';
+    out.append(len, end);
+    out += "\r\n";
+    const std::size_t at = out.size();
+    out.append(prefix);
+    out += '{';
+    out.append(key);
+    out += "}:";
+    out.append(name);
+    out += ':';
+    out.append(limiter_name);
+    if (!has_empty_hash_tag(std::string_view(out).substr(at))) {
+      out += "\r\n";
+      return;
+    }
+    out.resize(mark);
+  }
+  append_bulk(out, redis_key<P>(prefix, key, limiter_name));
+}
+
+/// Appends EVALSHA (or EVAL) of P's script for one check of `key`, as
+/// append_eval with redis_keys(prefix, cfg, key) writes it, byte for byte,
+/// without allocating once `out` and `args` have grown to a check's size:
+/// the key is written in place (see append_key_bulk) and `args` (cleared
+/// first) is reused for the policy's arguments. `time` is nullopt for
+/// server time.
+/// @throws std::invalid_argument as redis_keys
+template <class Config>
+void append_single_eval(std::string& out, std::vector<std::string>& args, bool with_text,
+                        std::string_view prefix, const Config& cfg, std::string_view key,
+                        std::optional<timestamp> time, units cost, access a,
+                        std::string_view ttl_floor_ms) {
+  using P = typename Config::policy_type;
+  args.clear();
+  script_for<P>::append_args(cfg, args);
+  if constexpr (requires(std::vector<std::string>& v) {
+                  script_for<P>::append_keys(cfg, std::string_view(), v);
+                }) {
+    const std::vector<std::string> keys = redis_keys(prefix, cfg, key);
+    append_eval<P>(out, with_text, keys, time ? std::to_string(time->count()) : std::string(),
+                   std::to_string(cost), a, args, ttl_floor_ms);
+  } else {
+    char head[24];
+    const auto end = std::to_chars(head, head + sizeof head, 8 + args.size()).ptr;
+    out += '*';
+    out.append(head, end);
+    out += "\r\n";
+    append_bulk(out, with_text ? std::string_view("EVAL") : std::string_view("EVALSHA"));
+    append_bulk(out, with_text ? script_for<P>::text : std::string_view(script_sha<P>()));
+    append_bulk(out, "1");
+    append_key_bulk<P>(out, prefix, key, cfg.name());
+    if (time) {
+      append_bulk(out, static_cast<long long>(time->count()));
+    } else {
+      append_bulk(out, std::string_view());
+    }
+    append_bulk(out, static_cast<long long>(cost));
+    append_bulk(out, access_arg(a));
+    append_bulk(out, ttl_floor_ms);
+    for (const std::string& p : args) append_bulk(out, p);
+  }
+}
+
 [[nodiscard]] inline bool is_noscript(const redisReply& r) noexcept {
   return r.type == REDIS_REPLY_ERROR && r.len >= 8 && std::string_view(r.str, 8) == "NOSCRIPT";
 }
+
+template <class Config>
+[[nodiscard]] decision decision_of(const Config& cfg, const long long* values, std::size_t n);
 
 /// The decision in a script's reply.
 /// @throws script_error for an error reply or a malformed one
@@ -67,8 +170,21 @@ template <class Config>
     }
     v[i] = r.element[i]->integer;
   }
+  return decision_of(cfg, v, r.elements);
+}
+
+/// The decision in a script's reply of `n` integers `v` (5 to 7, as
+/// parse_reply reads them from an array reply).
+/// @throws script_error for values no script of this library gives, or a
+///   count outside 5..7
+template <class Config>
+[[nodiscard]] decision decision_of(const Config& cfg, const long long* values, std::size_t n) {
+  if (n < 5 || n > 7) throw script_error("ratelimit: redis: unexpected script reply");
+  long long v[7] = {};
+  for (std::size_t i = 0; i < n; ++i) v[i] = values[i];
+  const std::size_t elements = n;
   // Only a reply a script of this library could give decides a check.
-  const long long limit = r.elements >= 6 ? v[5] : cfg.limit();
+  const long long limit = elements >= 6 ? v[5] : cfg.limit();
   const long long far = std::int64_t{1} << 53;
   // A repeat is admitted and records nothing; any other admission records.
   const bool repeat = v[6] == 1;
@@ -80,7 +196,7 @@ template <class Config>
                   (v[0] == 1 ? v[3] == 0 : v[3] != 0) && v[4] >= 0 && v[4] <= far;
   if (!ok) {
     std::string got;
-    for (std::size_t i = 0; i < r.elements; ++i) {
+    for (std::size_t i = 0; i < elements; ++i) {
       got += i == 0 ? "{" : ", ";
       got += std::to_string(v[i]);
     }

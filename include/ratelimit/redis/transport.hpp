@@ -4,6 +4,7 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -13,6 +14,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/types.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -66,9 +68,10 @@ namespace detail {
   return e == EAGAIN || e == EWOULDBLOCK || e == EINTR;
 }
 
-/// A BIO over a non-blocking socket that writes with MSG_NOSIGNAL, so a
-/// closed peer gives EPIPE and never SIGPIPE (OpenSSL's socket BIO uses
-/// write()). The socket is in the BIO's data; the BIO never closes it.
+/// A BIO over a socket that writes with MSG_NOSIGNAL, so a closed peer
+/// gives EPIPE and never SIGPIPE (OpenSSL's socket BIO uses write()), and
+/// never blocks (MSG_DONTWAIT). The socket is in the BIO's data; the BIO
+/// never closes it.
 [[nodiscard]] inline BIO_METHOD* socket_bio_method() {
   static BIO_METHOD* const method = [] {
     BIO_METHOD* m = ::BIO_meth_new(::BIO_get_new_index() | BIO_TYPE_SOURCE_SINK,
@@ -77,14 +80,14 @@ namespace detail {
     ::BIO_meth_set_write(m, [](BIO* b, const char* data, int len) -> int {
       ::BIO_clear_retry_flags(b);
       const ssize_t n = ::send(static_cast<int>(reinterpret_cast<std::intptr_t>(::BIO_get_data(b))),
-                               data, static_cast<std::size_t>(len), MSG_NOSIGNAL);
+                               data, static_cast<std::size_t>(len), MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n < 0 && would_block(errno)) BIO_set_retry_write(b);
       return static_cast<int>(n);
     });
     ::BIO_meth_set_read(m, [](BIO* b, char* data, int len) -> int {
       ::BIO_clear_retry_flags(b);
       const ssize_t n = ::recv(static_cast<int>(reinterpret_cast<std::intptr_t>(::BIO_get_data(b))),
-                               data, static_cast<std::size_t>(len), 0);
+                               data, static_cast<std::size_t>(len), MSG_DONTWAIT);
       if (n < 0 && would_block(errno)) BIO_set_retry_read(b);
       return static_cast<int>(n);
     });
@@ -421,11 +424,11 @@ class transport {
   /// Text of the last failed read or write.
   [[nodiscard]] const std::string& error_text() const noexcept { return error_text_; }
 
-  /// Writes some of `data`; `n` is set to the bytes taken.
+  /// Writes some of `data` without blocking; `n` is set to the bytes taken.
   [[nodiscard]] io write_some(std::string_view data, std::size_t& n) noexcept {
     n = 0;
     if (ssl_ == nullptr) {
-      const ssize_t r = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
+      const ssize_t r = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       if (r > 0) {
         n = static_cast<std::size_t>(r);
         return io::ok;
@@ -443,11 +446,12 @@ class transport {
     return ssl_failure(r);
   }
 
-  /// Reads up to `cap` bytes into `buf`; `n` is set to the bytes read.
+  /// Reads up to `cap` bytes into `buf` without blocking; `n` is set to the
+  /// bytes read.
   [[nodiscard]] io read_some(char* buf, std::size_t cap, std::size_t& n) noexcept {
     n = 0;
     if (ssl_ == nullptr) {
-      const ssize_t r = ::recv(fd_, buf, cap, 0);
+      const ssize_t r = ::recv(fd_, buf, cap, MSG_DONTWAIT);
       if (r > 0) {
         n = static_cast<std::size_t>(r);
         return io::ok;
@@ -463,6 +467,36 @@ class transport {
       return io::ok;
     }
     return ssl_failure(r);
+  }
+
+  /// Lets read_blocking() block for at most `limit` (SO_RCVTIMEO; the
+  /// socket's own O_NONBLOCK is cleared: every other read and write passes
+  /// MSG_DONTWAIT). Plain sockets only. False when the socket refused (it
+  /// is then left as it was, or broken for the next call to report).
+  [[nodiscard]] bool allow_blocking_reads(std::chrono::microseconds limit) noexcept {
+    if (ssl_ != nullptr || fd_ < 0 || limit.count() <= 0) return false;
+    timeval tv{};
+    tv.tv_sec = static_cast<time_t>(limit.count() / 1'000'000);
+    tv.tv_usec = static_cast<suseconds_t>(limit.count() % 1'000'000);
+    if (::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0) return false;
+    const int flags = ::fcntl(fd_, F_GETFL);
+    return flags >= 0 && ::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK) == 0;
+  }
+
+  /// Reads up to `cap` bytes into `buf`, blocking until some arrive, the
+  /// peer closes, or allow_blocking_reads()'s limit passes (or a signal
+  /// comes): those two give want_read. Only after allow_blocking_reads()
+  /// returned true.
+  [[nodiscard]] io read_blocking(char* buf, std::size_t cap, std::size_t& n) noexcept {
+    n = 0;
+    const ssize_t r = ::recv(fd_, buf, cap, 0);
+    if (r > 0) {
+      n = static_cast<std::size_t>(r);
+      return io::ok;
+    }
+    if (r == 0) return io::closed;
+    if (detail::would_block(errno)) return io::want_read;
+    return fail_sys(errno);
   }
 
   /// Waits until the socket is ready for `events` (POLLIN, POLLOUT) or

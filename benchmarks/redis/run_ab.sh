@@ -1,0 +1,51 @@
+#!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
+# Before/after in one run: the same benchmark rows from two builds (say, main
+# and a branch) against redis-benchmark EVALSHA of the same GCRA script, in
+# ROUNDS alternating rounds (baseline, build A, build B, each round; the order
+# of A and B flips every round), so that load from other processes hits all
+# alike. Prints each round's ratios to redis-benchmark and their medians.
+# Usage: benchmarks/redis/run_ab.sh BUILD_A BUILD_B
+#   (ROUNDS=5 MIN_TIME=1 N=200000 FILTER='Gcra_RedisStore_Sequential' RB_ARGS='-c 1 -P 1')
+# (both BUILD dirs configured with -DRATELIMIT_REDIS=ON -DRATELIMIT_BUILD_BENCHMARKS=ON
+# -DCMAKE_BUILD_TYPE=Release).
+set -eu
+[ $# -eq 2 ] || { sed -n '3,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+A="$1/benchmarks/redis/ratelimit_redis_bench"
+B="$2/benchmarks/redis/ratelimit_redis_bench"
+for b in "$A" "$B"; do
+  [ -x "$b" ] || { echo "build $b first (--target ratelimit_redis_bench)" >&2; exit 2; }
+done
+command -v redis-server >/dev/null || { echo "redis-server not found: apt-get install redis-server" >&2; exit 2; }
+PORT=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
+redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --logfile '' >/dev/null 2>&1 &
+PID=$!
+OUT=$(mktemp)
+trap 'kill "$PID" 2>/dev/null || true; rm -f "$OUT"' EXIT INT TERM
+i=0; until redis-cli -p "$PORT" ping >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 100 ] || exit 1; sleep 0.05; done
+export RATELIMIT_BENCH_REDIS_URL="redis://127.0.0.1:$PORT"
+N=${N:-200000}
+ROUNDS=${ROUNDS:-5}
+MIN_TIME=${MIN_TIME:-1}
+FILTER=${FILTER:-Gcra_RedisStore_Sequential}
+RB_ARGS=${RB_ARGS:--c 1 -P 1}
+SHA=$(redis-cli -p "$PORT" SCRIPT LOAD "$("$A" --print-script gcra)")
+# shellcheck disable=SC2086
+RB() { redis-benchmark -p "$PORT" -n "$N" -r 10000 --csv $RB_ARGS EVALSHA "$SHA" 1 "bench:{+1555__rand_int__}:gcra:bench" "" 1 0 0 90000000 10 | tail -1 | cut -d, -f2 | tr -d '"'; }
+rows() { "$2" --benchmark_filter="$FILTER" --benchmark_min_time="$MIN_TIME" --benchmark_format=csv 2>/dev/null | grep '^"BM_' | cut -d, -f1,7 | tr -d '"' | while IFS=, read -r name ips; do echo "$r,$1 $name,$ips,$base"; done >> "$OUT"; }
+echo "== host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/')"
+r=1
+while [ "$r" -le "$ROUNDS" ]; do
+  base=$(RB)
+  if [ $((r % 2)) -eq 1 ]; then rows A "$A"; rows B "$B"; else rows B "$B"; rows A "$A"; fi
+  echo "round $r: redis-benchmark $RB_ARGS $base/s; load $(cut -d' ' -f1 /proc/loadavg)"
+  r=$((r+1))
+done
+echo "== ratio to redis-benchmark $RB_ARGS in the same round (A = $1, B = $2): per round, median"
+sort -t, -k2,2 -k1,1n "$OUT" | awk -F, '
+  { key=$2; ratio[key]=ratio[key] sprintf(" %.2f", $3/$4); ips[key]=ips[key] sprintf(" %.0f", $3) }
+  END { for (k in ratio) {
+          n=split(ratio[k], a, " ");
+          for (i=2; i<=n; i++) { v=a[i]; j=i-1; while (j>0 && a[j]+0>v+0) { a[j+1]=a[j]; j-- } a[j+1]=v }
+          m=a[int((n+1)/2)];
+          printf "%-48s median %.2fx  rounds:%s  (checks/s:%s)\n", k, m, ratio[k], ips[k] } }' | sort -k2
