@@ -72,6 +72,30 @@ TEST(UrlReview, EmptyParameterBesideMultiplexIsRefused) {
   EXPECT_EQ(redis::parse_url("unix:///t/s?x=1").unix_socket, "/t/s?x=1");
 }
 
+// Verifies that with multiplex= a unix:// query holds nothing but db=: the
+// '?' then starts a query (a path holds no '?'), so
+// `unix:///t/s?multiplex=2&x=1&db=1` used to connect to the socket
+// "/t/s?x=1&db=1" on database 0, and `unix:///t/s?x=1&multiplex=2` to
+// "/t/s?x=1". The message names the parameter, not its value.
+TEST(UrlReview, UnixQueryBesideMultiplexTakesOnlyDb) {
+  for (const std::string url :
+       {"unix:///t/s?multiplex=2&x=1", "unix:///t/s?multiplex=2&x=1&db=1",
+        "unix:///t/s?x=1&multiplex=2", "unix:///t/s?DB=1&multiplex=2", "unix:///t/s?multiplex=1&=x",
+        "unix://u:p@/t/s?multiplex=2&pw=secret"}) {
+    SCOPED_TRACE(url);
+    const std::string why = refusal(url);
+    EXPECT_NE(why.find("beside multiplex="), std::string::npos) << why;
+    EXPECT_EQ(why.find("secret"), std::string::npos) << why;
+  }
+  const auto o = redis::parse_url("unix:///t/s?db=3&multiplex=2");
+  EXPECT_EQ(o.unix_socket, "/t/s");
+  EXPECT_EQ(o.database, 3);
+  EXPECT_EQ(o.multiplex, 2u);
+  const auto p = redis::parse_url("unix:///t/s?multiplex=0");
+  EXPECT_EQ(p.unix_socket, "/t/s");
+  EXPECT_EQ(p.multiplex, 0u);
+}
+
 // Verifies that a URL whose query is empty says so, rather than ask for
 // rediss:// ("TLS parameters") as `redis://h?` used to.
 TEST(UrlReview, NothingAfterTheQuestionMarkIsNamed) {

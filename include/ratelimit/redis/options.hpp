@@ -405,9 +405,12 @@ inline constexpr std::size_t max_multiplex_connections = 256;
 /// Takes `multiplex=N` (0..max_multiplex_connections, at most once) out
 /// of the query of a URL (redis://, rediss://, their cluster forms), the query starting at the first `?` after
 /// the last `@`; what is left of the query stays in `rest`.
+/// @param unix_path a `unix://` URL's rest: with multiplex= its query may
+///   hold nothing but `db=` (the '?' then starts a query, never a path's)
 /// @return N, or 0 without the parameter
 /// @throws std::invalid_argument naming the bad value and the URL (redacted)
-[[nodiscard]] inline std::size_t take_multiplex_query(std::string& rest, std::string_view url) {
+[[nodiscard]] inline std::size_t take_multiplex_query(std::string& rest, std::string_view url,
+                                                      bool unix_path = false) {
   const auto at = rest.rfind('@');
   const auto q = rest.find('?', at == std::string::npos ? 0 : at + 1);
   if (q == std::string::npos) {
@@ -427,6 +430,8 @@ inline constexpr std::size_t max_multiplex_connections = 256;
   bool others = false;  // parameters other than multiplex (empty ones too: refused later)
   std::size_t n = 0;
   bool seen = false;
+  bool not_db = false;        // a unix:// query holds a parameter other than db=
+  std::string_view not_unix;  // the name of the first such
   std::string_view query = std::string_view(rest).substr(q + 1);
   for (;;) {
     const auto amp = query.find('&');
@@ -438,12 +443,21 @@ inline constexpr std::size_t max_multiplex_connections = 256;
           parse_url_int(item.substr(std::min(item.size(), std::size_t{10})), url, "multiplex", 0,
                         static_cast<long long>(max_multiplex_connections)));
     } else {
+      if (unix_path && !item.empty() && !item.starts_with("db=") && !not_db) {
+        not_db = true;
+        not_unix = item.substr(0, item.find('='));
+      }
       if (others) kept += '&';
       kept += item;
       others = true;
     }
     if (amp == std::string_view::npos) break;
     query.remove_prefix(amp + 1);
+  }
+  if (seen && not_db) {
+    // `unix:///t/s?multiplex=2&x=1&db=1` would connect to "/t/s?x=1&db=1".
+    bad_url(url, "has parameter \"" + std::string(not_unix) +
+                     "\" beside multiplex= (a unix:// URL takes only db= and multiplex=)");
   }
   // With multiplex= the '?' surely starts a query: an empty parameter there
   // (`unix:///t/s?&multiplex=2&db=1`) would leave the rest read as a path.
@@ -626,7 +640,8 @@ namespace detail {
 /// A '?' inside the value of a TLS or Sentinel parameter is refused (a second
 /// '?' is no separator: `?ca=F?multiplex=2` would name the file "F?multiplex=2"),
 /// and so is a `redis://`, `rediss://` or `redis-sentinel://` URL with no
-/// parameter after its '?'. Without `multiplex=`, a `unix://` path may hold '?'.
+/// parameter after its '?'. Without `multiplex=`, a `unix://` path may hold '?';
+/// with it the '?' starts the query, which holds nothing else but `db=`.
 ///
 /// Sentinel (ratelimit/redis/sentinel.hpp):
 /// `redis-sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER_NAME[?PARAMS]`
@@ -654,7 +669,7 @@ namespace detail {
     detail::bad_url(url, "must start with redis://, rediss://, unix:// or redis-sentinel://");
   }
   std::string without_multiplex(rest);  // rest without `multiplex=N`; rest views it
-  o.multiplex = detail::take_multiplex_query(without_multiplex, url);
+  o.multiplex = detail::take_multiplex_query(without_multiplex, url, unix_path);
   rest = without_multiplex;
   if (!unix_path) detail::take_tls_query(rest, o.tls, url);
   if (const auto at = detail::userinfo_end(rest, unix_path); at != std::string_view::npos) {
