@@ -459,6 +459,47 @@ TEST(ClusterAsyncReview, LastCopyDroppedInAHandlerOnANodeThatLeftTheMap) {
   check_on_a_node_that_left_the_map(true);
 }
 
+// Verifies that a check refused by a node's pending cap (multiplexer_full:
+// local overload, nothing sent) is decided by the failure policy but is no
+// failure of the node for its circuit breaker: with a threshold of one,
+// three refusals used to open the node's breaker while it answered fine.
+TEST(ClusterAsyncReview, PendingCapRefusalIsNoBreakerFailure) {
+  auto o = cluster_opts("capbreaker", 1);
+  o.node.multiplex_max_pending = 2;
+  o.node.command_timeout = 5000ms;
+  o.node.breaker_threshold = 1;
+  o.node.on_failure = redis::failure_policy::fail_open;
+  redis::cluster_store store(o);
+  const fixed_window::config cfg("1000/1h", window_options{.name = "t"});
+  ASSERT_EQ(store.apply(cfg, "k", store_time, 1).source, decision_source::store);
+  const int port = rltest::shared_cluster().master_of(store.slot_for(cfg, "k"));
+  ASSERT_GT(port, 0);
+  outcomes held(2);
+  // Long enough for slow sanitizer builds on a loaded machine: the refusals
+  // below must all come while the two held checks are pending.
+  (void)redis_cluster::ask(port, {"CLIENT", "PAUSE", "1500", "WRITE"});
+  for (std::size_t i = 0; i < 2; ++i) {
+    store.async_apply(cfg, "k", store_time, 1, access::consume, held.handler(i));
+  }
+  for (int i = 0; i < 3; ++i) {
+    const decision d = store.apply(cfg, "k", store_time, 1);
+    EXPECT_EQ(d.source, decision_source::fail_open) << i;
+    EXPECT_TRUE(d.allowed) << i;
+  }
+  EXPECT_EQ(store.stats().breaker_opened, 0u);
+  EXPECT_EQ(store.stats().errors, 3u);
+  EXPECT_EQ(store.stats().fail_open, 3u);
+  ASSERT_TRUE(held.wait());
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_FALSE(held.errors[i]) << i;
+    EXPECT_EQ(held.decisions[i].source, decision_source::store) << i;
+  }
+  const decision next = store.apply(cfg, "k", store_time, 1);
+  EXPECT_EQ(next.source, decision_source::store);
+  EXPECT_EQ(next.remaining, 1000u - 4);
+  EXPECT_EQ(store.stats().short_circuited, 0u);
+}
+
 // Verifies ASK to a node that is down: a slot MIGRATING to a master that was
 // then killed answers ASK naming the dead node; each async check is decided
 // once by the failure policy (fail_open, one error each), within its
@@ -510,47 +551,6 @@ TEST(ClusterAsyncReview, AskToADeadNodeIsDecidedByTheFailurePolicy) {
   EXPECT_EQ(after.fail_open - before.fail_open, n);
   // None ran on the source: the key is still absent there.
   EXPECT_EQ(redis_cluster::ask(from, {"EXISTS", store.key_for(cfg, user)}), "0");
-}
-
-// Verifies that a check refused by a node's pending cap (multiplexer_full:
-// local overload, nothing sent) is decided by the failure policy but is no
-// failure of the node for its circuit breaker: with a threshold of one,
-// three refusals used to open the node's breaker while it answered fine.
-TEST(ClusterAsyncReview, PendingCapRefusalIsNoBreakerFailure) {
-  auto o = cluster_opts("capbreaker", 1);
-  o.node.multiplex_max_pending = 2;
-  o.node.command_timeout = 5000ms;
-  o.node.breaker_threshold = 1;
-  o.node.on_failure = redis::failure_policy::fail_open;
-  redis::cluster_store store(o);
-  const fixed_window::config cfg("1000/1h", window_options{.name = "t"});
-  ASSERT_EQ(store.apply(cfg, "k", store_time, 1).source, decision_source::store);
-  const int port = rltest::shared_cluster().master_of(store.slot_for(cfg, "k"));
-  ASSERT_GT(port, 0);
-  outcomes held(2);
-  // Long enough for slow sanitizer builds on a loaded machine: the refusals
-  // below must all come while the two held checks are pending.
-  (void)redis_cluster::ask(port, {"CLIENT", "PAUSE", "1500", "WRITE"});
-  for (std::size_t i = 0; i < 2; ++i) {
-    store.async_apply(cfg, "k", store_time, 1, access::consume, held.handler(i));
-  }
-  for (int i = 0; i < 3; ++i) {
-    const decision d = store.apply(cfg, "k", store_time, 1);
-    EXPECT_EQ(d.source, decision_source::fail_open) << i;
-    EXPECT_TRUE(d.allowed) << i;
-  }
-  EXPECT_EQ(store.stats().breaker_opened, 0u);
-  EXPECT_EQ(store.stats().errors, 3u);
-  EXPECT_EQ(store.stats().fail_open, 3u);
-  ASSERT_TRUE(held.wait());
-  for (std::size_t i = 0; i < 2; ++i) {
-    EXPECT_FALSE(held.errors[i]) << i;
-    EXPECT_EQ(held.decisions[i].source, decision_source::store) << i;
-  }
-  const decision next = store.apply(cfg, "k", store_time, 1);
-  EXPECT_EQ(next.source, decision_source::store);
-  EXPECT_EQ(next.remaining, 1000u - 4);
-  EXPECT_EQ(store.stats().short_circuited, 0u);
 }
 
 }  // namespace
