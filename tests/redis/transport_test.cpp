@@ -659,3 +659,46 @@ TEST(Transport, SignalsDuringScriptReplyWaitsChangeNothing) {
 }
 
 }  // namespace
+
+// Verifies a pooled connection whose last reply came with unasked bytes in
+// the same read (here an extra ":7\r\n" after the script's reply: a hostile
+// or broken server or proxy) is not lent again: those bytes sit in the reply
+// reader, where poll() on the socket cannot see them, and the next check on
+// it would read them as its own reply and every later check the reply of the
+// check before (a permanent shift of answers between keys). The pool drops
+// it and the next check gets its own reply on a new connection.
+TEST(Transport, UnaskedBytesAfterAReplyRetireThePooledConnection) {
+  const std::string config_get = "*3\r\n$6\r\nCONFIG\r\n$3\r\nGET\r\n$16\r\nmaxmemory-policy\r\n";
+  constexpr std::string_view other_reply = "*5\r\n:0\r\n:0\r\n:0\r\n:5\r\n:100\r\n";
+  std::atomic<int> connections{0};
+  fake_server server([&](int fd) {
+    if (connections.fetch_add(1) == 0) {
+      if (read_some(fd, config_get.size()) != config_get) return;
+      if (!send_all(fd, "-ERR not here\r\n")) return;
+      if (read_some(fd, ping_bytes.size()) != ping_bytes) return;
+      if (!send_all(fd, std::string(gcra_reply) + ":7\r\n")) return;  // one segment
+    }
+    while (read_some(fd, ping_bytes.size()) == ping_bytes) {
+      if (!send_all(fd, other_reply)) return;
+    }
+  });
+  ASSERT_TRUE(server.ok());
+  redis::options o = server.options();
+  o.pool_size = 1;
+  redis::connection_pool pool(o);
+  redis::script_reply r;
+  {
+    redis::connection_pool::lease l = pool.acquire(clk::now() + 2s);
+    script_call(*l, 2s, r);
+    ASSERT_NE(r.other, nullptr);  // more than one reply in the read: hiredis's path
+    ASSERT_EQ(r.other->type, REDIS_REPLY_ARRAY);
+    ASSERT_EQ(r.other->elements, 5u);
+    EXPECT_EQ(r.other->element[4]->integer, gcra_values[4]);
+  }
+  redis::connection_pool::lease l = pool.acquire(clk::now() + 2s);
+  script_call(*l, 2s, r);
+  ASSERT_EQ(r.count, 5u) << (r.other != nullptr ? r.other->type : -1);
+  EXPECT_EQ(r.values[3], 5);
+  EXPECT_EQ(r.values[4], 100);
+  EXPECT_EQ(connections.load(), 2);
+}

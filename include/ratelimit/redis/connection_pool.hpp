@@ -427,10 +427,13 @@ class connection {
   [[nodiscard]] transport& stream() noexcept { return stream_; }
 
   /// True when the server has closed this idle connection (for example after
-  /// its `timeout`, or CLIENT KILL) or sent something unasked for; checked
-  /// without sending, in a few microseconds. Such a connection must be dropped.
+  /// its `timeout`, or CLIENT KILL) or sent something unasked for: on the
+  /// socket, or already read with the last reply and left in the reply
+  /// reader (the next command would take those bytes as its reply, and each
+  /// later one the reply of the one before); checked without sending, in a
+  /// few microseconds. Such a connection must be dropped.
   [[nodiscard]] bool peer_closed() noexcept {
-    if (!stream_.peer_closed()) return false;
+    if (!has_buffered_input() && !stream_.peer_closed()) return false;
     broken_ = true;  // end of stream, an error, or bytes no command asked for
     return true;
   }

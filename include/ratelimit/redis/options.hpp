@@ -114,8 +114,9 @@ struct options {
   /// (queued, being written, or written and waiting for their reply); 0 =
   /// 65536. A check submitted while that many are pending is refused with
   /// multiplexer_full (a connection_error naming this cap), decided by the
-  /// failure policy and counted as a failed round trip: a stalled server
-  /// cannot make the queue grow without bound.
+  /// failure policy and counted in stats().errors, but no failure for the
+  /// circuit breaker (Redis did not fail): a stalled server cannot make the
+  /// queue grow without bound.
   std::size_t multiplex_max_pending = 0;
   /// Prefix of every Redis key: `<prefix>{<user key>}:<policy>`; may be empty.
   std::string prefix = "rl:";
