@@ -560,7 +560,8 @@ class connection {
   /// deadline is `until`: its SO_RCVTIMEO limit, set on first use to 3/4 of
   /// what is then left less 10 ms, ends before `until` even when the kernel
   /// rounds it up (to a whole tick, at most 10 ms, and by its timer wheel's
-  /// granularity, at most 1/8 of it). Otherwise poll() waits, as it always did.
+  /// granularity, at most 8/63 of it, under 1/7). Otherwise poll() waits, as it
+  /// always did.
   [[nodiscard]] bool blocking_read_fits(deadline until) noexcept {
     using std::chrono::microseconds;
     const auto left = std::chrono::duration_cast<microseconds>(until - deadline_clock::now());
@@ -570,7 +571,7 @@ class connection {
         read_limit_ = microseconds{-1};  // never: poll() waits
       }
     }
-    return read_limit_.count() > 0 && left >= read_limit_ + read_limit_ / 8 + microseconds{11'000};
+    return read_limit_.count() > 0 && left >= read_limit_ + read_limit_ / 7 + microseconds{11'000};
   }
 
   /// The least time one address of several gets for its TCP connect.
