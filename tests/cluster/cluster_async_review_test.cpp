@@ -426,6 +426,9 @@ void check_on_a_node_that_left_the_map(bool last_in_handler) {
                         cv.wait(lock, [&] { return release; });
                         std::this_thread::sleep_for(50ms);
                         held.reset();  // the last copy when last_in_handler
+                        // Unlocked before the flag: once the test sees it, it
+                        // returns and `m` (on its stack) is gone.
+                        lock.unlock();
                         returned = true;
                       });
     std::this_thread::sleep_for(100ms);
