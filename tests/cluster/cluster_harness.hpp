@@ -240,6 +240,10 @@ class redis_cluster {
                                "",
                                "--appendonly",
                                "no",
+                               // Replicas sync at once instead of after the
+                               // default 5 s wait for more replicas.
+                               "--repl-diskless-sync-delay",
+                               "0",
                                "--dir",
                                dir_,
                                "--daemonize",
