@@ -1083,6 +1083,7 @@ class concurrency_limiter {
                                                std::string_view k, std::uint64_t h, timestamp t) {
     { st.key_hash(k) } -> std::same_as<std::uint64_t>;
     st.apply_hashed(c, k, h, t, units{1}, access::consume);
+    st.apply_keeping_hash(c, k, h, t, units{1}, access::consume);
   };
 
   decision run_hinted(std::string_view key, lease_op op, std::string_view id,
@@ -1103,16 +1104,19 @@ class concurrency_limiter {
       detail::check_lease_id(id);
       detail::check_time(now);
       const void* self = &store_;
-      std::uint64_t h = 0;
       if (fill != nullptr) {
-        h = store_.key_hash(key);
+        // The store's own hash, just computed: one hash and one lock, also
+        // for a key the store does not hold yet.
+        std::uint64_t h = 0;
+        const decision d = store_.apply_keeping_hash(request(op, id), key, h, now, 1,
+                                                     access::consume);
         detail::lease_hint_access::fill(*fill, h, self);
-      } else if (const auto known = detail::lease_hint_access::hash_for(hint, self)) {
-        h = *known;
-      } else {
-        return store_.apply(request(op, id), key, now, 1, access::consume);
+        return d;
       }
-      return store_.apply_hashed(request(op, id), key, h, now, 1, access::consume);
+      if (const auto known = detail::lease_hint_access::hash_for(hint, self)) {
+        return store_.apply_hashed(request(op, id), key, *known, now, 1, access::consume);
+      }
+      return store_.apply(request(op, id), key, now, 1, access::consume);
     } else {
       (void)hint;
       (void)fill;
