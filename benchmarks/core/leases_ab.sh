@@ -42,7 +42,7 @@ for ((i = 0; i < iterations; ++i)); do
   for ((j = 0; j < ${#bins[@]}; ++j)); do
     # subject lines: NAME  ns/op  x-fixed  x-gcra (the name may hold spaces)
     "${bins[$j]}" --rounds "$rounds" "$@" |
-      awk -v b="$j" '/^(check|pair)/ {
+      awk -v b="$j" '/^(check|pair|floor)/ {
         name = $0; sub(/ +[0-9.]+ +[0-9.]+ +[0-9.]+$/, "", name)
         print b "\t" name "\t" $(NF - 2) "\t" $(NF - 1) }' >>"$samples"
   done
