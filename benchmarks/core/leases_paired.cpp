@@ -18,7 +18,12 @@
 // With --long-ids the lease ids are 44 bytes (a UUID Call-ID with a host
 // part) instead of 9, beyond the 15 bytes a lease holds inline.
 //
-// Usage: ratelimit_leases_paired [--rounds N] [--keys N] [--memory] [--long-ids]
+// With --lock-floor, two more subjects time the store's spin lock alone: one
+// and two uncontended lock/unlock pairs per operation around an increment,
+// the floor of a check and of a pair on one hot key (`--keys 1`), where the
+// compare-and-swap waits for the previous unlock's store.
+//
+// Usage: ratelimit_leases_paired [--rounds N] [--keys N] [--memory] [--long-ids] [--lock-floor]
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -26,6 +31,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <string_view>
@@ -109,6 +115,27 @@ subject pairs(std::string name, std::shared_ptr<Limiter> lim, const std::vector<
       }};
 }
 
+/// `Locks` lock/unlock pairs of one spin lock per operation, each around an
+/// increment: what a check (1) and a pair (2) cost on one hot key at least.
+template <int Locks>
+subject lock_floor(std::string name) {
+  struct counted {
+    rl::detail::spin_lock lock;
+    std::uint64_t n = 0;
+  };
+  auto c = std::make_shared<counted>();
+  return {std::move(name), [c](const std::vector<const std::string*>& order, std::int64_t& now) {
+            for (std::size_t i = 0; i < order.size(); ++i) {
+              for (int l = 0; l < Locks; ++l) {
+                const std::lock_guard<rl::detail::spin_lock> guard(c->lock);
+                ++c->n;
+              }
+              now += 10;
+            }
+            return c->n;
+          }};
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
@@ -126,6 +153,7 @@ int main(int argc, char** argv) {
   int rounds = 15;
   std::size_t key_count = 100'000;
   bool memory = false;
+  bool floor = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (a == "--rounds" && i + 1 < argc) {
@@ -134,13 +162,15 @@ int main(int argc, char** argv) {
       key_count = static_cast<std::size_t>(std::atol(argv[++i]));
     } else if (a == "--memory") {
       memory = true;
+    } else if (a == "--lock-floor") {
+      floor = true;
     } else if (a == "--long-ids") {
       id_held = "a84c1f0e-7b21-4c55-9e0d-1f2a3b4c5d6f@10.0.0.5";
       id_pair = "a84c1f0e-7b21-4c55-9e0d-1f2a3b4c5d6e@10.0.0.5";
     } else {
-      std::fprintf(
-          stderr,
-          "usage: ratelimit_leases_paired [--rounds N] [--keys N] [--memory] [--long-ids]\n");
+      std::fprintf(stderr,
+                   "usage: ratelimit_leases_paired [--rounds N] [--keys N] [--memory] [--long-ids] "
+                   "[--lock-floor]\n");
       return 2;
     }
   }
@@ -182,6 +212,10 @@ int main(int argc, char** argv) {
                            keys, false, true));
   subjects.push_back(pairs("pair+hint: in a call",
                            std::make_shared<rl::concurrency_limiter<>>(conc), keys, true, true));
+  if (floor) {
+    subjects.push_back(lock_floor<1>("floor: 1 lock/unlock"));
+    subjects.push_back(lock_floor<2>("floor: 2 lock/unlock"));
+  }
 
   std::vector<std::vector<double>> per_op(subjects.size());
   std::vector<std::vector<double>> vs_fixed(subjects.size());

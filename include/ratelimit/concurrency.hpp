@@ -867,7 +867,8 @@ class lease_hint;
 namespace detail {
 /// The limiter's access to a lease_hint's fields.
 struct lease_hint_access {
-  static void fill(lease_hint& h, std::uint64_t hash, const void* store) noexcept;
+  /// Marks `h` filled by `store` and returns its hash, for the store to set.
+  [[nodiscard]] static std::uint64_t& hash_to_fill(lease_hint& h, const void* store) noexcept;
   /// The hash `h` holds if `store` filled it.
   [[nodiscard]] static std::optional<std::uint64_t> hash_for(const lease_hint& h,
                                                              const void* store) noexcept;
@@ -899,10 +900,10 @@ class lease_hint {
   const void* store_ = nullptr;  ///< the store that hashed it (compared, never dereferenced)
 };
 
-inline void detail::lease_hint_access::fill(lease_hint& h, std::uint64_t hash,
-                                            const void* store) noexcept {
-  h.hash_ = hash;
+inline std::uint64_t& detail::lease_hint_access::hash_to_fill(lease_hint& h,
+                                                              const void* store) noexcept {
   h.store_ = store;
+  return h.hash_;
 }
 inline std::optional<std::uint64_t> detail::lease_hint_access::hash_for(
     const lease_hint& h, const void* store) noexcept {
@@ -1083,6 +1084,7 @@ class concurrency_limiter {
                                                std::string_view k, std::uint64_t h, timestamp t) {
     { st.key_hash(k) } -> std::same_as<std::uint64_t>;
     st.apply_hashed(c, k, h, t, units{1}, access::consume);
+    st.apply_keeping_hash(c, k, h, t, units{1}, access::consume);
   };
 
   decision run_hinted(std::string_view key, lease_op op, std::string_view id,
@@ -1103,16 +1105,17 @@ class concurrency_limiter {
       detail::check_lease_id(id);
       detail::check_time(now);
       const void* self = &store_;
-      std::uint64_t h = 0;
       if (fill != nullptr) {
-        h = store_.key_hash(key);
-        detail::lease_hint_access::fill(*fill, h, self);
-      } else if (const auto known = detail::lease_hint_access::hash_for(hint, self)) {
-        h = *known;
-      } else {
-        return store_.apply(request(op, id), key, now, 1, access::consume);
+        // One hash and one lock, also for a key the store does not hold yet;
+        // the store sets the hint's hash before it decides.
+        return store_.apply_keeping_hash(request(op, id), key,
+                                         detail::lease_hint_access::hash_to_fill(*fill, self), now,
+                                         1, access::consume);
       }
-      return store_.apply_hashed(request(op, id), key, h, now, 1, access::consume);
+      if (const auto known = detail::lease_hint_access::hash_for(hint, self)) {
+        return store_.apply_hashed(request(op, id), key, *known, now, 1, access::consume);
+      }
+      return store_.apply(request(op, id), key, now, 1, access::consume);
     } else {
       (void)hint;
       (void)fill;

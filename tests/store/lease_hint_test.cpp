@@ -258,4 +258,52 @@ TEST(LeaseHint, ApplyHashedWithAnyHashDecidesAsApply) {
   EXPECT_EQ(a.size(), b.size());
 }
 
+// Verifies that memory_store::apply_keeping_hash (what an acquire filling
+// a hint calls) decides as apply on new keys, held keys and a full store,
+// sets the key's own hash, and that apply_hashed then finds the key with it.
+TEST(LeaseHint, ApplyKeepingHashDecidesAsApplyAndKeepsTheKeyHash) {
+  const fixed_window::config cfg{"2/1s"};
+  const memory_store_options o{.max_keys = 3, .hash_key = {{5, 6}}};
+  memory_store<fixed_window> a{o};
+  memory_store<fixed_window> b{o};
+  std::mt19937_64 rng(4);
+  const std::vector<std::string> keys = {"k1", "k2", "k3", "k4", "+15551234567"};
+  for (int i = 0; i < 400; ++i) {
+    const std::string& key = keys[rng() % keys.size()];
+    const timestamp t = t0 + microseconds{static_cast<std::int64_t>(i) * 150'000};
+    const ratelimit::access how = rng() % 5 == 0 ? ratelimit::access::peek
+                                                 : ratelimit::access::consume;
+    std::uint64_t h = 0;
+    const decision x = a.apply_keeping_hash(cfg, key, h, t, 1, how);
+    const decision y = b.apply(cfg, key, t, 1, how);
+    ASSERT_EQ(x, y) << "step " << i << " key " << key;
+    ASSERT_EQ(h, a.key_hash(key));
+    ASSERT_EQ(a.size(), b.size()) << "step " << i;
+  }
+  // A new key: one apply_keeping_hash records it under the hash it gives.
+  memory_store<fixed_window> c;
+  std::uint64_t h = 0;
+  EXPECT_EQ(c.apply_keeping_hash(cfg, "fresh", h, t0, 1, access::consume).remaining, 1);
+  EXPECT_EQ(c.size(), 1U);
+  EXPECT_EQ(c.apply_hashed(cfg, "fresh", h, t0, 1, access::consume).remaining, 0);
+  EXPECT_EQ(c.apply_hashed(cfg, "fresh", h, t0, 1, access::peek).allowed, false);
+}
+
+// Verifies that a hinted acquire of a key the store does not hold yet
+// grants as the plain acquire, fills the hint with the key's hash, and that
+// the release given that hint frees the lease.
+TEST(LeaseHint, HintedAcquireOfANewKeyFillsTheHint) {
+  const concurrency_config cc{1, microseconds{1000}, concurrency_options{.name = "calls"}};
+  concurrency_limiter<> c{cc};
+  lease_hint h;
+  const decision d = c.acquire("new-key", "id", t0, h);
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.remaining, 0);
+  EXPECT_TRUE(h.filled());
+  EXPECT_EQ(c.store().size(), 1U);
+  EXPECT_FALSE(c.acquire("new-key", "other", t0 + microseconds{1}).allowed);
+  EXPECT_TRUE(c.release("new-key", "id", t0 + microseconds{2}, h).allowed);
+  EXPECT_TRUE(c.acquire("new-key", "other", t0 + microseconds{3}).allowed);
+}
+
 }  // namespace

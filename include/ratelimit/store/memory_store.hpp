@@ -146,6 +146,19 @@ class memory_store {
   /// keeps it so that the second check skips hashing the key.
   [[nodiscard]] std::uint64_t key_hash(std::string_view key) const noexcept { return hash(key); }
 
+  /// `apply`, also setting `h` to the key's hash (`key_hash(key)`) before
+  /// the check is made: what a caller that keeps the hash for a later
+  /// `apply_hashed` calls (a lease's acquire filling its lease_hint). The
+  /// hash is this store's own, so the key is hashed once and its shard
+  /// locked once whether or not the store holds it (`key_hash` and then
+  /// `apply_hashed` would hash and lock twice for a new key).
+  /// @throws std::bad_alloc with the store unchanged; `h` is set even then
+  decision apply_keeping_hash(const config_type& cfg, std::string_view key, std::uint64_t& h,
+                              timestamp now, units cost, access a) {
+    h = hash(key);
+    return apply_in_shard(cfg, h, shard_for(h), key, now, cost, a);
+  }
+
   /// `apply` with `h`, the key's hash, computed before (`key_hash`). Any
   /// `h` is safe: the key is found only in a node holding its very bytes
   /// and this store's hash of them, so a hash of another key, from another
