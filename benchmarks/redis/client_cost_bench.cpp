@@ -170,12 +170,13 @@ BENCHMARK(BM_Syscall_RecvEagain);
 // store slower than `block` at the library or the harness; `rbstyle` waits
 // as `redis-benchmark -c 1 -P 1` does (an event loop that arms write
 // interest, waits, writes, re-arms read interest, waits, reads);
-// `blockinf` blocks without SO_RCVTIMEO (no timer armed per wait); `spin`
+// `blockinf` blocks without SO_RCVTIMEO (no timer armed per wait);
+// `blocklate` makes four cheap system calls before it blocks; `spin`
 // polls the socket without sleeping (measurement only: it burns a core),
 // which takes the client's own wake-up out of the round trip.
 //
 // Usage: ratelimit_redis_wait_probe HOST PORT [CHECKS_PER_ROUND] [ROUNDS] [MODES] [TURN]
-//   MODES: comma-separated of store, block, blockinf, poll, epoll, rbstyle, spin
+//   MODES: comma-separated of store, block, blockinf, blocklate, poll, epoll, rbstyle, spin
 //   (default all but spin);
 //   TURN: where the first round starts in MODES (run_wait.sh passes its round)
 // Prints per round checks/s of each mode and the client thread's CPU time
@@ -226,7 +227,7 @@ int connect_to(const std::string& host, int port) {
 double raw_round(const std::string& host, int port, const std::string& mode, int n,
                  std::size_t& at) {
   const int fd = connect_to(host, port);
-  if (mode == "block") {
+  if (mode == "block" || mode == "blocklate") {
     timeval tv{1, 0};  // as the store: a blocking recv bounded by SO_RCVTIMEO
     (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   }
@@ -258,6 +259,11 @@ double raw_round(const std::string& host, int port, const std::string& mode, int
     }
     ssize_t r = -1;
     if (mode == "block" || mode == "blockinf") {
+      r = ::recv(fd, buf, sizeof buf, 0);
+    } else if (mode == "blocklate") {
+      // As `block`, after four cheap system calls, as many as redis-benchmark
+      // makes between its write and its wait (epoll_ctl): the core idles later.
+      for (int k = 0; k < 4; ++k) (void)::getppid();
       r = ::recv(fd, buf, sizeof buf, 0);
     } else if (mode == "spin") {
       // Measurement only: the client never sleeps (up to 1 ms), so its core
@@ -319,7 +325,7 @@ int run(int argc, char** argv) {
   if (argc < 3) {
     std::fprintf(stderr,
                  "usage: ratelimit_redis_client_cost_bench %s HOST PORT [CHECKS_PER_ROUND] "
-                 "[ROUNDS] [store,block,blockinf,poll,epoll,rbstyle,spin] [TURN]\n",
+                 "[ROUNDS] [store,block,blockinf,blocklate,poll,epoll,rbstyle,spin] [TURN]\n",
                  argv[0]);
     return 2;
   }
@@ -328,7 +334,7 @@ int run(int argc, char** argv) {
   const int n = argc > 3 ? std::atoi(argv[3]) : 10'000;
   const int rounds = argc > 4 ? std::atoi(argv[4]) : 5;
   std::vector<std::string> modes;
-  std::stringstream list(argc > 5 ? argv[5] : "store,block,blockinf,poll,epoll,rbstyle");
+  std::stringstream list(argc > 5 ? argv[5] : "store,block,blockinf,blocklate,poll,epoll,rbstyle");
   for (std::string m; std::getline(list, m, ',');) modes.push_back(m);
   const int turn = argc > 6 ? std::atoi(argv[6]) : 0;
 

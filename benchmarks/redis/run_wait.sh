@@ -31,7 +31,7 @@ echo "== host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //
 r=1
 while [ "$r" -le "$ROUNDS" ]; do
   base=$(redis-benchmark -p "$PORT" -n "$RB_N" -r 10000 --csv -c 1 -P 1 EVALSHA "$SHA" 1 "bench:{+1555__rand_int__}:gcra:bench" "" 1 0 0 90000000 10 | tail -1 | cut -d, -f2 | tr -d '"')
-  all=$("$P" --wait-probe 127.0.0.1 "$PORT" "$N" 1 "${MODES:-store,block,blockinf,poll,epoll,rbstyle}" "$r")
+  all=$("$P" --wait-probe 127.0.0.1 "$PORT" "$N" 1 "${MODES:-store,block,blockinf,blocklate,poll,epoll,rbstyle}" "$r")
   line=$(echo "$all" | grep "^round")
   echo "round $r: redis-benchmark $base/s;${line#round 1:}; load $(cut -d' ' -f1 /proc/loadavg)"
   echo "  $(echo "$all" | grep "^cpu")"
