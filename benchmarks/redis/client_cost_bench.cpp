@@ -175,13 +175,16 @@ BENCHMARK(BM_Syscall_RecvEagain);
 // polls the socket without sleeping (measurement only: it burns a core),
 // which takes the client's own wake-up out of the round trip.
 //
-// Usage: ratelimit_redis_wait_probe HOST PORT [CHECKS_PER_ROUND] [ROUNDS] [MODES] [TURN]
+// Usage: ratelimit_redis_client_cost_bench --wait-probe HOST PORT
+//          [CHECKS_PER_ROUND] [ROUNDS] [MODES] [TURN]
 //   MODES: comma-separated of store, block, blockinf, blocklate, poll, epoll, rbstyle, spin
 //   (default all but spin);
 //   TURN: where the first round starts in MODES (run_wait.sh passes its round)
-// Prints per round checks/s of each mode and the client thread's CPU time
-// per check, then each mode's median and its median ratio to `block`
-// (run_wait.sh adds redis-benchmark to the rounds).
+// Prints per round checks/s of each mode, the client thread's CPU time per
+// check and the median time of a send() (raw modes; it includes waking
+// Redis, much longer when that crosses to the other vCPU), then each mode's
+// median and its median ratio to `block` (run_wait.sh adds redis-benchmark
+// to the rounds).
 namespace wait_probe {
 
 using namespace ratelimit;
@@ -223,9 +226,9 @@ int connect_to(const std::string& host, int port) {
 }
 
 /// `n` checks on a raw connection waiting for each reply as `mode` says;
-/// checks per second.
-double raw_round(const std::string& host, int port, const std::string& mode, int n,
-                 std::size_t& at) {
+/// checks per second, and in `send_us` the median time of one send().
+double raw_round(const std::string& host, int port, const std::string& mode, int n, std::size_t& at,
+                 double& send_us) {
   const int fd = connect_to(host, port);
   if (mode == "block" || mode == "blocklate") {
     timeval tv{1, 0};  // as the store: a blocking recv bounded by SO_RCVTIMEO
@@ -241,6 +244,8 @@ double raw_round(const std::string& host, int port, const std::string& mode, int
   std::string out;
   std::vector<std::string> args;
   char buf[4096];
+  std::vector<double> send_time;
+  send_time.reserve(static_cast<std::size_t>(n));
   const auto t0 = bench_clock::now();
   for (int i = 0; i < n; ++i) {
     out.clear();
@@ -253,10 +258,13 @@ double raw_round(const std::string& host, int port, const std::string& mode, int
       (void)::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
       (void)::epoll_wait(ep, &got, 1, 1000);
     }
+    const auto sent = bench_clock::now();
     if (::send(fd, out.data(), out.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(out.size())) {
       std::fprintf(stderr, "send failed\n");
       std::exit(1);
     }
+    send_time.push_back(
+        std::chrono::duration<double, std::micro>(bench_clock::now() - sent).count());
     ssize_t r = -1;
     if (mode == "block" || mode == "blockinf") {
       r = ::recv(fd, buf, sizeof buf, 0);
@@ -294,6 +302,8 @@ double raw_round(const std::string& host, int port, const std::string& mode, int
     }
   }
   const double s = std::chrono::duration<double>(bench_clock::now() - t0).count();
+  std::sort(send_time.begin(), send_time.end());
+  send_us = send_time[send_time.size() / 2];
   ::close(ep);
   ::close(fd);
   return n / s;
@@ -351,20 +361,27 @@ int run(int argc, char** argv) {
   std::map<std::string, std::vector<double>> rate;
   for (int r = 0; r < rounds; ++r) {
     std::string cpu = "cpu us per check:";
+    std::string sends = "send() us p50:";
     std::printf("round %d:", r + 1);
     for (std::size_t k = 0; k < modes.size(); ++k) {
       // The order turns every round, so that no mode always follows another.
       const std::string& m = modes[(k + static_cast<std::size_t>(r + turn)) % modes.size()];
       const double cpu0 = thread_cpu_us();
-      const double v = m == "store" ? store_round(store, n, at) : raw_round(host, port, m, n, at);
+      double send_us = 0;
+      const double v = m == "store" ? store_round(store, n, at)
+                                    : raw_round(host, port, m, n, at, send_us);
       char note[64];
       std::snprintf(note, sizeof note, " %s %.2f", m.c_str(), (thread_cpu_us() - cpu0) / n);
       cpu += note;
+      if (m != "store") {
+        std::snprintf(note, sizeof note, " %s %.1f", m.c_str(), send_us);
+        sends += note;
+      }
       rate[m].push_back(v);
       std::printf(" %s %.0f", m.c_str(), v);
       std::fflush(stdout);
     }
-    std::printf("\n%s\n", cpu.c_str());
+    std::printf("\n%s\n%s\n", cpu.c_str(), sends.c_str());
   }
   const bool have_block = rate.count("block") != 0;
   for (const std::string& m : modes) {
