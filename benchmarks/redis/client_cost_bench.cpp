@@ -4,16 +4,32 @@
 // key, reading the reply, the fork guard, the clock, the breaker and the
 // counters, and the system calls a check makes. Each row is one piece, once.
 // See docs/redis.md ("Where a sequential check's time goes").
+//
+// `--wait-probe HOST PORT [CHECKS_PER_ROUND] [ROUNDS] [MODES] [TURN]` runs
+// instead the wait probe against a server (see wait_probe below and
+// run_wait.sh).
+#include <arpa/inet.h>
 #include <benchmark/benchmark.h>
 #include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -146,4 +162,256 @@ BENCHMARK(BM_Syscall_RecvEagain);
 
 }  // namespace
 
-BENCHMARK_MAIN();
+// Where a sequential check's wall time goes besides the client's CPU: the
+// same GCRA EVALSHA bytes the pooled store sends, sent on one raw TCP
+// connection and waited for in different ways, in alternating rounds with
+// the store itself. A wait mode that is faster than the store's own
+// (`block`) on the same machine in the same run would point at the wait; the
+// store slower than `block` at the library or the harness; `rbstyle` waits
+// as `redis-benchmark -c 1 -P 1` does (an event loop that arms write
+// interest, waits, writes, re-arms read interest, waits, reads);
+// `blockinf` blocks without SO_RCVTIMEO (no timer armed per wait);
+// `blocklate` makes four cheap system calls before it blocks; `spin`
+// polls the socket without sleeping (measurement only: it burns a core),
+// which takes the client's own wake-up out of the round trip.
+//
+// Usage: ratelimit_redis_client_cost_bench --wait-probe HOST PORT
+//          [CHECKS_PER_ROUND] [ROUNDS] [MODES] [TURN]
+//   MODES: comma-separated of store, block, blockinf, blocklate, poll, epoll, rbstyle, spin
+//   (default all but spin);
+//   TURN: where the first round starts in MODES (run_wait.sh passes its round)
+// Prints per round checks/s of each mode, the client thread's CPU time per
+// check and the median time of a send() (raw modes; it includes waking
+// Redis, much longer when that crosses to the other vCPU), then each mode's
+// median and its median ratio to `block` (run_wait.sh adds redis-benchmark
+// to the rounds).
+namespace wait_probe {
+
+using namespace ratelimit;
+using bench_clock = std::chrono::steady_clock;
+
+const gcra::config& cfg() {
+  static const gcra::config c("10/15min", bucket_options{.name = "bench"});
+  return c;
+}
+
+/// 10,000 phone-number keys, 16 bytes each (as ratelimit_redis_bench).
+const std::vector<std::string>& phones() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (int i = 0; i < 10'000; ++i) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "+1555%011d", i);
+      k.emplace_back(buf);
+    }
+    return k;
+  }();
+  return keys;
+}
+
+/// One raw TCP connection (TCP_NODELAY, as the store's).
+int connect_to(const std::string& host, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (fd < 0 || ::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1 ||
+      ::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
+    std::fprintf(stderr, "cannot connect to %s:%d\n", host.c_str(), port);
+    std::exit(1);
+  }
+  const int one = 1;
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+/// `n` checks on a raw connection waiting for each reply as `mode` says;
+/// checks per second, and in `send_us` the median time of one send().
+double raw_round(const std::string& host, int port, const std::string& mode, int n, std::size_t& at,
+                 double& send_us) {
+  const int fd = connect_to(host, port);
+  if (mode == "block" || mode == "blocklate") {
+    timeval tv{1, 0};  // as the store: a blocking recv bounded by SO_RCVTIMEO
+    (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  }
+  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev{};
+  ev.data.fd = fd;
+  if (mode == "epoll") {
+    ev.events = EPOLLIN;
+    (void)::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+  }
+  std::string out;
+  std::vector<std::string> args;
+  char buf[4096];
+  std::vector<double> send_time;
+  send_time.reserve(static_cast<std::size_t>(n));
+  const auto t0 = bench_clock::now();
+  for (int i = 0; i < n; ++i) {
+    out.clear();
+    redis::detail::append_single_eval(out, args, false, "bench:", cfg(),
+                                      phones()[at++ % phones().size()], std::nullopt, 1,
+                                      access::consume, "0");
+    epoll_event got{};
+    if (mode == "rbstyle") {
+      ev.events = EPOLLOUT;
+      (void)::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+      (void)::epoll_wait(ep, &got, 1, 1000);
+    }
+    const auto sent = bench_clock::now();
+    if (::send(fd, out.data(), out.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(out.size())) {
+      std::fprintf(stderr, "send failed\n");
+      std::exit(1);
+    }
+    send_time.push_back(
+        std::chrono::duration<double, std::micro>(bench_clock::now() - sent).count());
+    ssize_t r = -1;
+    if (mode == "block" || mode == "blockinf") {
+      r = ::recv(fd, buf, sizeof buf, 0);
+    } else if (mode == "blocklate") {
+      // As `block`, after four cheap system calls, as many as redis-benchmark
+      // makes between its write and its wait (epoll_ctl): the core idles later.
+      for (int k = 0; k < 4; ++k) (void)::getppid();
+      r = ::recv(fd, buf, sizeof buf, 0);
+    } else if (mode == "spin") {
+      // Measurement only: the client never sleeps (up to 1 ms), so its core
+      // never idles; what this saves is the client's own wake-up.
+      const auto give_up = bench_clock::now() + std::chrono::milliseconds(1);
+      do {
+        r = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+      } while (r < 0 && errno == EAGAIN && bench_clock::now() < give_up);
+      if (r < 0 && errno == EAGAIN) r = ::recv(fd, buf, sizeof buf, 0);
+    } else if (mode == "poll") {
+      pollfd p{fd, POLLIN, 0};
+      (void)::poll(&p, 1, 1000);
+      r = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    } else if (mode == "epoll") {
+      (void)::epoll_wait(ep, &got, 1, 1000);
+      r = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    } else {  // rbstyle
+      (void)::epoll_ctl(ep, EPOLL_CTL_DEL, fd, &ev);
+      ev.events = EPOLLIN;
+      (void)::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+      (void)::epoll_wait(ep, &got, 1, 1000);
+      r = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+      (void)::epoll_ctl(ep, EPOLL_CTL_DEL, fd, &ev);
+    }
+    if (r <= 0 || buf[0] != '*') {
+      std::fprintf(stderr, "%s: unexpected reply (is the script loaded?)\n", mode.c_str());
+      std::exit(1);
+    }
+  }
+  const double s = std::chrono::duration<double>(bench_clock::now() - t0).count();
+  std::sort(send_time.begin(), send_time.end());
+  send_us = send_time[send_time.size() / 2];
+  ::close(ep);
+  ::close(fd);
+  return n / s;
+}
+
+/// `n` checks through the pooled store (one connection); checks per second.
+/// A check that fails (a timeout on a starved machine) is reported on
+/// stderr, and the round goes on.
+double store_round(redis::redis_store& store, int n, std::size_t& at) {
+  const auto t0 = bench_clock::now();
+  for (int i = 0; i < n; ++i) {
+    try {
+      (void)store.apply(cfg(), phones()[at++ % phones().size()], store_time, 1, access::consume);
+    } catch (const store_error& e) {
+      std::fprintf(stderr, "store check failed: %s\n", e.what());
+    }
+  }
+  return n / std::chrono::duration<double>(bench_clock::now() - t0).count();
+}
+
+/// CPU time this thread has used, in microseconds.
+double thread_cpu_us() {
+  timespec ts{};
+  (void)::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) / 1e3;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// The probe: `argv` as after `--wait-probe`.
+int run(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr,
+                 "usage: ratelimit_redis_client_cost_bench %s HOST PORT [CHECKS_PER_ROUND] "
+                 "[ROUNDS] [store,block,blockinf,blocklate,poll,epoll,rbstyle,spin] [TURN]\n",
+                 argv[0]);
+    return 2;
+  }
+  const std::string host = argv[1];
+  const int port = std::atoi(argv[2]);
+  const int n = argc > 3 ? std::atoi(argv[3]) : 10'000;
+  const int rounds = argc > 4 ? std::atoi(argv[4]) : 5;
+  std::vector<std::string> modes;
+  std::stringstream list(argc > 5 ? argv[5] : "store,block,blockinf,blocklate,poll,epoll,rbstyle");
+  for (std::string m; std::getline(list, m, ',');) modes.push_back(m);
+  const int turn = argc > 6 ? std::atoi(argv[6]) : 0;
+
+  redis::options o;
+  o.host = host;
+  o.port = port;
+  o.pool_size = 1;
+  o.command_timeout = std::chrono::milliseconds(2000);
+  o.prefix = "bench:";
+  redis::redis_store store(o);
+  std::size_t at = 0;
+  (void)store_round(store, 10, at);  // loads the script (EVALSHA, EVAL after NOSCRIPT)
+
+  std::map<std::string, std::vector<double>> rate;
+  for (int r = 0; r < rounds; ++r) {
+    std::string cpu = "cpu us per check:";
+    std::string sends = "send() us p50:";
+    std::printf("round %d:", r + 1);
+    for (std::size_t k = 0; k < modes.size(); ++k) {
+      // The order turns every round, so that no mode always follows another.
+      const std::string& m = modes[(k + static_cast<std::size_t>(r + turn)) % modes.size()];
+      const double cpu0 = thread_cpu_us();
+      double send_us = 0;
+      const double v = m == "store" ? store_round(store, n, at)
+                                    : raw_round(host, port, m, n, at, send_us);
+      char note[64];
+      std::snprintf(note, sizeof note, " %s %.2f", m.c_str(), (thread_cpu_us() - cpu0) / n);
+      cpu += note;
+      if (m != "store") {
+        std::snprintf(note, sizeof note, " %s %.1f", m.c_str(), send_us);
+        sends += note;
+      }
+      rate[m].push_back(v);
+      std::printf(" %s %.0f", m.c_str(), v);
+      std::fflush(stdout);
+    }
+    std::printf("\n%s\n%s\n", cpu.c_str(), sends.c_str());
+  }
+  const bool have_block = rate.count("block") != 0;
+  for (const std::string& m : modes) {
+    std::printf("%-8s median %.0f checks/s", m.c_str(), median(rate[m]));
+    if (have_block) {
+      std::vector<double> ratio;
+      for (std::size_t i = 0; i < rate[m].size(); ++i)
+        ratio.push_back(rate[m][i] / rate["block"][i]);
+      std::printf("  vs block (same round) median %.2fx", median(ratio));
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace wait_probe
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string_view(argv[1]) == "--wait-probe") {
+    return wait_probe::run(argc - 1, argv + 1);
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
