@@ -221,6 +221,8 @@ class redis_cluster {
       int port = free_port();
       for (int i = 0; i < 100 && port > 55535; ++i) port = free_port();
       const std::string ps = std::to_string(port);
+      // --repl-diskless-sync-delay 0: replicas sync at once instead of after
+      // the default 5 s wait for more replicas.
       const pid_t pid = spawn({exe,
                                "--port",
                                ps,
@@ -240,8 +242,6 @@ class redis_cluster {
                                "",
                                "--appendonly",
                                "no",
-                               // Replicas sync at once instead of after the
-                               // default 5 s wait for more replicas.
                                "--repl-diskless-sync-delay",
                                "0",
                                "--dir",

@@ -354,4 +354,43 @@ TEST(AllocationFailure, RatedLeaseAcquireOverExpiredLeasesChangesNothingOnFailur
   ASSERT_EQ(held.size(), 2U);
 }
 
+// Verifies a hinted acquire of a key the store does not hold yet
+// (apply_keeping_hash: the key's node is allocated under the lock) with
+// each of its allocations failing in turn: bad_alloc reaches the caller, the
+// store holds nothing, the hint is filled with the key's hash anyway, and
+// the operations after it, given that hint, decide as without one.
+TEST(AllocationFailure, HintedAcquireOfANewKeyChangesNothingOnFailure) {
+  const ratelimit::concurrency_config cc{1, lease_duration};
+  ratelimit::concurrency_limiter<> hinted{cc};
+  ratelimit::concurrency_limiter<> plain{cc};
+  const std::string id = lease_id(40, 0);  // a heap id: one more allocation
+  const timestamp t{1'000};
+  int failures = 0;
+  for (long n = 0; n < 100; ++n) {
+    ratelimit::lease_hint h;
+    allocations_before_failure = n;
+    try {
+      const decision d = hinted.acquire("new-key", id, t, h);
+      allocations_before_failure = -1;
+      EXPECT_EQ(d, plain.acquire("new-key", id, t));
+      EXPECT_TRUE(h.filled());
+      EXPECT_EQ(hinted.store().size(), 1U);
+      EXPECT_EQ(hinted.acquire("new-key", "other", t, h), plain.acquire("new-key", "other", t));
+      EXPECT_EQ(hinted.release("new-key", id, t, h), plain.release("new-key", id, t));
+      EXPECT_EQ(hinted.acquire("new-key", "other", t, h), plain.acquire("new-key", "other", t));
+      break;
+    } catch (const std::bad_alloc&) {
+      allocations_before_failure = -1;
+      ++failures;
+      EXPECT_TRUE(h.filled()) << "allocation " << n;
+      EXPECT_EQ(hinted.store().size(), 0U) << "allocation " << n;
+      // The hint filled by the failed acquire finds nothing and decides as none.
+      EXPECT_EQ(hinted.release("new-key", id, t, h), plain.release("new-key", id, t));
+      EXPECT_EQ(hinted.renew("new-key", id, t, h), plain.renew("new-key", id, t));
+      EXPECT_EQ(hinted.store().size(), 0U) << "allocation " << n;
+    }
+  }
+  EXPECT_GE(failures, 2);  // the key's node, the lease id
+}
+
 }  // namespace

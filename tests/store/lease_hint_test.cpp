@@ -5,10 +5,12 @@
 // apply_hashed with any hash decides as apply.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -304,6 +306,59 @@ TEST(LeaseHint, HintedAcquireOfANewKeyFillsTheHint) {
   EXPECT_FALSE(c.acquire("new-key", "other", t0 + microseconds{1}).allowed);
   EXPECT_TRUE(c.release("new-key", "id", t0 + microseconds{2}, h).allowed);
   EXPECT_TRUE(c.acquire("new-key", "other", t0 + microseconds{3}).allowed);
+}
+
+// Verifies hinted acquire, renew and release from several threads on a few
+// keys that a sweeping thread keeps dropping while they hold no lease, so
+// that acquires keep inserting the keys anew (apply_keeping_hash) while
+// other threads use hints from before: never more than N live per key, each
+// granted lease renewed and released by any thread's hint, and all freed.
+TEST(LeaseHint, ThreadsWithSharedHintsOnSweptKeysNeverHoldMoreThanN) {
+  concurrency_limiter<> c{concurrency_config{2, std::chrono::hours{1}, {.name = "calls"}}};
+  constexpr int threads = 4;
+  const std::vector<std::string> keys = {"a", "b", "c"};
+  std::array<std::atomic<int>, 3> live{};
+  std::atomic<int> most{0};
+  std::atomic<int> granted{0};
+  std::atomic<bool> done{false};
+  std::mutex pool_mutex;
+  std::vector<lease_hint> pool(1);  // hints of every thread, copied under the mutex
+  std::thread sweeper([&] {
+    while (!done.load()) (void)c.sweep(t0);
+  });
+  std::vector<std::thread> workers;
+  for (int i = 0; i < threads; ++i) {
+    workers.emplace_back([&, i] {
+      std::mt19937 rng(static_cast<unsigned>(i) + 1);
+      for (int j = 0; j < 2000; ++j) {
+        if (j % 50 == 0) (void)c.sweep(t0);  // the sweeper may not have started yet
+        const std::size_t k = rng() % keys.size();
+        const std::string id = std::to_string(i) + ":" + std::to_string(j);
+        lease_hint mine;
+        if (!c.acquire(keys[k], id, t0, mine).allowed) continue;
+        const int now_live = ++live[k];
+        int seen = most.load();
+        while (now_live > seen && !most.compare_exchange_weak(seen, now_live)) {
+        }
+        ++granted;
+        lease_hint other;
+        {
+          const std::lock_guard<std::mutex> lock(pool_mutex);
+          other = pool[rng() % pool.size()];
+          if (pool.size() < 64) pool.push_back(mine);
+        }
+        EXPECT_TRUE(c.renew(keys[k], id, t0, other).allowed);
+        --live[k];
+        EXPECT_TRUE(c.release(keys[k], id, t0, rng() % 2 == 0 ? mine : other).allowed);
+      }
+    });
+  }
+  for (auto& t : workers) t.join();
+  done = true;
+  sweeper.join();
+  EXPECT_LE(most.load(), 2);
+  EXPECT_GT(granted.load(), 1000);
+  for (const auto& k : keys) EXPECT_EQ(c.acquire(k, "final", t0).remaining, 1) << k;
 }
 
 }  // namespace
