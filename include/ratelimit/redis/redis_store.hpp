@@ -647,10 +647,9 @@ class redis_store {
           connection_error("ratelimit: redis: circuit breaker open (Redis failed recently)"));
       return degrade(cfg, key, now, cost, a, err);
     }
-    if (detail::has_empty_hash_tag(st.opts.prefix)) {
-      // Refused before a connection is taken, as run_batch_impl does.
-      (void)detail::redis_keys(st.opts.prefix, cfg, key);
-    }
+    // Refused before a connection is taken, as run_batch_impl does (the
+    // caller checked the name).
+    detail::check_prefix(st.opts.prefix);
     const std::string_view floor = now ? std::string_view(st.floor_ms) : std::string_view("0");
     decision d;
     std::exception_ptr item_error;
