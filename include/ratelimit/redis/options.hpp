@@ -116,7 +116,8 @@ struct options {
   /// multiplexer_full (a connection_error naming this cap), decided by the
   /// failure policy and counted in stats().errors, but no failure for the
   /// circuit breaker (Redis did not fail): a stalled server cannot make the
-  /// queue grow without bound.
+  /// queue grow without bound. A cluster check sent behind an ASKING counts
+  /// once (the ASKING takes no place of its own).
   std::size_t multiplex_max_pending = 0;
   /// Prefix of every Redis key: `<prefix>{<user key>}:<policy>`; may be empty.
   std::string prefix = "rl:";

@@ -12,7 +12,6 @@
 #include <cstddef>
 #include <exception>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -143,10 +142,9 @@ struct cluster_store::check_job final : detail::cluster_job {
       ask_job->until = until;
       ask_job->node = n;
       std::unique_ptr<mux_job> ask_base(std::move(ask_job));
-      // Both on the one connection of ask_mux, nothing queued between them.
-      std::lock_guard<std::mutex> lock(n->ask_mutex);
-      if (!n->ask_mux.submit(ask_base)) return false;
-      return n->ask_mux.submit(self);
+      // Both on one connection, nothing queued between them, counted as
+      // one check under the pending cap (never a lone ASKING).
+      return n->ask_mux.submit_pair(ask_base, self);
     } catch (const multiplexer_full&) {
       // Nothing of this check was sent, and the node did not fail.
       refused_full = true;
