@@ -6,18 +6,15 @@
 # (BUILD_DIR configured with -DRATELIMIT_REDIS=ON -DRATELIMIT_BUILD_BENCHMARKS=ON).
 set -eu
 BUILD=${1:-build}
-BENCH="$BUILD/benchmarks/redis/ratelimit_redis_bench"
-[ -x "$BENCH" ] || { echo "build $BENCH first (cmake --build $BUILD --target ratelimit_redis_bench)" >&2; exit 2; }
-command -v redis-server >/dev/null || { echo "redis-server not found: apt-get install redis-server" >&2; exit 2; }
-PORT=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
-redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --logfile '' >/dev/null 2>&1 &
-PID=$!
-trap 'kill "$PID" 2>/dev/null || true' EXIT INT TERM
-i=0; until redis-cli -p "$PORT" ping >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 100 ] || exit 1; sleep 0.05; done
+. "$(dirname "$0")/lib.sh"
+BENCH=$(rl_bench "$BUILD" ratelimit_redis_bench)
+rl_need redis-server
+PORT=${PORT:-$(rl_free_port)}
+rl_start_redis "$PORT"
 export RATELIMIT_BENCH_REDIS_URL="redis://127.0.0.1:$PORT"
 N=${N:-200000}
 
-echo "== host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'); commit $(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+echo "== host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; redis $(rl_redis_version); commit $(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 echo "== MEMORY USAGE per key (10/15min, 16-byte key)"
 "$BENCH" --memory
 
@@ -29,7 +26,7 @@ RB_C1=$(RB -c 1 -P 1)
 RB_C50=$(RB -c 50 -P 16)
 echo "== redis-benchmark EVALSHA gcra: -c 1 -P 1: $RB_C1 req/s; -c 50 -P 16: $RB_C50 req/s"
 
-OUT=$(mktemp)
+rl_temp_file OUT
 "$BENCH" --benchmark_min_time=1 --benchmark_format=csv 2>/dev/null | grep '^"BM_' > "$OUT"
 echo "== ours (checks/s) and ratio to redis-benchmark"
 # CSV: name,iterations,real_time,cpu_time,time_unit,bytes_per_second,items_per_second,...
@@ -37,4 +34,3 @@ awk -F, -v c1="$RB_C1" -v c50="$RB_C50" '{
   name=$1; gsub(/"/,"",name); ips=$7;
   base = (name ~ /Sequential/) ? c1 : c50; tag = (name ~ /Sequential/) ? "-c1 -P1" : "-c50 -P16";
   printf "%-48s %10.0f checks/s  %5.1f%% of redis-benchmark %s\n", name, ips, 100*ips/base, tag }' "$OUT"
-rm -f "$OUT"

@@ -10,20 +10,14 @@
 # right after the other, and their rows are prefixed "1:" and "2:".
 set -eu
 BUILD=${1:-build}
-BENCH="$BUILD/benchmarks/redis/ratelimit_redis_bench"
-[ -x "$BENCH" ] || { echo "build $BENCH first (cmake --build $BUILD --target ratelimit_redis_bench)" >&2; exit 2; }
+. "$(dirname "$0")/lib.sh"
+BENCH=$(rl_bench "$BUILD" ratelimit_redis_bench)
 BENCH2=
-if [ $# -ge 2 ]; then
-  BENCH2="$2/benchmarks/redis/ratelimit_redis_bench"
-  [ -x "$BENCH2" ] || { echo "build $BENCH2 first" >&2; exit 2; }
-fi
-command -v redis-server >/dev/null || { echo "redis-server not found: apt-get install redis-server" >&2; exit 2; }
-PORT=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
-redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --logfile '' >/dev/null 2>&1 &
-PID=$!
-OUT=$(mktemp)
-trap 'kill "$PID" 2>/dev/null || true; rm -f "$OUT"' EXIT INT TERM
-i=0; until redis-cli -p "$PORT" ping >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 100 ] || exit 1; sleep 0.05; done
+if [ $# -ge 2 ]; then BENCH2=$(rl_bench "$2" ratelimit_redis_bench); fi
+rl_need redis-server
+PORT=${PORT:-$(rl_free_port)}
+rl_start_redis "$PORT"
+rl_temp_file OUT
 export RATELIMIT_BENCH_REDIS_URL="redis://127.0.0.1:$PORT"
 N=${N:-200000}
 ROUNDS=${ROUNDS:-5}
@@ -36,7 +30,7 @@ ours() {
   one "$BENCH" "$1" | sed 's/^/1:/'
   one "$BENCH2" "$1" | sed 's/^/2:/'
 }
-echo "== host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/')"
+echo "== host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); redis $(rl_redis_version)"
 r=1
 while [ "$r" -le "$ROUNDS" ]; do
   C1=$(RB -c 1 -P 1)

@@ -21,10 +21,13 @@
 // tag.
 #pragma once
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -37,6 +40,7 @@
 #include <utility>
 
 #include "ratelimit/concurrency.hpp"
+#include "ratelimit/detail/printable.hpp"
 #include "ratelimit/detail/siphash.hpp"
 #include "ratelimit/policy/sliding_window_log.hpp"
 #include "sip_message.hpp"
@@ -295,40 +299,52 @@ class front_door {
   /// Most bytes a dialog secret file may hold (32 hex digits and whitespace).
   static constexpr std::size_t max_secret_file = 4096;
 
-  /// Reads a dialog secret file whole: 32 hex digits, then at most
-  /// whitespace (spaces, tabs, CR, LF) up to max_secret_file bytes in all.
-  /// A longer file (or an endless one such as /dev/zero) is refused after
-  /// max_secret_file + 1 bytes, never cut; a binary one by its first byte
-  /// that is not a hex digit (its bytes are never quoted).
-  /// @throws std::invalid_argument naming what is wrong (not the secret)
+  /// Reads the dialog secret from the file `path`, which must hold exactly
+  /// 32 hex digits (either case), then nothing but spaces, tabs, CR and LF,
+  /// and at most max_secret_file bytes in all: a trailing newline is fine,
+  /// whitespace before the digits is not. It reads until the end of the file
+  /// or max_secret_file + 1 bytes, whichever comes first: a longer file (or
+  /// an endless one such as /dev/zero) is refused, never cut. After trailing
+  /// whitespace is dropped, what is left goes to parse_secret: an empty file
+  /// or any other length is refused by its length, 32 characters holding a
+  /// byte that is not a hex digit (a binary file) by that byte's position.
+  /// @throws std::invalid_argument starting `dialog secret file "PATH": `
+  ///   (PATH as ratelimit::detail::printable shows it, at most 256 bytes),
+  ///   then what is wrong: cannot open it (with the
+  ///   system's reason), cannot read it (a directory), more than
+  ///   max_secret_file bytes, or parse_secret's message; never the file's bytes
   [[nodiscard]] static ratelimit::detail::siphash_key read_secret_file(const std::string& path) {
+    const auto fail = [&path](const std::string& why) {
+      return std::invalid_argument("dialog secret file \"" +
+                                   ratelimit::detail::printable(path, 256) + "\": " + why);
+    };
     std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (f == nullptr) throw std::invalid_argument("cannot open the file");
+    if (f == nullptr) throw fail(std::string("cannot open it: ") + std::strerror(errno));
     std::string text;
     char buf[1024];
-    bool too_long = false;
-    for (;;) {
-      const std::size_t n = std::fread(buf, 1, sizeof buf, f);
+    while (text.size() <= max_secret_file) {
+      const std::size_t want = std::min(sizeof buf, max_secret_file + 1 - text.size());
+      const std::size_t n = std::fread(buf, 1, want, f);
       text.append(buf, n);
-      if (text.size() > max_secret_file) {
-        too_long = true;
-        break;
-      }
-      if (n < sizeof buf) break;
+      if (n < want) break;  // end of file or an error
     }
     const bool failed = std::ferror(f) != 0;
     std::fclose(f);
-    if (failed) throw std::invalid_argument("cannot read the file");
-    if (too_long) {
-      throw std::invalid_argument("the file holds more than " + std::to_string(max_secret_file) +
-                                  " bytes (a dialog secret file holds 32 hex digits)");
+    if (failed) throw fail("cannot read it");
+    if (text.size() > max_secret_file) {
+      throw fail("it holds more than " + std::to_string(max_secret_file) +
+                 " bytes (a dialog secret file holds 32 hex digits)");
     }
     std::string_view hex(text);
     while (!hex.empty() &&
            (hex.back() == '\n' || hex.back() == '\r' || hex.back() == ' ' || hex.back() == '\t')) {
       hex.remove_suffix(1);
     }
-    return parse_secret(hex);
+    try {
+      return parse_secret(hex);
+    } catch (const std::invalid_argument& e) {
+      throw fail(e.what());
+    }
   }
 
   /// Our To tag for the dialog (Call-ID, From tag) of the number `from_user`:

@@ -46,8 +46,8 @@ Usage: sip-front-door [options]
   --redis-timeout MS         Redis connect and command timeout in ms, 1..60000
                              (default: the library's, 200 ms and 100 ms); a
                              check past it is answered 500
-  --dialog-secret-file PATH  a file holding 32 hex digits (then at most whitespace, 4096
-                             bytes in all; read whole): the key of the To tags
+  --dialog-secret-file PATH  a file holding 32 hex digits, then only whitespace
+                             (4096 bytes at most): the key of the To tags
                              of our answers, which a BYE must carry; front doors
                              sharing a store and an address need the same one
                              (default: a random key per process)
@@ -133,14 +133,15 @@ options parse_args(int argc, char** argv) {
   return o;
 }
 
-/// The To tags' key: read from `path` whole (32 hex digits, then at most
-/// whitespace; see front_door::read_secret_file), or random when `path` is empty.
+/// The To tags' key: read from the file `path` (32 hex digits, then only
+/// whitespace, at most 4096 bytes; see front_door::read_secret_file), or
+/// random when `path` is empty.
 ratelimit::detail::siphash_key dialog_secret(const std::string& path) {
   if (path.empty()) return sipfd::front_door::random_secret();
   try {
     return sipfd::front_door::read_secret_file(path);
   } catch (const std::invalid_argument& e) {
-    usage_error("--dialog-secret-file \"" + path + "\": " + e.what());
+    usage_error(std::string("--dialog-secret-file: ") + e.what());  // names the file
   }
 }
 

@@ -2,7 +2,8 @@
 // Hostile review of the cluster store's async checks on a real Redis Cluster:
 // checks parked after TRYAGAIN or completing on a node that left the slot map
 // when the store is destroyed, a MOVED storm between two masters, ASKING kept
-// right before its check under concurrency, ASK to a dead master, blocking
+// right before its check under concurrency and counted once under the
+// pending cap, ASK to a dead master, blocking
 // checks inside handlers, and an '@' in the `multiplex` URL parameter.
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
@@ -223,13 +224,7 @@ TEST(ClusterAsyncReview, ConcurrentAskedChecksKeepAskingAdjacent) {
   const int from = rltest::shared_cluster().master_of(slot);
   const int to = other_master(from);
   ASSERT_GT(to, 0);
-  const std::string sl = std::to_string(slot);
-  ASSERT_EQ(
-      redis_cluster::ask(to, {"CLUSTER", "SETSLOT", sl, "IMPORTING", redis_cluster::id_of(from)}),
-      "OK");
-  ASSERT_EQ(
-      redis_cluster::ask(from, {"CLUSTER", "SETSLOT", sl, "MIGRATING", redis_cluster::id_of(to)}),
-      "OK");
+  ASSERT_TRUE(redis_cluster::start_migration(slot, from, to));
   constexpr std::size_t threads = 6, per_thread = 30;  // 180 checks for a limit of 100
   outcomes out(threads * per_thread / 2);
   std::atomic<std::size_t> sync_admitted{0}, sync_failed{0};
@@ -252,16 +247,7 @@ TEST(ClusterAsyncReview, ConcurrentAskedChecksKeepAskingAdjacent) {
   }
   for (auto& th : pool) th.join();
   const bool done = out.wait();
-  const std::string key = store.key_for(cfg, user);
-  {
-    redis::connection c(redis_cluster::node(to));
-    const std::string_view asking[] = {"ASKING"};
-    (void)c.command(asking, 1, redis::deadline_clock::now() + 2s);
-    const std::string_view del[] = {"DEL", key};
-    (void)c.command(del, 2, redis::deadline_clock::now() + 2s);
-  }
-  EXPECT_EQ(redis_cluster::ask(from, {"CLUSTER", "SETSLOT", sl, "STABLE"}), "OK");
-  EXPECT_EQ(redis_cluster::ask(to, {"CLUSTER", "SETSLOT", sl, "STABLE"}), "OK");
+  EXPECT_TRUE(redis_cluster::end_migration(slot, from, to, store.key_for(cfg, user)));
   ASSERT_TRUE(done);
   std::size_t admitted = sync_admitted.load();
   for (std::size_t i = 0; i < out.calls.size(); ++i) {
@@ -501,6 +487,60 @@ TEST(ClusterAsyncReview, PendingCapRefusalIsNoBreakerFailure) {
   EXPECT_EQ(next.source, decision_source::store);
   EXPECT_EQ(next.remaining, 1000u - 4);
   EXPECT_EQ(store.stats().short_circuited, 0u);
+}
+
+// Verifies that ASKING and the check behind it count as one check under a
+// node's pending cap: with multiplex_max_pending = 1, checks (blocking and
+// async, one at a time) on a slot MIGRATING from its master, the key absent
+// there, are answered ASK and decided by the importing node. The ASKING
+// used to take the one place, so every such check was refused with
+// multiplexer_full (decided here by throw_error) after its ASKING went out
+// alone.
+TEST(ClusterAsyncReview, AskingAndItsCheckCountAsOneUnderThePendingCap) {
+  auto o = cluster_opts("askcap", 1);
+  o.node.multiplex_max_pending = 1;
+  o.node.on_failure = redis::failure_policy::throw_error;
+  redis::cluster_store store(o);
+  store.refresh_topology();
+  const fixed_window::config cfg("10/1h", window_options{.name = "t"});
+  const std::string user = "asked-under-a-cap";
+  const std::uint16_t slot = store.slot_for(cfg, user);
+  const int from = rltest::shared_cluster().master_of(slot);
+  const int to = other_master(from);
+  ASSERT_GT(to, 0);
+  ASSERT_TRUE(redis_cluster::start_migration(slot, from, to));
+  std::vector<std::string> failures;
+  std::vector<decision> sync;
+  for (int i = 0; i < 3; ++i) {
+    try {
+      sync.push_back(store.apply(cfg, user, microseconds{t0}, 1));
+    } catch (const std::exception& e) {
+      failures.emplace_back(e.what());
+    }
+  }
+  outcomes first(1), second(1);
+  for (outcomes* out : {&first, &second}) {
+    store.async_apply(cfg, user, microseconds{t0}, 1, access::consume, out->handler(0));
+    EXPECT_TRUE(out->wait());  // one at a time: the cap is one check
+  }
+  EXPECT_TRUE(redis_cluster::end_migration(slot, from, to, store.key_for(cfg, user)));
+  EXPECT_TRUE(failures.empty()) << failures.front();
+  ASSERT_EQ(sync.size(), 3u);
+  for (std::size_t i = 0; i < sync.size(); ++i) {
+    EXPECT_EQ(sync[i].source, decision_source::store) << i;
+    EXPECT_EQ(sync[i].remaining, 9u - i) << i;
+  }
+  unsigned remaining = 6;
+  for (const outcomes* out : {&first, &second}) {
+    EXPECT_EQ(out->calls[0], 1);
+    EXPECT_FALSE(out->errors[0]);
+    EXPECT_EQ(out->decisions[0].source, decision_source::store);
+    EXPECT_EQ(out->decisions[0].remaining, remaining--);
+  }
+  const auto st = store.stats();
+  EXPECT_EQ(st.errors, 0u);
+  EXPECT_GE(st.ask, 5u);
+  EXPECT_EQ(st.moved, 0u);
 }
 
 // Verifies ASK to a node that is down: a slot MIGRATING to a master that was

@@ -304,13 +304,7 @@ TEST(ClusterAsync, AskDuringMigrationIsFollowedWithAsking) {
     if (const int p = cluster.master_of(s); p > 0 && p != from) to = p;
   }
   ASSERT_GT(to, 0);
-  const std::string sl = std::to_string(slot);
-  EXPECT_EQ(
-      redis_cluster::ask(to, {"CLUSTER", "SETSLOT", sl, "IMPORTING", redis_cluster::id_of(from)}),
-      "OK");
-  EXPECT_EQ(
-      redis_cluster::ask(from, {"CLUSTER", "SETSLOT", sl, "MIGRATING", redis_cluster::id_of(to)}),
-      "OK");
+  EXPECT_TRUE(redis_cluster::start_migration(slot, from, to));
   constexpr std::size_t n = 6;
   outcomes out(n);
   for (std::size_t i = 0; i < n; ++i) {
@@ -318,16 +312,7 @@ TEST(ClusterAsync, AskDuringMigrationIsFollowedWithAsking) {
   }
   const bool done = out.wait();
   // The key went to the importing node: remove it there, end the migration.
-  const std::string key = store.key_for(cfg, "asked");
-  {
-    redis::connection c(redis_cluster::node(to));
-    const std::string_view asking[] = {"ASKING"};
-    (void)c.command(asking, 1, redis::deadline_clock::now() + 2s);
-    const std::string_view del[] = {"DEL", key};
-    (void)c.command(del, 2, redis::deadline_clock::now() + 2s);
-  }
-  EXPECT_EQ(redis_cluster::ask(from, {"CLUSTER", "SETSLOT", sl, "STABLE"}), "OK");
-  EXPECT_EQ(redis_cluster::ask(to, {"CLUSTER", "SETSLOT", sl, "STABLE"}), "OK");
+  EXPECT_TRUE(redis_cluster::end_migration(slot, from, to, store.key_for(cfg, "asked")));
   ASSERT_TRUE(done);
   std::size_t admitted = 0;
   for (std::size_t i = 0; i < n; ++i) {

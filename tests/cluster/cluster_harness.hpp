@@ -126,6 +126,31 @@ class redis_cluster {
   /// Node id (CLUSTER MYID) of the node on `port`.
   static std::string id_of(int port) { return ask(port, {"CLUSTER", "MYID"}); }
 
+  /// Starts moving `slot` from the master on port `from` to the one on `to`
+  /// (IMPORTING there, then MIGRATING here): checks on keys absent from
+  /// `from` are answered ASK. True when both nodes said OK.
+  static bool start_migration(std::uint16_t slot, int from, int to) {
+    const std::string sl = std::to_string(slot);
+    return ask(to, {"CLUSTER", "SETSLOT", sl, "IMPORTING", id_of(from)}) == "OK" &&
+           ask(from, {"CLUSTER", "SETSLOT", sl, "MIGRATING", id_of(to)}) == "OK";
+  }
+
+  /// Ends start_migration's move, the slot staying with `from`: deletes
+  /// `key` (written by the checks ASK sent to `to`) there, under ASKING, and
+  /// makes the slot STABLE on both nodes. True when both said OK.
+  static bool end_migration(std::uint16_t slot, int from, int to, std::string_view key) {
+    {
+      ratelimit::redis::connection c(node(to));
+      const std::string_view asking[] = {"ASKING"};
+      (void)c.command(asking, 1, ratelimit::redis::deadline_clock::now() + std::chrono::seconds(2));
+      const std::string_view del[] = {"DEL", key};
+      (void)c.command(del, 2, ratelimit::redis::deadline_clock::now() + std::chrono::seconds(2));
+    }
+    const std::string sl = std::to_string(slot);
+    const bool stable_from = ask(from, {"CLUSTER", "SETSLOT", sl, "STABLE"}) == "OK";
+    return ask(to, {"CLUSTER", "SETSLOT", sl, "STABLE"}) == "OK" && stable_from;
+  }
+
   /// Port of the master owning `slot`, asked of a live node.
   [[nodiscard]] int master_of(std::uint16_t slot) const {
     for (const int p : live_ports()) {

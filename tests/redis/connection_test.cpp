@@ -855,9 +855,10 @@ TEST(RedisUrl, HostileUrlsTable) {
       {"redis://u:p%40@h", "h", 6379, "u", "p%40"},  // no percent-decoding outside zone ids
       {"redis://u:p@@h", "h", 6379, "u", "p@"},
       {"redis://u:p@h@e:1", "e", 1, "u", "p@h"},  // the last '@' ends the userinfo
-      {"redis://@h", "h"},
-      {"redis://:@h", "h"},
-      {"redis://u:@h", "h", 6379, "u", ""},
+      {"redis://@h", "!"},  // an empty password is refused, not read as no AUTH
+      {"redis://:@h", "!"},
+      {"redis://u:@h", "!"},
+      {"redis://u:@@h", "h", 6379, "u", "@"},
       {"redis://[::1]@h", "h", 6379, "[", ":1]"},
       {"redis://u@[::1]:5/2", "::1", 5, "", "u", 2},
       {"redis://u:p\r\nQUIT@h"s, "h", 6379, "u", "p\r\nQUIT"},  // sent length-prefixed

@@ -5,6 +5,7 @@
 // over both stores.
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -912,6 +913,106 @@ TEST(RedisMultiplex, PendingCapIsExactUnderThreadsAndFreedOnceAnswered) {
     EXPECT_EQ(full, threads * each - cap);
   }
   EXPECT_EQ(store.apply(cfg, "k", store_time, 1).remaining, 100000u - 2 * cap - 1);
+}
+
+/// What a reply_job saw: its reply's text (status or bulk string) and error.
+struct job_result {
+  std::string reply;
+  std::exception_ptr error;
+};
+
+/// A raw command that keeps its outcome in `out` and counts its completion.
+struct reply_job final : redis::mux_job {
+  reply_job(std::vector<std::string_view> args, job_result& o, std::atomic<int>& c)
+      : out(o), calls(c) {
+    redis::append_command(bytes, args.data(), args.size());
+    until = redis::deadline_clock::now() + 5s;
+  }
+  void complete(std::unique_ptr<redis::mux_job>, redis::reply_ptr r,
+                std::exception_ptr e) noexcept override {
+    if (r != nullptr && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS)) {
+      out.reply.assign(r->str, r->len);
+    }
+    out.error = std::move(e);
+    calls.fetch_add(1);
+  }
+  job_result& out;
+  std::atomic<int>& calls;
+};
+
+/// Waits up to 5 s for `calls` to reach `n`.
+bool reaches(const std::atomic<int>& calls, int n) {
+  const auto start = std::chrono::steady_clock::now();
+  while (calls.load() < n && std::chrono::steady_clock::now() - start < 5s) {
+    std::this_thread::sleep_for(2ms);
+  }
+  return calls.load() == n;
+}
+
+// Verifies multiplexer::submit_pair (a cluster check behind its ASKING): the
+// pair counts as one job under the pending cap (with multiplex_max_pending 1
+// it is taken; while another job holds the one place it is refused whole,
+// both jobs left with the caller), and nothing comes between its two
+// commands: over two connections, threads queue pairs CLIENT SETNAME <own
+// name>, CLIENT GETNAME, and every GETNAME answers its own pair's name.
+TEST(RedisMultiplex, SubmitPairCountsOnceAndKeepsThePairAdjacent) {
+  rltest::redis_server server;
+  redis::options o = server.options();
+  o.multiplex_max_pending = 1;
+  {
+    redis::multiplexer mux(o, 1);
+    std::atomic<int> calls{0};
+    job_result set_a, get_a, blpop, set_b, get_b;
+    std::unique_ptr<redis::mux_job> lead(new reply_job({"CLIENT", "SETNAME", "a"}, set_a, calls));
+    std::unique_ptr<redis::mux_job> job(new reply_job({"CLIENT", "GETNAME"}, get_a, calls));
+    ASSERT_TRUE(mux.submit_pair(lead, job));
+    ASSERT_TRUE(reaches(calls, 2));
+    EXPECT_FALSE(set_a.error);
+    EXPECT_FALSE(get_a.error);
+    EXPECT_EQ(get_a.reply, "a");
+    EXPECT_EQ(mux.pending(), 0u);
+    const std::string list = rltest::unique_prefix("mux-pair") + "list";
+    std::unique_ptr<redis::mux_job> held(new reply_job({"BLPOP", list, "0.3"}, blpop, calls));
+    ASSERT_TRUE(mux.submit(held));
+    lead.reset(new reply_job({"CLIENT", "SETNAME", "b"}, set_b, calls));
+    job.reset(new reply_job({"CLIENT", "GETNAME"}, get_b, calls));
+    EXPECT_THROW((void)mux.submit_pair(lead, job), redis::multiplexer_full);
+    EXPECT_NE(lead, nullptr);
+    EXPECT_NE(job, nullptr);
+    ASSERT_TRUE(reaches(calls, 3));  // the BLPOP timed out on the server: the place is free
+    ASSERT_TRUE(mux.submit_pair(lead, job));
+    ASSERT_TRUE(reaches(calls, 5));
+    EXPECT_FALSE(blpop.error);
+    EXPECT_EQ(get_b.reply, "b");
+    EXPECT_EQ(mux.pending(), 0u);
+  }
+  o.multiplex_max_pending = 0;
+  redis::multiplexer mux(o, 2);
+  constexpr int threads = 4, each = 25;
+  std::atomic<int> calls{0};
+  std::vector<job_result> sets(threads * each), gets(threads * each);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (int i = 0; i < each; ++i) {
+        const int k = t * each + i;
+        const std::string name = "pair" + std::to_string(k);
+        std::unique_ptr<redis::mux_job> lead(
+            new reply_job({"CLIENT", "SETNAME", name}, sets[static_cast<std::size_t>(k)], calls));
+        std::unique_ptr<redis::mux_job> job(
+            new reply_job({"CLIENT", "GETNAME"}, gets[static_cast<std::size_t>(k)], calls));
+        EXPECT_TRUE(mux.submit_pair(lead, job));
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  ASSERT_TRUE(reaches(calls, 2 * threads * each));
+  for (std::size_t k = 0; k < gets.size(); ++k) {
+    EXPECT_FALSE(sets[k].error) << k;
+    EXPECT_FALSE(gets[k].error) << k;
+    EXPECT_EQ(gets[k].reply, "pair" + std::to_string(k)) << k;
+  }
+  EXPECT_EQ(mux.pending(), 0u);
 }
 
 // Verifies that the pending cap is local overload, not a Redis fault: with

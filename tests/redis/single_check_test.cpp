@@ -2,8 +2,9 @@
 // Tests of the pooled single check's fast path (redis_store::run_pooled):
 // the command it formats in place is byte for byte the one append_eval
 // formats, the reply's integers read without hiredis are the ones hiredis
-// reads, NOSCRIPT is still resent once, and a check allocates nothing once
-// the connection's buffers have grown.
+// reads, NOSCRIPT is still resent once, a check allocates nothing once
+// the connection's buffers have grown, and a bad prefix is refused before a
+// connection is taken.
 //
 // This binary replaces the global operator new (support/replaced_new.hpp) to
 // count allocations; none fails.
@@ -15,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -112,6 +114,44 @@ TEST(RedisSingleCheck, CommandBytesEqualTheBatchPath) {
   EXPECT_THROW(redis::detail::append_single_eval(out, args, false, "x{}", g, "k", std::nullopt, 1,
                                                  access::consume, "0"),
                std::invalid_argument);
+}
+
+// Verifies that a prefix with an empty hash tag is refused by value on the
+// pooled single check before a connection is taken: no Redis listens on
+// port 1, so a check that reached for a connection would have been decided
+// fail_open and counted an error. An unnamed limiter is named first, as on
+// the batch path.
+TEST(RedisSingleCheck, EmptyHashTagPrefixIsRefusedBeforeAConnection) {
+  redis::options o;
+  o.port = 1;
+  o.prefix = "x{}:";
+  o.on_failure = redis::failure_policy::fail_open;
+  redis::redis_store store(o);
+  const gcra::config g("10/15min", bucket_options{.name = "g"});
+  for (const bool batch : {false, true}) {
+    SCOPED_TRACE(batch);
+    std::string why;
+    try {
+      if (batch) {
+        const redis::batch_item items[] = {{"k", 1, timestamp{0}}};
+        (void)store.apply_batch(g, items);
+      } else {
+        (void)store.apply(g, "k", store_time, 1);
+      }
+    } catch (const std::invalid_argument& e) {
+      why = e.what();
+    }
+    EXPECT_NE(why.find("prefix \"x{}:\" holds an empty hash tag"), std::string::npos) << why;
+  }
+  std::string unnamed;
+  try {
+    (void)store.apply(gcra::config("10/15min"), "k", store_time, 1);
+  } catch (const std::invalid_argument& e) {
+    unnamed = e.what();
+  }
+  EXPECT_NE(unnamed.find("needs a name"), std::string::npos) << unnamed;
+  EXPECT_EQ(store.stats().errors, 0u);
+  EXPECT_EQ(store.stats().fail_open, 0u);
 }
 
 /// hiredis's reading of `bytes`: the integers of an array reply, or nullopt

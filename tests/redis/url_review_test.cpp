@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Review of the Redis URL parsers (no server): a '?' inside a query value,
-// empty parameters beside multiplex= that left db= unapplied, and a URL
-// ending in '?'.
+// empty parameters beside multiplex= that left db= unapplied, a URL
+// ending in '?', and empty credentials.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
@@ -106,6 +106,69 @@ TEST(UrlReview, NothingAfterTheQuestionMarkIsNamed) {
     EXPECT_NE(why.find("no parameter after '?'"), std::string::npos) << why;
     EXPECT_EQ(why.find("TLS parameters"), std::string::npos) << why;
   }
+}
+
+// Verifies that an empty credential is refused by name on every scheme,
+// never read as "no AUTH": `sentinel_password=` (and `sentinel_user=`) used
+// to be accepted and connect to the sentinels without AUTH, `redis://u:@h`
+// to connect with no AUTH at all (dropping the user), and `sentinel_user`
+// alone to be dropped the same way. Messages quote no password.
+TEST(UrlReview, EmptyCredentialsAreRefusedByName) {
+  struct row {
+    std::string url;
+    std::string named;  // what the message must name
+  };
+  const row rows[] = {
+      {"redis-sentinel://a/m?sentinel_password=", "\"sentinel_password\" without a value"},
+      {"redis-sentinel://a/m?sentinel_password=&db=1", "\"sentinel_password\" without a value"},
+      {"redis-sentinel://a/m?sentinel_user=&sentinel_password=s3cret",
+       "\"sentinel_user\" without a value"},
+      {"redis-sentinel://a/m?sentinel_user=u", "\"sentinel_user\" without \"sentinel_password\""},
+      {"redis-sentinel://a/m?db=1&sentinel_user=u&multiplex=1",
+       "\"sentinel_user\" without \"sentinel_password\""},
+      {"redis-sentinel://u:@a/m?sentinel_password=s3cret", "user \"u\" with an empty password"},
+      {"redis-sentinel://:@a/m", "empty password before '@'"},
+      {"redis-sentinel://@a/m", "empty password before '@'"},
+      {"redis://u:@h", "user \"u\" with an empty password"},
+      {"redis://:@h", "empty password before '@'"},
+      {"redis://@h", "empty password before '@'"},
+      {"redis://@h?multiplex=2", "empty password before '@'"},
+      {"rediss://u:@h?sni=x", "user \"u\" with an empty password"},
+      {"unix://u:@/t/s", "user \"u\" with an empty password"},
+      {"unix://:@/t/s?db=1", "empty password before '@'"},
+      {"unix://@/t/s", "empty password before '@'"},
+      {"redis-cluster://u:@a:7000,b:7001", "user \"u\" with an empty password"},
+      {"redis-cluster://@a:7000", "empty password before '@'"},
+      {"rediss-cluster://:@a:7000?sni=x", "empty password before '@'"},
+  };
+  for (const row& r : rows) {
+    SCOPED_TRACE(r.url);
+    const std::string why = refusal(r.url);
+    EXPECT_NE(why.find(r.named), std::string::npos) << why;
+    EXPECT_EQ(why.find("s3"), std::string::npos) << why;
+  }
+  // The forms with a password, and none at all, are still taken.
+  const auto s = redis::parse_url("redis-sentinel://:pw@a/m?sentinel_user=su&sentinel_password=sp");
+  EXPECT_EQ(s.user, "");
+  EXPECT_EQ(s.password, "pw");
+  EXPECT_EQ(s.sentinel.user, "su");
+  EXPECT_EQ(s.sentinel.password, "sp");
+  const auto p = redis::parse_url("redis-sentinel://a/m?sentinel_password=sp");
+  EXPECT_EQ(p.sentinel.user, "");
+  EXPECT_EQ(p.sentinel.password, "sp");
+  const auto u = redis::parse_url("redis://u:p@h");
+  EXPECT_EQ(u.user, "u");
+  EXPECT_EQ(u.password, "p");
+  EXPECT_EQ(redis::parse_url("redis://p@h").password, "p");
+  EXPECT_EQ(redis::parse_url("unix://:p@/t/s").password, "p");
+  const auto c = redis::parse_cluster_url("redis-cluster://u:p@a:7000,b:7001");
+  EXPECT_EQ(c.node.user, "u");
+  EXPECT_EQ(c.node.password, "p");
+  ASSERT_EQ(c.seeds.size(), 2u);
+  EXPECT_EQ(c.seeds[1].port, 7001);
+  const auto none = redis::parse_url("redis://h");
+  EXPECT_TRUE(none.user.empty());
+  EXPECT_TRUE(none.password.empty());
 }
 
 }  // namespace

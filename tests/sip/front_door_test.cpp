@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ratelimit/clock/manual_clock.hpp"
@@ -580,8 +581,9 @@ std::string temp_file(const std::string& bytes) {
   return path;
 }
 
-/// The message read_secret_file refuses `bytes` with ("" when accepted).
-std::string secret_file_refusal(const std::string& bytes) {
+/// What read_secret_file says of a file holding `bytes`: the message it
+/// refuses it with ("" when accepted), and the file's path (now removed).
+std::pair<std::string, std::string> secret_file_outcome(const std::string& bytes) {
   const std::string path = temp_file(bytes);
   std::string why;
   try {
@@ -590,7 +592,12 @@ std::string secret_file_refusal(const std::string& bytes) {
     why = e.what();
   }
   std::remove(path.c_str());
-  return why;
+  return {why, path};
+}
+
+/// The message read_secret_file refuses `bytes` with ("" when accepted).
+std::string secret_file_refusal(const std::string& bytes) {
+  return secret_file_outcome(bytes).first;
 }
 
 // Verifies that --dialog-secret-file reads its file whole: what follows the
@@ -622,6 +629,60 @@ TEST(SipFrontDoor, DialogSecretFileIsReadWhole) {
     ADD_FAILURE() << "a missing file was read";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("cannot open"), std::string::npos);
+  }
+}
+
+// Verifies the edges of read_secret_file as its comment states them, and
+// that every refusal names the file (quoted, control bytes escaped) and
+// never the secret: messages used to say only "cannot open the file" or
+// "the dialog secret needs 32 hex digits", whichever file it was.
+TEST(SipFrontDoor, DialogSecretFileEdgesAndErrorsNameTheFile) {
+  using namespace std::string_literals;
+  const std::string hex = "00112233445566778899aabbccddeeff";
+  // Taken: with no newline, with one (LF or CRLF), and exactly 4096 bytes.
+  for (const std::string& ok :
+       {hex, hex + "\n", hex + "\r\n", hex + " \t\n", hex + std::string(4096 - 32, ' ')}) {
+    SCOPED_TRACE(ok.size());
+    EXPECT_EQ(secret_file_refusal(ok), "");
+  }
+  struct row {
+    std::string bytes;
+    std::string why;  // what follows the file's name
+  };
+  const row rows[] = {
+      {"", "needs 32 hex digits (128 bits), got 0 characters"},
+      {"\n\n", "needs 32 hex digits (128 bits), got 0 characters"},
+      {" " + hex, "needs 32 hex digits (128 bits), got 33 characters"},  // leading blank
+      {hex.substr(1) + "\n", "got 31 characters"},
+      {hex + "0\n", "got 33 characters"},
+      {hex + std::string(4097 - 32, ' '), "it holds more than 4096 bytes"},
+      {hex + std::string(9000, '\n'), "it holds more than 4096 bytes"},
+      {"g" + hex.substr(1), "not a hex digit at position 1"},
+      {hex.substr(0, 31) + "\0"s, "not a hex digit at position 32"},
+  };
+  for (const row& r : rows) {
+    SCOPED_TRACE(r.bytes.size());
+    const auto [why, path] = secret_file_outcome(r.bytes);
+    EXPECT_EQ(why.rfind("dialog secret file \"" + path + "\": ", 0), 0u) << why;
+    EXPECT_NE(why.find(r.why), std::string::npos) << why;
+    EXPECT_EQ(why.find("0011223344"), std::string::npos) << why;  // never the secret
+  }
+  // A missing file and a directory: named, with the reason.
+  const std::string missing = "/nonexistent/dir/se\ncret";
+  try {
+    (void)sipfd::front_door::read_secret_file(missing);
+    ADD_FAILURE() << "a missing file was read";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "dialog secret file \"/nonexistent/dir/se\\x0acret\": cannot open it: No such "
+              "file or directory");
+  }
+  const std::string dir(::testing::TempDir());
+  try {
+    (void)sipfd::front_door::read_secret_file(dir);
+    ADD_FAILURE() << "a directory was read";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(dir), std::string::npos) << e.what();
   }
 }
 

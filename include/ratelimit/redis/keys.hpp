@@ -45,6 +45,18 @@ inline void check_script_time(timestamp now) {
   return open != std::string_view::npos && open + 1 < k.size() && k[open + 1] == '}';
 }
 
+/// Refuses a key prefix in which Redis would find an empty hash tag (its
+/// first `{` directly followed by `}`): the keys of one user key could then
+/// land in different cluster slots. Reads the prefix only; builds no key.
+/// @throws std::invalid_argument naming the prefix
+inline void check_prefix(std::string_view prefix) {
+  if (has_empty_hash_tag(prefix)) {
+    throw std::invalid_argument("ratelimit: redis key prefix \"" + std::string(prefix) +
+                                "\" holds an empty hash tag {}: keys of one user key could "
+                                "not share a cluster slot");
+  }
+}
+
 /// The Redis key of `key` for policy P and limiter `name`:
 /// `<prefix>{<key>}:<policy>:<name>`, so that every key of one user key
 /// shares its hash tag (one cluster slot).
@@ -67,15 +79,11 @@ inline void check_script_time(timestamp now) {
 /// (second form, whose `~<slot>` is a function of the key) and the `}` just
 /// before `:<policy>`; user keys may hold any byte, but the parse never
 /// searches inside them. So each component is recovered from the key.
-/// @throws std::invalid_argument for a prefix whose first `{` is followed by `}`
+/// @throws std::invalid_argument for a prefix whose first `{` is followed by `}` (check_prefix)
 template <class P>
 [[nodiscard]] std::string redis_key(std::string_view prefix, std::string_view key,
                                     std::string_view limiter_name) {
-  if (has_empty_hash_tag(prefix)) {
-    throw std::invalid_argument("ratelimit: redis key prefix \"" + std::string(prefix) +
-                                "\" holds an empty hash tag {}: keys of one user key could "
-                                "not share a cluster slot");
-  }
+  check_prefix(prefix);
   std::string k;
   const std::string_view name = script_for<P>::name;
   k.reserve(prefix.size() + key.size() + name.size() + limiter_name.size() + 14);

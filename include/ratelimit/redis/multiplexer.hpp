@@ -50,6 +50,9 @@ struct mux_job {
   std::string bytes;
   /// When the job fails with timeout_error if no reply came (queue time included).
   deadline until{};
+  /// Set by multiplexer::submit_pair on the job it queues first (an ASKING):
+  /// it takes no place of its own under the pending cap. submit() clears it.
+  bool uncounted = false;
 
   /// The reply (`r` set, `error` null) or the failure (`error` set): a
   /// timeout_error, a connection_error when the connection broke with the
@@ -95,7 +98,8 @@ class multiplexer_full : public connection_error {
 ///   connection) sent nothing: its jobs are queued again.
 /// - At most max_pending() jobs are pending (submitted and not completed) at
 ///   a time; submit() refuses one more with multiplexer_full, so a server
-///   that stalls cannot make the queue grow without bound.
+///   that stalls cannot make the queue grow without bound. A pair queued by
+///   submit_pair (ASKING and the check behind it) counts as one job.
 /// - An exception on the I/O thread (std::bad_alloc while queuing, writing,
 ///   reading or failing jobs) fails the jobs of the connection it happened
 ///   on (queued and written: each gets that exception, once) and drops the
@@ -174,43 +178,17 @@ class multiplexer {
   ///   was queued); connection_error when the eventfd or the I/O thread
   ///   cannot be made (no file descriptor, no thread): nothing was sent;
   ///   std::bad_alloc
-  [[nodiscard]] bool submit(std::unique_ptr<mux_job>& job) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (stopping_) return false;
-      if (pending_.load(std::memory_order_acquire) >= max_pending_) {
-        throw multiplexer_full("ratelimit: redis: " + std::to_string(max_pending_) +
-                               " checks already pending on the multiplexer "
-                               "(options::multiplex_max_pending): check refused");
-      }
-      if (thread_ == nullptr) {
-        // The I/O thread's poll set never grows past this: no allocation there.
-        fds_.reserve(lanes_.size() + 1);
-        polled_.reserve(lanes_.size());
-        if (wake_fd_ < 0) {
-          wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-          if (wake_fd_ < 0) {
-            throw connection_error(std::string("ratelimit: redis: cannot make an eventfd: ") +
-                                   std::strerror(errno));
-          }
-        }
-        try {
-          thread_ = std::make_unique<std::thread>([this] { run(); });
-        } catch (const std::system_error& e) {
-          throw connection_error(std::string("ratelimit: redis: cannot start the I/O thread: ") +
-                                 e.what());
-        }
-      }
-      lane& l = lanes_[next_lane_ % lanes_.size()];
-      l.incoming.push_back(std::move(job));
-      pending_.fetch_add(1, std::memory_order_acq_rel);
-      ++next_lane_;
-    }
-    if (!wake_pending_.exchange(true, std::memory_order_acq_rel)) {
-      const std::uint64_t one = 1;
-      (void)!::write(wake_fd_, &one, sizeof one);
-    }
-    return true;
+  [[nodiscard]] bool submit(std::unique_ptr<mux_job>& job) { return enqueue(nullptr, job); }
+
+  /// Queues `lead` and right behind it `job` on one connection, nothing
+  /// between them (ASKING before the check an ASK redirected), both or
+  /// neither, as submit() queues one job: the pair counts as one job under
+  /// max_pending() (`lead` takes no place of its own, so a lone `lead` is
+  /// never queued for want of room for `job`). Each gets its own complete().
+  /// @return false after stop() began (neither queued)
+  /// @throws as submit() (neither queued)
+  [[nodiscard]] bool submit_pair(std::unique_ptr<mux_job>& lead, std::unique_ptr<mux_job>& job) {
+    return enqueue(&lead, job);
   }
 
   /// True on the multiplexer's I/O thread (where a synchronous wait on it
@@ -288,6 +266,56 @@ class multiplexer {
   }
 
  private:
+  /// submit() (`lead` null) and submit_pair().
+  [[nodiscard]] bool enqueue(std::unique_ptr<mux_job>* lead, std::unique_ptr<mux_job>& job) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) return false;
+      if (pending_.load(std::memory_order_acquire) >= max_pending_) {
+        throw multiplexer_full("ratelimit: redis: " + std::to_string(max_pending_) +
+                               " checks already pending on the multiplexer "
+                               "(options::multiplex_max_pending): check refused");
+      }
+      if (thread_ == nullptr) {
+        // The I/O thread's poll set never grows past this: no allocation there.
+        fds_.reserve(lanes_.size() + 1);
+        polled_.reserve(lanes_.size());
+        if (wake_fd_ < 0) {
+          wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+          if (wake_fd_ < 0) {
+            throw connection_error(std::string("ratelimit: redis: cannot make an eventfd: ") +
+                                   std::strerror(errno));
+          }
+        }
+        try {
+          thread_ = std::make_unique<std::thread>([this] { run(); });
+        } catch (const std::system_error& e) {
+          throw connection_error(std::string("ratelimit: redis: cannot start the I/O thread: ") +
+                                 e.what());
+        }
+      }
+      lane& l = lanes_[next_lane_ % lanes_.size()];
+      job->uncounted = false;
+      if (lead != nullptr) {
+        // Room for both first (growing as push_back would): the pushes below
+        // cannot throw, so a pair is never split.
+        if (l.incoming.capacity() - l.incoming.size() < 2) {
+          l.incoming.reserve(std::max<std::size_t>(4, 2 * l.incoming.capacity()));
+        }
+        (*lead)->uncounted = true;
+        l.incoming.push_back(std::move(*lead));
+      }
+      l.incoming.push_back(std::move(job));
+      pending_.fetch_add(1, std::memory_order_acq_rel);
+      ++next_lane_;
+    }
+    if (!wake_pending_.exchange(true, std::memory_order_acq_rel)) {
+      const std::uint64_t one = 1;
+      (void)!::write(wake_fd_, &one, sizeof one);
+    }
+    return true;
+  }
+
   struct reader_deleter {
     void operator()(redisReader* r) const noexcept { redisReaderFree(r); }
   };
@@ -322,7 +350,7 @@ class multiplexer {
 
   /// Hands `j` back: it is no longer pending (so complete() may submit it again).
   void finish(std::unique_ptr<mux_job> j, reply_ptr r, std::exception_ptr e) noexcept {
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    if (!j->uncounted) pending_.fetch_sub(1, std::memory_order_acq_rel);
     mux_job* p = j.get();
     p->complete(std::move(j), std::move(r), std::move(e));
   }
@@ -682,7 +710,7 @@ class multiplexer {
   std::atomic<bool> wake_pending_{false};
   std::atomic<std::uint64_t> dropped_{0};
   const std::size_t max_pending_;
-  std::atomic<std::size_t> pending_{0};  ///< submitted, not completed
+  std::atomic<std::size_t> pending_{0};  ///< submitted, not completed (uncounted ones aside)
   std::vector<pollfd> fds_;              ///< the I/O thread's poll set (reserved in submit)
   std::vector<lane*> polled_;            ///< lanes of fds_[1..]
   int wake_fd_ = -1;

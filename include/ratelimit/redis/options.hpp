@@ -116,7 +116,8 @@ struct options {
   /// multiplexer_full (a connection_error naming this cap), decided by the
   /// failure policy and counted in stats().errors, but no failure for the
   /// circuit breaker (Redis did not fail): a stalled server cannot make the
-  /// queue grow without bound.
+  /// queue grow without bound. A cluster check sent behind an ASKING counts
+  /// once (the ASKING takes no place of its own).
   std::size_t multiplex_max_pending = 0;
   /// Prefix of every Redis key: `<prefix>{<user key>}:<policy>`; may be empty.
   std::string prefix = "rl:";
@@ -348,6 +349,28 @@ namespace detail {
   return {};
 }
 
+/// Reads the userinfo `cred` of `url` (the text before the '@' that ends
+/// it) into `o`: `PASSWORD`, or `USER:PASSWORD` split at the first ':' (an
+/// empty USER, as in `:PASSWORD`, is the default user). The password must not
+/// be empty: `@h`, `:@h` and `USER:@h` would connect without AUTH (and drop
+/// USER), so they are refused; leave the userinfo out for no AUTH.
+/// @throws std::invalid_argument naming the empty password (and the URL, redacted)
+inline void take_userinfo(std::string_view cred, options& o, std::string_view url) {
+  const auto colon = cred.find(':');
+  const std::string_view user = colon == std::string_view::npos ? std::string_view()
+                                                                : cred.substr(0, colon);
+  const std::string_view password = colon == std::string_view::npos ? cred : cred.substr(colon + 1);
+  if (password.empty()) {
+    bad_url(url, user.empty()
+                     ? "has an empty password before '@' (write [USER]:PASSWORD@, or no '@' "
+                       "for no AUTH)"
+                     : "has user \"" + escaped_name(user) +
+                           "\" with an empty password (AUTH needs one; write USER:PASSWORD@)");
+  }
+  o.user = std::string(user);
+  o.password = std::string(password);
+}
+
 /// Applies the query `k=v&k=v` of a `rediss://` URL to `t`: ca, ca_dir, cert,
 /// key, sni, verify (full, chain or none). Each at most once, none empty.
 /// @throws std::invalid_argument naming the bad parameter (and the URL, redacted)
@@ -520,12 +543,7 @@ namespace detail {
       bad_url(url, "has an '@' in a query value (set options::sentinel in code instead)");
     }
     rest = rest.substr(at + 1);
-    if (const auto colon = cred.find(':'); colon != std::string_view::npos) {
-      o.user = std::string(cred.substr(0, colon));
-      o.password = std::string(cred.substr(colon + 1));
-    } else {
-      o.password = std::string(cred);
-    }
+    take_userinfo(cred, o, url);
   }
   std::string_view query;
   bool has_query = false;
@@ -594,14 +612,21 @@ namespace detail {
       if (seen) bad_url(url, "sets \"" + std::string(key) + "\" twice");
       seen = true;
     };
+    // An empty credential would silently mean no AUTH at the sentinels.
+    const auto no_value = [&] {
+      bad_url(url, "has parameter \"" + std::string(key) +
+                       "\" without a value (leave the parameter out for no AUTH)");
+    };
     if (key == "db") {
       once(seen_db);
       o.database = parse_url_int(value, url, "database", 0, 999'999'999);
     } else if (key == "sentinel_user") {
       once(seen_user);
+      if (value.empty()) no_value();
       o.sentinel.user = std::string(value);
     } else if (key == "sentinel_password") {
       once(seen_password);
+      if (value.empty()) no_value();
       o.sentinel.password = std::string(value);
     } else if (key == "multiplex") {
       once(seen_multiplex);
@@ -613,6 +638,12 @@ namespace detail {
     }
     if (amp == std::string_view::npos) break;
     query.remove_prefix(amp + 1);
+  }
+  if (seen_user && !seen_password) {
+    // The pool sends AUTH only with a password: the user would be dropped.
+    bad_url(url,
+            "has parameter \"sentinel_user\" without \"sentinel_password\" (AUTH at the "
+            "sentinels needs a password)");
   }
   return o;
 }
@@ -628,7 +659,9 @@ namespace detail {
 /// In `unix://` URLs the socket path may hold '@': with no userinfo the URL
 /// is `unix:///PATH`; a userinfo ends at the first `@/`; a relative path
 /// holding '@' is refused (`unix://pw@run/s.sock` is no password and path). PORT is 1..65535.
-/// No other percent-decoding. Error
+/// No other percent-decoding. A userinfo must hold a password (`USER:@`,
+/// `:@` and a bare `@` are refused: they would connect without AUTH); leave
+/// the userinfo out for no AUTH. Error
 /// messages quote the URL with its password replaced by `***`.
 /// `rediss://` is `redis://` over TLS (options::tls), with optional
 /// parameters `?ca=FILE&ca_dir=DIR&cert=FILE&key=FILE&sni=NAME&verify=full|chain|none`
@@ -649,7 +682,8 @@ namespace detail {
 /// lists the sentinels (PORT 26379 when omitted) and names the master; the
 /// userinfo is for the master (as in redis://), PARAMS are `&`-separated
 /// `db=DB`, `sentinel_user=USER`, `sentinel_password=PASSWORD` (AUTH at the
-/// sentinels) and `multiplex=N`, each at most once. The query starts at the first '?' after
+/// sentinels) and `multiplex=N`, each at most once, none empty;
+/// `sentinel_user` only with `sentinel_password`. The query starts at the first '?' after
 /// the last '@', so a query value cannot hold '@' (set options::sentinel in
 /// code for such a password).
 /// @throws std::invalid_argument quoting the URL and the bad part
@@ -676,12 +710,7 @@ namespace detail {
   if (const auto at = detail::userinfo_end(rest, unix_path); at != std::string_view::npos) {
     const std::string_view cred = rest.substr(0, at);
     rest = rest.substr(at + 1);
-    if (const auto colon = cred.find(':'); colon != std::string_view::npos) {
-      o.user = std::string(cred.substr(0, colon));
-      o.password = std::string(cred.substr(colon + 1));
-    } else {
-      o.password = std::string(cred);
-    }
+    detail::take_userinfo(cred, o, url);
   }
   constexpr long long max_db = 999'999'999;
   if (unix_path) {

@@ -29,6 +29,7 @@
 #include "ratelimit/detail/validate.hpp"
 #include "ratelimit/rate.hpp"
 #include "ratelimit/redis/breaker.hpp"
+#include "ratelimit/redis/check_outcome.hpp"
 #include "ratelimit/redis/connection_pool.hpp"
 #include "ratelimit/redis/degrader.hpp"
 #include "ratelimit/redis/errors.hpp"
@@ -433,34 +434,19 @@ class redis_store {
 
     /// The command: EVALSHA, or EVAL with the script's text.
     void build(bool with_text) {
-      using P = typename Config::policy_type;
-      const std::vector<std::string> keys = detail::redis_keys(s->opts.prefix, cfg, key);
-      std::vector<std::string> policy_args;
-      script_for<P>::append_args(cfg, policy_args);
-      const std::string time_arg = now ? std::to_string(now->count()) : std::string();
-      const std::string cost_arg = std::to_string(cost);
-      const std::string_view floor = now ? std::string_view(s->floor_ms) : std::string_view("0");
-      bytes.clear();
-      bytes.reserve(with_text ? script_for<P>::text.size() + 256 : 256);
-      detail::append_eval<P>(bytes, with_text, keys, time_arg, cost_arg, a, policy_args, floor);
+      detail::write_check_command(bytes, with_text, cfg,
+                                  detail::redis_keys(s->opts.prefix, cfg, key), now, cost, a,
+                                  s->floor_ms);
     }
 
     void deliver(const decision& d, std::exception_ptr e) noexcept {
-      try {
-        handler(d, std::move(e));
-      } catch (...) {
-      }
+      detail::call_handler(handler, d, std::move(e));
     }
 
     void degrade_and_deliver(const std::exception_ptr& e) noexcept {
-      decision d;
-      try {
-        d = s->degrader.degrade(s->stats, cfg, key, now, cost, a, e);
-      } catch (...) {
-        deliver(decision{}, std::current_exception());
-        return;
-      }
-      deliver(d, nullptr);
+      detail::degrade_and_deliver(
+          s->degrader, s->stats, cfg, key, now, cost, a, e,
+          [this](const decision& d, std::exception_ptr x) { deliver(d, std::move(x)); });
     }
 
     void complete(std::unique_ptr<mux_job> self, reply_ptr r,
@@ -530,17 +516,10 @@ class redis_store {
       st.stats.short_circuited.fetch_add(1, std::memory_order_relaxed);
       const auto err = std::make_exception_ptr(
           connection_error("ratelimit: redis: circuit breaker open (Redis failed recently)"));
-      decision d;
-      std::exception_ptr e;
-      try {
-        d = degrade(cfg, key, now, cost, a, err);
-      } catch (...) {
-        e = std::current_exception();
-      }
-      try {
-        handler(d, std::move(e));
-      } catch (...) {
-      }
+      detail::degrade_and_deliver(st.degrader, st.stats, cfg, key, now, cost, a, err,
+                                  [&handler](const decision& d, std::exception_ptr e) {
+                                    detail::call_handler(handler, d, std::move(e));
+                                  });
       return;
     }
     using job_t = check_job<Config, std::decay_t<Handler>>;
@@ -647,10 +626,9 @@ class redis_store {
           connection_error("ratelimit: redis: circuit breaker open (Redis failed recently)"));
       return degrade(cfg, key, now, cost, a, err);
     }
-    if (detail::has_empty_hash_tag(st.opts.prefix)) {
-      // Refused before a connection is taken, as run_batch_impl does.
-      (void)detail::redis_keys(st.opts.prefix, cfg, key);
-    }
+    // Refused before a connection is taken, as run_batch_impl does (the
+    // caller checked the name).
+    detail::check_prefix(st.opts.prefix);
     const std::string_view floor = now ? std::string_view(st.floor_ms) : std::string_view("0");
     decision d;
     std::exception_ptr item_error;
@@ -739,18 +717,8 @@ class redis_store {
   template <class Config>
   std::vector<decision> run_batch(const Config& cfg, std::span<const batch_item> items,
                                   bool server_time, access a) {
-    std::vector<std::string_view> keys;
-    std::vector<units> costs;
-    std::vector<timestamp> times;
-    keys.reserve(items.size());
-    costs.reserve(items.size());
-    if (!server_time) times.reserve(items.size());
-    for (const batch_item& it : items) {
-      keys.push_back(it.key);
-      costs.push_back(it.cost);
-      if (!server_time) times.push_back(it.now);
-    }
-    return run_batch_impl(cfg, keys, costs, times, a);
+    const detail::batch_columns c = detail::split_batch(items, server_time);
+    return run_batch_impl(cfg, c.keys, c.costs, c.times, a);
   }
 
   /// One round trip for every key (times empty = server time), then one more

@@ -12,7 +12,6 @@
 #include <cstddef>
 #include <exception>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -75,37 +74,26 @@ struct cluster_store::check_job final : detail::cluster_job {
 
   /// The command: EVALSHA, or EVAL with the script's text.
   void build() {
-    using P = typename Config::policy_type;
-    std::vector<std::string> policy_args;
-    script_for<P>::append_args(cfg, policy_args);
-    const std::string time_arg = now ? std::to_string(now->count()) : std::string();
-    const std::string cost_arg = std::to_string(cost);
-    const std::string_view floor = now ? std::string_view(s->floor_ms) : std::string_view("0");
-    bytes.clear();
-    bytes.reserve(with_text ? script_for<P>::text.size() + 256 : 256);
-    detail::append_eval<P>(bytes, with_text, keys, time_arg, cost_arg, a, policy_args, floor);
+    detail::write_check_command(bytes, with_text, cfg, keys, now, cost, a, s->floor_ms);
   }
 
   void deliver(const decision& d, std::exception_ptr e) noexcept {
     ++in_handler();
-    try {
-      handler(d, std::move(e));
-    } catch (...) {
-    }
+    detail::call_handler(handler, d, std::move(e));
     --in_handler();
+  }
+
+  /// Has the failure policy decide after `e` (not counted here).
+  void degrade_and_deliver(const std::exception_ptr& e) noexcept {
+    detail::degrade_and_deliver(
+        s->degrader, s->stats, cfg, key, now, cost, a, e,
+        [this](const decision& d, std::exception_ptr x) { deliver(d, std::move(x)); });
   }
 
   /// Counts `e` and has the failure policy decide.
   void fail(const std::exception_ptr& e) noexcept {
     detail::count_error(s->stats, e);
-    decision d;
-    try {
-      d = s->degrader.degrade(s->stats, cfg, key, now, cost, a, e);
-    } catch (...) {
-      deliver(decision{}, std::current_exception());
-      return;
-    }
-    deliver(d, nullptr);
+    degrade_and_deliver(e);
   }
 
   /// Queues this check, owned by `self`, on its node's multiplexer (behind
@@ -123,14 +111,7 @@ struct cluster_store::check_job final : detail::cluster_job {
       s->request_refresh();
       const auto err = std::make_exception_ptr(connection_error(
           "ratelimit: redis: circuit breaker of " + n->name + " open (it failed recently)"));
-      decision d;
-      std::exception_ptr e;
-      try {
-        d = s->degrader.degrade(s->stats, cfg, key, now, cost, a, err);
-      } catch (...) {
-        e = std::current_exception();
-      }
-      deliver(d, std::move(e));
+      degrade_and_deliver(err);
       self.reset();
       return true;
     }
@@ -143,10 +124,9 @@ struct cluster_store::check_job final : detail::cluster_job {
       ask_job->until = until;
       ask_job->node = n;
       std::unique_ptr<mux_job> ask_base(std::move(ask_job));
-      // Both on the one connection of ask_mux, nothing queued between them.
-      std::lock_guard<std::mutex> lock(n->ask_mutex);
-      if (!n->ask_mux.submit(ask_base)) return false;
-      return n->ask_mux.submit(self);
+      // Both on one connection, nothing queued between them, counted as
+      // one check under the pending cap (never a lone ASKING).
+      return n->ask_mux.submit_pair(ask_base, self);
     } catch (const multiplexer_full&) {
       // Nothing of this check was sent, and the node did not fail.
       refused_full = true;

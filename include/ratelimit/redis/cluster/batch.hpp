@@ -55,18 +55,8 @@ struct cluster_store::group {
 template <class Config>
 std::vector<decision> cluster_store::run_items(const Config& cfg, std::span<const batch_item> items,
                                                bool server_time, access a) {
-  std::vector<std::string_view> keys;
-  std::vector<units> costs;
-  std::vector<timestamp> times;
-  keys.reserve(items.size());
-  costs.reserve(items.size());
-  if (!server_time) times.reserve(items.size());
-  for (const batch_item& it : items) {
-    keys.push_back(it.key);
-    costs.push_back(it.cost);
-    if (!server_time) times.push_back(it.now);
-  }
-  return run(cfg, keys, costs, times, a);
+  const detail::batch_columns c = detail::split_batch(items, server_time);
+  return run(cfg, c.keys, c.costs, c.times, a);
 }
 
 inline void cluster_store::node_failed(group& g, std::exception_ptr e) {

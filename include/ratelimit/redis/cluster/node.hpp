@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -25,8 +24,9 @@ namespace ratelimit::redis::detail {
 ///
 /// Single checks through a multiplexer (options::multiplex > 0, and every
 /// async check) go out on `mux`; a check an ASK sent here goes out on
-/// `ask_mux` (one connection) right behind its ASKING, both queued under
-/// `ask_mutex` so nothing comes between them. The multiplexers start their
+/// `ask_mux` (one connection) right behind its ASKING, both queued at once
+/// (multiplexer::submit_pair) so nothing comes between them and they count
+/// as one check under `multiplex_max_pending`. The multiplexers start their
 /// I/O threads on first use.
 struct cluster_node : std::enable_shared_from_this<cluster_node> {
   cluster_node(std::string n, options o)
@@ -45,7 +45,6 @@ struct cluster_node : std::enable_shared_from_this<cluster_node> {
   breaker gate;
   multiplexer mux;
   multiplexer ask_mux;
-  std::mutex ask_mutex;
   const pid_t owner_pid = ::getpid();
 
   /// True on the I/O thread of one of the node's multiplexers.

@@ -48,7 +48,9 @@ namespace detail {}  // namespace detail
 /// (port 6379 when omitted) into cluster_options with default node settings;
 /// `rediss-cluster://` is the same over TLS, with the parameters of a
 /// `rediss://` URL (see parse_url) after `?` as well, applied to every node.
-/// `multiplex=N` (0..256) sets options::multiplex of every node.
+/// `multiplex=N` (0..256) sets options::multiplex of every node. The
+/// userinfo follows parse_url's rule: an empty password (`@`, `:@`,
+/// `USER:@`) is refused.
 /// @throws std::invalid_argument quoting the URL
 [[nodiscard]] inline cluster_options parse_cluster_url(std::string_view url) {
   constexpr std::string_view scheme = "redis-cluster://";
@@ -64,9 +66,8 @@ namespace detail {}  // namespace detail
   std::string_view rest = after_scheme;
   o.node.tls.enabled = tls;
   detail::take_tls_query(rest, o.node.tls, url);
-  std::string cred;
   if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
-    cred = std::string(rest.substr(0, at + 1));
+    detail::take_userinfo(rest.substr(0, at), o.node, url);
     rest = rest.substr(at + 1);
   }
   for (;;) {
@@ -78,14 +79,12 @@ namespace detail {}  // namespace detail
     }
     options one;
     try {
-      one = parse_url("redis://" + cred + std::string(part));
+      one = parse_url("redis://" + std::string(part));
     } catch (const std::invalid_argument&) {
       throw std::invalid_argument("ratelimit: bad node \"" + std::string(part) +
                                   "\" in redis cluster URL \"" + detail::redacted_url(url) + "\"");
     }
     o.seeds.push_back(node_address{one.host, one.port});
-    o.node.user = one.user;
-    o.node.password = one.password;
     if (comma == std::string_view::npos) break;
     rest.remove_prefix(comma + 1);
   }
