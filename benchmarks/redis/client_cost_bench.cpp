@@ -34,6 +34,7 @@
 #include <string_view>
 #include <vector>
 
+#include "phone_keys.hpp"
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis.hpp"
 
@@ -195,19 +196,7 @@ const gcra::config& cfg() {
   return c;
 }
 
-/// 10,000 phone-number keys, 16 bytes each (as ratelimit_redis_bench).
-const std::vector<std::string>& phones() {
-  static const std::vector<std::string> keys = [] {
-    std::vector<std::string> k;
-    for (int i = 0; i < 10'000; ++i) {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "+1555%011d", i);
-      k.emplace_back(buf);
-    }
-    return k;
-  }();
-  return keys;
-}
+using ratelimit_bench::phones;
 
 /// One raw TCP connection (TCP_NODELAY, as the store's).
 int connect_to(const std::string& host, int port) {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "phone_keys.hpp"
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis.hpp"
 #include "ratelimit/redis/cluster_store.hpp"
@@ -52,19 +53,7 @@ redis::cluster_store& cluster() {
   return store;
 }
 
-/// 10,000 phone-number keys, 16 bytes each.
-const std::vector<std::string>& phones() {
-  static const std::vector<std::string> keys = [] {
-    std::vector<std::string> k;
-    for (int i = 0; i < 10'000; ++i) {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "+1555%011d", i);
-      k.emplace_back(buf);
-    }
-    return k;
-  }();
-  return keys;
-}
+using ratelimit_bench::phones;
 
 template <class Store>
 void checks(benchmark::State& state, Store& shared) {

@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "phone_keys.hpp"
 #include "ratelimit/ratelimit.hpp"
 #include "ratelimit/redis.hpp"
 
@@ -37,19 +38,7 @@ redis::options bench_options(std::size_t pool) {
   return o;
 }
 
-/// 10,000 phone-number keys, 16 bytes each.
-const std::vector<std::string>& phones() {
-  static const std::vector<std::string> keys = [] {
-    std::vector<std::string> k;
-    for (int i = 0; i < 10'000; ++i) {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "+1555%011d", i);
-      k.emplace_back(buf);
-    }
-    return k;
-  }();
-  return keys;
-}
+using ratelimit_bench::phones;
 
 template <class P>
 typename P::config bench_config() {
