@@ -16,19 +16,19 @@
 # (both BUILD dirs configured with -DRATELIMIT_REDIS=ON -DRATELIMIT_BUILD_BENCHMARKS=ON
 # -DCMAKE_BUILD_TYPE=Release).
 set -eu
+. "$(dirname "$0")/lib.sh"
 [ $# -eq 2 ] || { sed -n '3,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 A="$1/benchmarks/redis/ratelimit_redis_bench"
 B="$2/benchmarks/redis/ratelimit_redis_bench"
 for b in "$A" "$B"; do
   [ -x "$b" ] || { echo "build $b first (--target ratelimit_redis_bench)" >&2; exit 2; }
 done
-command -v redis-server >/dev/null || { echo "redis-server not found: apt-get install redis-server" >&2; exit 2; }
-PORT=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
-redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --logfile '' >/dev/null 2>&1 &
-PID=$!
-OUT=$(mktemp)
-trap 'kill "$PID" 2>/dev/null || true; rm -f "$OUT"' EXIT INT TERM
-i=0; until redis-cli -p "$PORT" ping >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 100 ] || exit 1; sleep 0.05; done
+rl_need redis-server
+rl_need redis-benchmark redis-tools
+PORT=${PORT:-$(rl_free_port)}
+rl_start_redis "$PORT"
+OUT=""
+rl_temp_file OUT
 export RATELIMIT_BENCH_REDIS_URL="redis://127.0.0.1:$PORT"
 N=${N:-200000}
 ROUNDS=${ROUNDS:-5}
@@ -39,16 +39,7 @@ SHA=$(redis-cli -p "$PORT" SCRIPT LOAD "$("$A" --print-script gcra)")
 # shellcheck disable=SC2086
 RB() { redis-benchmark -p "$PORT" -n "$N" -r 10000 --csv $RB_ARGS EVALSHA "$SHA" 1 "bench:{+1555__rand_int__}:gcra:bench" "" 1 0 0 90000000 10 | tail -1 | cut -d, -f2 | tr -d '"'; }
 rows() { "$2" --benchmark_filter="$FILTER" --benchmark_min_time="$MIN_TIME" --benchmark_format=csv 2>/dev/null | grep '^"BM_' | cut -d, -f1,7 | tr -d '"' | while IFS=, read -r name ips; do echo "$r,$1 $name,$ips,$base"; done >> "$OUT"; }
-if [ "${PRIME:-1}" = 1 ]; then
-  # The benchmark's keys (+1555 and 11 digits) and redis-benchmark's (+1555
-  # and __rand_int__'s 12), with the arguments RB passes.
-  awk -v sha="$SHA" 'function bulk(s) { return "$" length(s) "\r\n" s "\r\n" }
-    function eval(key) { printf "*10\r\n%s%s%s%s%s%s%s%s%s%s", bulk("EVALSHA"), bulk(sha), bulk("1"),
-                           bulk(key), bulk(""), bulk("1"), bulk("0"), bulk("0"), bulk("90000000"), bulk("10") }
-    BEGIN { for (p = 0; p < 11; p++) for (i = 0; i < 10000; i++) {
-              eval(sprintf("bench:{+1555%011d}:gcra:bench", i)); eval(sprintf("bench:{+1555%012d}:gcra:bench", i)) } }' |
-    redis-cli -p "$PORT" --pipe >/dev/null
-fi
+[ "${PRIME:-1}" != 1 ] || rl_prime_gcra "$PORT" "$SHA"
 echo "== host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/')"
 r=1
 while [ "$r" -le "$ROUNDS" ]; do

@@ -14,36 +14,33 @@
 # -DCMAKE_BUILD_TYPE=Release; targets ratelimit_redis_bench and
 # ratelimit_redis_client_cost_bench).
 set -eu
+. "$(dirname "$0")/lib.sh"
 [ $# -eq 1 ] || { sed -n '3,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 P="$1/benchmarks/redis/ratelimit_redis_client_cost_bench"
 BENCH="$1/benchmarks/redis/ratelimit_redis_bench"
 for b in "$P" "$BENCH"; do
   [ -x "$b" ] || { echo "build $b first" >&2; exit 2; }
 done
-PORT=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
-redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --logfile '' >/dev/null 2>&1 &
-PID=$!
-OUT=$(mktemp)
-trap 'kill "$PID" 2>/dev/null || true; rm -f "$OUT"' EXIT INT TERM
+rl_need redis-server
+rl_need redis-benchmark redis-tools
+PORT=${PORT:-$(rl_free_port)}
+rl_start_redis "$PORT"
+PID=$RL_REDIS_PID
+OUT=""
+rl_temp_file OUT
 case "${PIN:-}" in
   apart) taskset -pc 1 "$PID" >/dev/null; ON="taskset -c 0" ;;
   same) taskset -pc 1 "$PID" >/dev/null; ON="taskset -c 1" ;;
   '') ON="" ;;
   *) echo "PIN is apart, same or unset" >&2; exit 2 ;;
 esac
-i=0; until redis-cli -p "$PORT" ping >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 100 ] || exit 1; sleep 0.05; done
 ROUNDS=${ROUNDS:-7}
 N=${N:-10000}
 RB_N=${RB_N:-20000}
 SHA=$(redis-cli -p "$PORT" SCRIPT LOAD "$("$BENCH" --print-script gcra)")
 # Every GCRA key both clients use is checked past its limit first, so that
 # all rounds run the same path in Redis (see run_ab.sh).
-awk -v sha="$SHA" 'function bulk(s) { return "$" length(s) "\r\n" s "\r\n" }
-  function eval(key) { printf "*10\r\n%s%s%s%s%s%s%s%s%s%s", bulk("EVALSHA"), bulk(sha), bulk("1"),
-                         bulk(key), bulk(""), bulk("1"), bulk("0"), bulk("0"), bulk("90000000"), bulk("10") }
-  BEGIN { for (p = 0; p < 11; p++) for (i = 0; i < 10000; i++) {
-            eval(sprintf("bench:{+1555%011d}:gcra:bench", i)); eval(sprintf("bench:{+1555%012d}:gcra:bench", i)) } }' |
-  redis-cli -p "$PORT" --pipe >/dev/null
+rl_prime_gcra "$PORT" "$SHA"
 echo "== host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); PIN=${PIN:-}"
 r=1
 while [ "$r" -le "$ROUNDS" ]; do
