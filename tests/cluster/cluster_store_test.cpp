@@ -118,6 +118,30 @@ TEST(ClusterUrl, ParsesSeedsAndCredentials) {
   EXPECT_THROW(redis::cluster_store(redis::cluster_options{}), std::invalid_argument);
 }
 
+// Verifies that a cluster store set up in code with a user but no password
+// is refused by name: AUTH goes out only with a password, so the nodes
+// would be reached as the default user, with no AUTH and no error. A
+// password alone (the default user) is taken; construction touches no node.
+TEST(ClusterStore, UserWithoutPasswordInCodeIsRefusedByName) {
+  redis::cluster_options o;
+  o.seeds.push_back(redis::node_address{"127.0.0.1", 1});
+  o.node.user = "alice";
+  try {
+    redis::cluster_store store(o);
+    ADD_FAILURE() << "a user without a password was taken";
+  } catch (const std::invalid_argument& e) {
+    const std::string why = e.what();
+    EXPECT_NE(why.find("options::user \"alice\" is set but options::password is empty"),
+              std::string::npos)
+        << why;
+  }
+  o.node.user.clear();
+  o.node.password = "s3cret";
+  EXPECT_NO_THROW(redis::cluster_store{o});
+  o.node.user = "alice";
+  EXPECT_NO_THROW(redis::cluster_store{o});
+}
+
 static_assert(store_for<redis::cluster_store, gcra>);
 static_assert(store_clocked_store_for<redis::cluster_store, sliding_window_log>);
 static_assert(!store_for<redis::cluster_store, int>);

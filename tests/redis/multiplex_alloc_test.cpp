@@ -235,4 +235,90 @@ TEST(RedisMultiplexAlloc, DestroyedWithChecksInFlightWhileMemoryIsShort) {
   }
 }
 
+/// A job sending `args` that counts its completion (allocating nothing there).
+struct counted_job final : redis::mux_job {
+  counted_job(std::vector<std::string_view> args, std::atomic<int>& c) : calls(c) {
+    redis::append_command(bytes, args.data(), args.size());
+    until = redis::deadline_clock::now() + 5s;
+  }
+  void complete(std::unique_ptr<redis::mux_job>, redis::reply_ptr,
+                std::exception_ptr) noexcept override {
+    calls.fetch_add(1);
+  }
+  std::atomic<int>& calls;
+};
+
+// Verifies that a pair queued by submit_pair (a cluster check behind its
+// ASKING) is never split by std::bad_alloc on the I/O thread: when the
+// check cannot be moved to the connection's queue, its lead fails with it
+// instead of going out alone (a lone ASKING would apply to whatever command
+// came next on that connection). The I/O thread is held in the connect (an
+// opener waiting) while 32 pairs INCR <lead>, INCR <job> queue up; from the
+// connect on, the n-th allocation there fails, for each n until none does;
+// every lead that reached the server must have its job behind it:
+// GET <lead> == GET <job>. Before the fix, the allocation of the queue's
+// second block (the 64th job, a pair's second half) left the lead queued alone.
+TEST(RedisMultiplexAlloc, PairIsNeverSplitWhenQueuingItFails) {
+  rltest::redis_server server;
+  redis::options o = server.options();
+  o.command_timeout = 5000ms;
+  const std::string prefix = rltest::unique_prefix("mux-alloc-pair");
+  constexpr int pairs = 32;
+  long n = 0;
+  long injected_rounds = 0;
+  for (; n < 300; ++n) {
+    const std::string lead_key = prefix + std::to_string(n) + ":lead";
+    const std::string job_key = prefix + std::to_string(n) + ":job";
+    std::mutex m;
+    std::condition_variable cv;
+    bool entered = false;
+    bool go = false;
+    std::atomic<int> calls{0};
+    {
+      redis::multiplexer mux(o, 1, {}, [&](const redis::options& opts) {
+        {
+          std::unique_lock<std::mutex> lock(m);
+          entered = true;
+          cv.notify_all();
+          cv.wait(lock, [&] { return go; });
+        }
+        auto c = std::make_unique<redis::connection>(opts);
+        io_allocations_before_failure.store(n);
+        return c;
+      });
+      std::unique_ptr<redis::mux_job> first(new counted_job({"PING"}, calls));
+      ASSERT_TRUE(mux.submit(first));
+      {
+        std::unique_lock<std::mutex> lock(m);
+        ASSERT_TRUE(cv.wait_for(lock, 5s, [&] { return entered; }));
+      }
+      for (int i = 0; i < pairs; ++i) {
+        std::unique_ptr<redis::mux_job> lead(new counted_job({"INCR", lead_key}, calls));
+        std::unique_ptr<redis::mux_job> job(new counted_job({"INCR", job_key}, calls));
+        ASSERT_TRUE(mux.submit_pair(lead, job));
+      }
+      {
+        std::lock_guard<std::mutex> lock(m);
+        go = true;
+      }
+      cv.notify_all();
+      const auto start = std::chrono::steady_clock::now();
+      while (calls.load() < 1 + 2 * pairs && std::chrono::steady_clock::now() - start < 10s) {
+        std::this_thread::sleep_for(1ms);
+      }
+      ASSERT_EQ(calls.load(), 1 + 2 * pairs) << "allocation " << n;
+    }
+    const bool injected = io_allocations_before_failure.exchange(-1) < 0;
+    const auto count = [&](const std::string& key) {
+      auto r = rltest::command(o, {"GET", key});
+      return r->type == REDIS_REPLY_STRING ? std::stol(std::string(r->str, r->len)) : 0L;
+    };
+    EXPECT_EQ(count(lead_key), count(job_key)) << "allocation " << n;
+    if (!injected) break;
+    ++injected_rounds;
+  }
+  EXPECT_LT(n, 300) << "the burst never ran without a failure";
+  EXPECT_GE(injected_rounds, 3);
+}
+
 }  // namespace

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Review of the Redis URL parsers (no server): a '?' inside a query value,
 // empty parameters beside multiplex= that left db= unapplied, a URL
-// ending in '?', and empty credentials.
+// ending in '?', and empty credentials (in URLs and set in code).
 #include <gtest/gtest.h>
 
 #include <stdexcept>
@@ -9,6 +9,8 @@
 
 #include "ratelimit/redis/cluster/options.hpp"
 #include "ratelimit/redis/options.hpp"
+#include "ratelimit/redis/redis_store.hpp"
+#include "ratelimit/redis/sentinel.hpp"
 
 namespace {
 
@@ -169,6 +171,73 @@ TEST(UrlReview, EmptyCredentialsAreRefusedByName) {
   const auto none = redis::parse_url("redis://h");
   EXPECT_TRUE(none.user.empty());
   EXPECT_TRUE(none.password.empty());
+  // ':PASSWORD@' (the default user) in every form; no percent-decoding, so
+  // '%00' and '%20' are three-byte passwords, not empty ones.
+  for (const char* url : {"redis://:p@h", "rediss://:p@h?sni=x", "redis-sentinel://:p@a/m",
+                          "rediss-cluster://:p@a:7000?sni=x", "redis-cluster://:p@a:7000"}) {
+    SCOPED_TRACE(url);
+    std::string user = "?";
+    std::string password;
+    if (std::string(url).find("-cluster://") != std::string::npos) {
+      const auto co = redis::parse_cluster_url(url);
+      user = co.node.user;
+      password = co.node.password;
+    } else {
+      const auto po = redis::parse_url(url);
+      user = po.user;
+      password = po.password;
+    }
+    EXPECT_EQ(user, "");
+    EXPECT_EQ(password, "p");
+  }
+  EXPECT_EQ(redis::parse_url("redis://u:%00@h").password, "%00");
+  EXPECT_EQ(redis::parse_url("redis://%20@h").password, "%20");
+}
+
+/// The message `make` refuses with; "" when it returns.
+template <class F>
+std::string refusal_of(F make) {
+  try {
+    make();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// Verifies that the same empty credentials set in code, not through a URL,
+// are refused by name when the store (or a sentinel_locator) is made: AUTH
+// goes out only with a password, so a user without one was dropped and the
+// store connected as the default user with no AUTH and no error. A password
+// alone is taken, and so is sentinel.user when no Sentinel is used (it is
+// not read then). Construction touches no server.
+TEST(UrlReview, UserWithoutPasswordInCodeIsRefusedByName) {
+  redis::options o;
+  o.user = "alice";
+  const std::string master = refusal_of([&] { redis::redis_store store(o); });
+  EXPECT_NE(master.find("options::user \"alice\" is set but options::password is empty"),
+            std::string::npos)
+      << master;
+  o.user.clear();
+  o.password = "s3cret";
+  o.sentinel.user = "bob";  // no Sentinel: not used
+  EXPECT_EQ(refusal_of([&] { redis::redis_store store(o); }), "");
+  o.sentinel.master_name = "m";
+  o.sentinel.sentinels.push_back(redis::sentinel_address{"127.0.0.1", 1});
+  const std::string sentinel = refusal_of([&] { redis::redis_store store(o); });
+  EXPECT_NE(sentinel.find("options::sentinel.user \"bob\" is set but options::sentinel.password "
+                          "is empty"),
+            std::string::npos)
+      << sentinel;
+  EXPECT_EQ(sentinel.find("s3"), std::string::npos) << sentinel;
+  const std::string located = refusal_of([&] { redis::sentinel_locator locator(o); });
+  EXPECT_NE(located.find("options::sentinel.user \"bob\" is set"), std::string::npos) << located;
+  o.sentinel.password = "s3cret2";
+  o.user = "alice";
+  EXPECT_EQ(refusal_of([&] { redis::redis_store store(o); }), "");
+  o.password.clear();
+  const std::string both = refusal_of([&] { redis::sentinel_locator locator(o); });
+  EXPECT_NE(both.find("options::user \"alice\""), std::string::npos) << both;
 }
 
 }  // namespace

@@ -110,7 +110,8 @@ struct cluster_test_access;
 class cluster_store {
  public:
   /// Connects lazily: construction never touches the network.
-  /// @throws std::invalid_argument without seeds, with a unix socket or a database other than 0
+  /// @throws std::invalid_argument without seeds, with a unix socket or a
+  ///   database other than 0, or with node.user set but node.password empty
   explicit cluster_store(cluster_options o) : shared_(new shared(std::move(o)), shared_deleter{}) {}
 
   /// Refuses an unnamed config (see redis_store::check_config).
@@ -499,6 +500,7 @@ class cluster_store {
       }
       if (o.node.tls.enabled) (void)detail::tls_context_for(o.node.tls);  // names a bad file
       (void)multiplexer::checked(o.node.multiplex);
+      detail::check_credentials(o.node, "ratelimit: redis cluster");
       if (!o.node.sentinel.master_name.empty() || !o.node.sentinel.sentinels.empty()) {
         throw std::invalid_argument(
             "ratelimit: redis cluster: Sentinel is for redis_store (a cluster fails over by "

@@ -595,6 +595,19 @@ class multiplexer {
           } catch (...) {
             // No memory: the jobs not moved yet fail below, out of the lock.
             l.refused_why = std::current_exception();
+            // A pair is never split: a lead (ASKING) last in `queued` had
+            // its job refused (the two are adjacent in `incoming`, the job
+            // right after the lead's emptied place); it fails with it rather
+            // than go out alone. Moves pointers only: no exception.
+            if (!l.queued.empty() && l.queued.back()->uncounted) {
+              for (std::size_t i = 1; i < l.incoming.size(); ++i) {
+                if (l.incoming[i] != nullptr && l.incoming[i - 1] == nullptr) {
+                  l.incoming[i - 1] = std::move(l.queued.back());
+                  l.queued.pop_back();
+                  break;
+                }
+              }
+            }
             l.refused.swap(l.incoming);
           }
           l.incoming.clear();

@@ -72,7 +72,8 @@ struct sentinel_options {
   std::vector<sentinel_address> sentinels;
   /// Name of the master as the sentinels monitor it; empty = no Sentinel.
   std::string master_name;
-  /// ACL user for AUTH at the sentinels; empty = the default user.
+  /// ACL user for AUTH at the sentinels; empty = the default user. Set
+  /// without `password`, the store's constructor throws std::invalid_argument.
   std::string user;
   /// Password for AUTH at the sentinels; empty = no AUTH there.
   std::string password;
@@ -88,7 +89,9 @@ struct options {
   std::string unix_socket;
   /// Database index sent with SELECT after connecting; 0 = the default database (no SELECT).
   int database = 0;
-  /// ACL user name for AUTH; empty = the default user (AUTH with the password alone).
+  /// ACL user name for AUTH; empty = the default user (AUTH with the password
+  /// alone). Set without `password`, the store's constructor throws
+  /// std::invalid_argument.
   std::string user;
   /// Password for AUTH; empty = no AUTH.
   std::string password;
@@ -420,6 +423,26 @@ inline void apply_tls_query(tls_options& t, std::string_view query, std::string_
     }
     if (amp == std::string_view::npos) break;
     query.remove_prefix(amp + 1);
+  }
+}
+
+/// Refuses credentials set in code that would be dropped without a word:
+/// AUTH is sent only with a password, so a `user` (or `sentinel.user`, when
+/// Sentinel is used) with an empty password would connect as the default
+/// user, with no AUTH and no error. `where` starts the message.
+/// @throws std::invalid_argument naming the field (never the password)
+inline void check_credentials(const options& o, std::string_view where) {
+  if (!o.user.empty() && o.password.empty()) {
+    throw std::invalid_argument(std::string(where) + ": options::user \"" + escaped_name(o.user) +
+                                "\" is set but options::password is empty (AUTH needs a "
+                                "password; clear user for no AUTH)");
+  }
+  const bool sentinel = !o.sentinel.master_name.empty() || !o.sentinel.sentinels.empty();
+  if (sentinel && !o.sentinel.user.empty() && o.sentinel.password.empty()) {
+    throw std::invalid_argument(std::string(where) + ": options::sentinel.user \"" +
+                                escaped_name(o.sentinel.user) +
+                                "\" is set but options::sentinel.password is empty (AUTH at the "
+                                "sentinels needs a password; clear sentinel.user for no AUTH)");
   }
 }
 

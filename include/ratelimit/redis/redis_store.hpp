@@ -97,7 +97,9 @@ class redis_store {
   /// Connects lazily: construction never touches the network. With
   /// `o.sentinel` set, every connection goes to the master the sentinels name
   /// (see sentinel_locator).
-  /// @throws std::invalid_argument for bad sentinel options (see sentinel_locator)
+  /// @throws std::invalid_argument for bad sentinel options (see
+  ///   sentinel_locator), or a user (options::user, sentinel.user) set
+  ///   without its password (see detail::check_credentials)
   explicit redis_store(options o = {}) : shared_(new shared(std::move(o)), shared_deleter{}) {}
 
   /// Refuses a config this store cannot key: an unnamed one. `limiter`'s
@@ -316,7 +318,7 @@ class redis_store {
  private:
   struct shared {
     explicit shared(options o)
-        : opts(std::move(o)),
+        : opts(checked(std::move(o))),
           sentinel(detail::make_sentinel_link(opts,
                                               [this] {
                                                 pool.renew();
@@ -330,6 +332,10 @@ class redis_store {
           floor_ms(std::to_string(opts.caller_time_ttl_floor.count())) {}
     shared(const shared&) = delete;
     shared& operator=(const shared&) = delete;
+    static options checked(options o) {
+      detail::check_credentials(o, "ratelimit: redis");
+      return o;
+    }
     /// The multiplexer's completions and the prober's probes use the pool,
     /// breaker and counters, and the sentinel watcher the pool: stop them
     /// first. Checks still in flight get multiplexer_stopped.

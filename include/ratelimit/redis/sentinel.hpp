@@ -141,7 +141,8 @@ class sentinel_locator {
   /// @throws std::invalid_argument when `o.sentinel` names no master (or one
   ///   holding a space or control byte, see detail::bad_master_name) or lists
   ///   no sentinel, a sentinel has a host of other than 1..253 letters, digits
-  ///   and `.-_:%` or a port outside 1..65535, or `o.unix_socket` is set
+  ///   and `.-_:%` or a port outside 1..65535, `o.unix_socket` is set, or
+  ///   a user (`o.user`, `o.sentinel.user`) is set without its password
   explicit sentinel_locator(const options& o) : order_(o.sentinel.sentinels) {
     const sentinel_options& s = o.sentinel;
     if (s.master_name.empty()) {
@@ -160,6 +161,7 @@ class sentinel_locator {
                                     detail::shown(detail::address_text(a.host, a.port)) + "\"");
       }
     }
+    detail::check_credentials(o, "ratelimit: redis: sentinel");
     if (!o.unix_socket.empty()) {
       throw std::invalid_argument(
           "ratelimit: redis: sentinel: unix_socket cannot be used with Sentinel (the master's "
