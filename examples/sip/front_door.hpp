@@ -21,6 +21,9 @@
 // tag.
 #pragma once
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -308,6 +311,7 @@ class front_door {
   /// whitespace is dropped, what is left goes to parse_secret: an empty file
   /// or any other length is refused by its length, 32 characters holding a
   /// byte that is not a hex digit (a binary file) by that byte's position.
+  /// A FIFO with no writer reads as empty instead of blocking the open.
   /// @throws std::invalid_argument starting `dialog secret file "PATH": `
   ///   (PATH as ratelimit::detail::printable shows it, at most 256 bytes),
   ///   then what is wrong: cannot open it (with the
@@ -318,8 +322,19 @@ class front_door {
       return std::invalid_argument("dialog secret file \"" +
                                    ratelimit::detail::printable(path, 256) + "\": " + why);
     };
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (f == nullptr) throw fail(std::string("cannot open it: ") + std::strerror(errno));
+    // Opened without blocking, then read blocking: a FIFO that no process
+    // writes to would block the open forever; this way it reads as empty
+    // (refused), while a pipe with a writer (a shell's <(...)) still works.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) throw fail(std::string("cannot open it: ") + std::strerror(errno));
+    const int flags = ::fcntl(fd, F_GETFL);
+    std::FILE* f = flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0 ? nullptr
+                                                                              : ::fdopen(fd, "rb");
+    if (f == nullptr) {
+      const int err = errno;
+      ::close(fd);
+      throw fail(std::string("cannot open it: ") + std::strerror(err));
+    }
     std::string text;
     char buf[1024];
     while (text.size() <= max_secret_file) {

@@ -4,13 +4,16 @@
 #include "front_door.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -684,6 +687,16 @@ TEST(SipFrontDoor, DialogSecretFileEdgesAndErrorsNameTheFile) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find(dir), std::string::npos) << e.what();
   }
+  // A FIFO that no process writes to: refused as empty, not a hang in open.
+  const std::string fifo = dir + "/sipfd-secret-fifo-" + std::to_string(::getpid());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  try {
+    (void)sipfd::front_door::read_secret_file(fifo);
+    ADD_FAILURE() << "a FIFO with no writer was read";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("got 0 characters"), std::string::npos) << e.what();
+  }
+  ::unlink(fifo.c_str());
 }
 
 // An INVITE of a live dialog with a new CSeq and no To tag (a UAC retrying
