@@ -590,23 +590,20 @@ class multiplexer {
         if (stopping_) return;
         wake_pending_.store(false, std::memory_order_release);
         for (lane& l : lanes_) {
+          std::size_t moved = 0;
           try {
-            for (auto& j : l.incoming) l.queued.push_back(std::move(j));
+            for (; moved < l.incoming.size(); ++moved) {
+              l.queued.push_back(std::move(l.incoming[moved]));  // unchanged if it throws
+            }
           } catch (...) {
             // No memory: the jobs not moved yet fail below, out of the lock.
             l.refused_why = std::current_exception();
-            // A pair is never split: a lead (ASKING) last in `queued` had
-            // its job refused (the two are adjacent in `incoming`, the job
-            // right after the lead's emptied place); it fails with it rather
-            // than go out alone. Moves pointers only: no exception.
-            if (!l.queued.empty() && l.queued.back()->uncounted) {
-              for (std::size_t i = 1; i < l.incoming.size(); ++i) {
-                if (l.incoming[i] != nullptr && l.incoming[i - 1] == nullptr) {
-                  l.incoming[i - 1] = std::move(l.queued.back());
-                  l.queued.pop_back();
-                  break;
-                }
-              }
+            // A pair is never split: when the job refused is the one behind a
+            // lead (ASKING) just moved, the lead goes back and fails with it
+            // rather than go out alone. Moves a pointer only: no exception.
+            if (moved > 0 && l.queued.back()->uncounted) {
+              l.incoming[moved - 1] = std::move(l.queued.back());
+              l.queued.pop_back();
             }
             l.refused.swap(l.incoming);
           }
