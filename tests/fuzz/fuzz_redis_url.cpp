@@ -54,6 +54,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     RATELIMIT_FUZZ_CHECK(s.master_name.empty() == s.sentinels.empty(),
                          "a master name without sentinels, or sentinels without one");
     RATELIMIT_FUZZ_CHECK(s.sentinels.size() <= size, "more sentinels than URL bytes");
+    if (!s.sentinels.empty()) {
+      RATELIMIT_FUZZ_CHECK(
+          o.user.find(',') == std::string::npos && o.password.find(',') == std::string::npos,
+          "a ',' in a Sentinel URL's user or password (a sentinel taken for one)");
+    }
     for (const rr::sentinel_address& a : s.sentinels) {
       RATELIMIT_FUZZ_CHECK(!a.host.empty(), "a sentinel without a host");
       RATELIMIT_FUZZ_CHECK(whole_host(a.host), "text after an IPv6 literal left in a sentinel");
@@ -80,6 +85,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     RATELIMIT_FUZZ_CHECK(o.node.unix_socket.empty() && o.node.database == 0,
                          "cluster node options with a socket or a database");
     check_credentials(o.node, url);
+    RATELIMIT_FUZZ_CHECK(o.node.user.find(',') == std::string::npos &&
+                             o.node.password.find(',') == std::string::npos,
+                         "a ',' in a cluster URL's user or password (a seed taken for one)");
   } catch (const std::invalid_argument& e) {
     RATELIMIT_FUZZ_CHECK(std::string_view(e.what()).starts_with("ratelimit: "),
                          "a rejection without the library's prefix");

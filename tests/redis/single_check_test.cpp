@@ -4,7 +4,7 @@
 // formats, the reply's integers read without hiredis are the ones hiredis
 // reads, NOSCRIPT is still resent once, a check allocates nothing once
 // the connection's buffers have grown, and a bad prefix is refused before a
-// connection is taken.
+// connection is taken; and a multiplexed check's allocations.
 //
 // This binary replaces the global operator new (support/replaced_new.hpp) to
 // count allocations; none fails.
@@ -15,10 +15,12 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "ratelimit/ratelimit.hpp"
@@ -27,13 +29,19 @@
 #include "support/replaced_new.hpp"
 
 namespace {
-/// Allocations through operator new on any thread while counting is on.
+/// Allocations through operator new on any thread while counting is on, and
+/// those of them made on the test's main thread.
 std::atomic<long> allocations{0};
+std::atomic<long> main_thread_allocations{0};
 std::atomic<bool> counting{false};
+const std::thread::id main_thread = std::this_thread::get_id();
 }  // namespace
 
 bool rltest::allocation_fails() noexcept {
-  if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1);
+  if (counting.load(std::memory_order_relaxed)) {
+    allocations.fetch_add(1);
+    if (std::this_thread::get_id() == main_thread) main_thread_allocations.fetch_add(1);
+  }
   return false;
 }
 
@@ -270,6 +278,41 @@ TEST(RedisSingleCheck, SequentialChecksAllocateNothing) {
   counting = false;
   EXPECT_EQ(from_store, 300);
   EXPECT_EQ(allocations.load(), 0);
+}
+
+// Verifies that a multiplexed check (options::multiplex = 1) formats its
+// command in place, as the pooled check does: a single-key policy's check
+// allocates on the calling thread only its job and the job's command buffer
+// (key and limiter name short enough for std::string's inline buffer), on
+// caller and server time; writing a vector of key strings and one of policy
+// arguments per check made it 7.5 allocations per check. The decisions are
+// Redis's.
+TEST(RedisSingleCheck, MultiplexedCheckAllocatesOnlyItsJobAndCommand) {
+  redis::options o = rltest::shared_redis();
+  o.prefix = rltest::unique_prefix("mux-alloc");
+  o.multiplex = 1;
+  redis::redis_store store(o);
+  const gcra::config cfg("10/15min", bucket_options{.name = "bench"});
+  const std::vector<std::string> keys = {"+15551234567", "+15557654321", "+15550000000"};
+  const auto check = [&](std::size_t i) {
+    const timestamp t{1'700'000'000'000'000 + static_cast<std::int64_t>(i)};
+    const decision d = i % 2 == 0 ? store.apply(cfg, keys[i % 3], store_time, 1)
+                                  : store.apply(cfg, keys[i % 3], t, 1);
+    return d.source == decision_source::store ? 1 : 0;
+  };
+  for (std::size_t i = 0; i < 20; ++i) (void)check(i);
+  allocations = 0;
+  main_thread_allocations = 0;
+  counting = true;
+  int from_store = 0;
+  for (std::size_t i = 0; i < 300; ++i) from_store += check(i);
+  counting = false;
+  EXPECT_EQ(from_store, 300);
+  std::printf("multiplexed gcra check: %.2f allocations on the calling thread, %.2f in all\n",
+              static_cast<double>(main_thread_allocations.load()) / 300.0,
+              static_cast<double>(allocations.load()) / 300.0);
+  EXPECT_LE(main_thread_allocations.load(), 2 * 300);
+  EXPECT_EQ(store.stats().errors, 0u);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Review of the Redis URL parsers (no server): a '?' inside a query value,
 // empty parameters beside multiplex= that left db= unapplied, a URL
-// ending in '?', and empty credentials (in URLs and set in code).
+// ending in '?', empty credentials (in URLs and set in code), and a ','
+// before the last '@' of a URL listing several hosts.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
@@ -238,6 +239,57 @@ TEST(UrlReview, UserWithoutPasswordInCodeIsRefusedByName) {
   o.password.clear();
   const std::string both = refusal_of([&] { redis::sentinel_locator locator(o); });
   EXPECT_NE(both.find("options::user \"alice\""), std::string::npos) << both;
+}
+
+// Verifies that a URL listing several hosts (redis-cluster://,
+// rediss-cluster://, redis-sentinel://) with a ',' before its last '@' is
+// refused: `redis-cluster://a:7000,:@b` was read as user "a", password
+// "7000,:" and the one seed "b", so a seed written with an '@' of its own
+// was silently dropped. The message says to set such a credential in code
+// (nothing is percent-decoded) and does not quote the password; a
+// single-host URL still takes a ',' in its password.
+TEST(UrlReview, CommaBeforeTheLastAtOfAMultiHostUrlIsRefused) {
+  struct row {
+    std::string url;
+    std::string set_in_code;  // the fields the message names
+  };
+  const row rows[] = {
+      {"redis-cluster://a:7000,:@b", "cluster_options::node.user and node.password"},
+      {"redis-cluster://a:7000,u:pw@b:7001", "cluster_options::node.user and node.password"},
+      {"redis-cluster://u:s3,cret@a:7000,b:7001", "cluster_options::node.user and node.password"},
+      {"redis-cluster://s3,@a", "cluster_options::node.user and node.password"},
+      {"redis-cluster://u,v:s3@a:7000?multiplex=2", "cluster_options::node.user and node.password"},
+      {"rediss-cluster://a:7000,:s3@b?sni=x", "cluster_options::node.user and node.password"},
+      {"rediss-cluster://u:s3%2C@a,b:1@c", "cluster_options::node.user and node.password"},
+      {"redis-sentinel://a:26379,:s3@b/m", "options::user and options::password"},
+      {"redis-sentinel://u:s3,x@a,b/m?db=1", "options::user and options::password"},
+  };
+  for (const row& r : rows) {
+    SCOPED_TRACE(r.url);
+    const std::string why = refusal(r.url);
+    EXPECT_NE(why.find("has a ',' before its last '@'"), std::string::npos) << why;
+    EXPECT_NE(why.find("set " + r.set_in_code + " in code"), std::string::npos) << why;
+    EXPECT_NE(why.find("%2C stays three bytes"), std::string::npos) << why;
+    EXPECT_EQ(why.find("s3"), std::string::npos) << why;
+  }
+  // The same credentials without ',', and a ',' after the last '@' (the
+  // seed list itself), are taken; '%2C' is a password of three bytes.
+  const auto c = redis::parse_cluster_url("redis-cluster://u:p%2C@a:7000,b:7001");
+  EXPECT_EQ(c.node.user, "u");
+  EXPECT_EQ(c.node.password, "p%2C");
+  ASSERT_EQ(c.seeds.size(), 2u);
+  EXPECT_EQ(c.seeds[0], (redis::node_address{"a", 7000}));
+  EXPECT_EQ(c.seeds[1], (redis::node_address{"b", 7001}));
+  const auto s = redis::parse_url("redis-sentinel://:pw@a,b:26380/m");
+  EXPECT_EQ(s.password, "pw");
+  ASSERT_EQ(s.sentinel.sentinels.size(), 2u);
+  EXPECT_EQ(s.sentinel.sentinels[1].port, 26380);
+  // One host: a ',' in the password is no seed list and stays allowed.
+  const auto one = redis::parse_url("redis://u:a,b@h:7000");
+  EXPECT_EQ(one.user, "u");
+  EXPECT_EQ(one.password, "a,b");
+  EXPECT_EQ(one.port, 7000);
+  EXPECT_EQ(redis::parse_url("rediss://a,b@h?sni=x").password, "a,b");
 }
 
 }  // namespace

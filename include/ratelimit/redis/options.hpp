@@ -374,6 +374,25 @@ inline void take_userinfo(std::string_view cred, options& o, std::string_view ur
   o.password = std::string(password);
 }
 
+/// Refuses a ',' in the userinfo `cred` of a URL that lists several hosts
+/// (`redis-cluster://`, `rediss-cluster://`, `redis-sentinel://`). The
+/// userinfo ends at the last '@', so a host written with an '@' of its own
+/// (`redis-cluster://a:7000,:@b`) would turn the hosts before it into a user
+/// and password (user `a`, password `7000,:`) and drop them from the list
+/// without an error. URLs are not percent-decoded (`%2C` would be sent as
+/// those three bytes), so a user or password holding ',' is set in code,
+/// in `fields`.
+/// @throws std::invalid_argument saying so (the URL redacted, no credential quoted)
+inline void refuse_comma_in_userinfo(std::string_view cred, std::string_view url,
+                                     std::string_view fields) {
+  if (cred.find(',') == std::string_view::npos) return;
+  bad_url(url,
+          "has a ',' before its last '@': the hosts follow one [USER:]PASSWORD@ (did a "
+          "host get an '@' of its own?); a user or password holding ',' cannot be written "
+          "in this URL (no percent-decoding: %2C stays three bytes), set " +
+              std::string(fields) + " in code");
+}
+
 /// Applies the query `k=v&k=v` of a `rediss://` URL to `t`: ca, ca_dir, cert,
 /// key, sni, verify (full, chain or none). Each at most once, none empty.
 /// @throws std::invalid_argument naming the bad parameter (and the URL, redacted)
@@ -566,6 +585,7 @@ namespace detail {
       bad_url(url, "has an '@' in a query value (set options::sentinel in code instead)");
     }
     rest = rest.substr(at + 1);
+    refuse_comma_in_userinfo(cred, url, "options::user and options::password");
     take_userinfo(cred, o, url);
   }
   std::string_view query;
@@ -708,7 +728,10 @@ namespace detail {
 /// sentinels) and `multiplex=N`, each at most once, none empty;
 /// `sentinel_user` only with `sentinel_password`. The query starts at the first '?' after
 /// the last '@', so a query value cannot hold '@' (set options::sentinel in
-/// code for such a password).
+/// code for such a password). The userinfo ends at the last '@' and must not
+/// hold ',' (a sentinel written with an '@' of its own would otherwise become
+/// part of the password): set options::user/password in code for a
+/// credential holding ','.
 /// @throws std::invalid_argument quoting the URL and the bad part
 [[nodiscard]] inline options parse_url(std::string_view url) {
   if (url.starts_with("redis-sentinel://")) return detail::parse_sentinel_url(url);

@@ -438,11 +438,18 @@ class redis_store {
     /// overload, not a Redis fault, so no failure for the circuit breaker.
     bool refused_full = false;
 
-    /// The command: EVALSHA, or EVAL with the script's text.
+    /// The command: EVALSHA, or EVAL with the script's text, the bytes
+    /// write_check_command writes, formatted in place as on the pooled path
+    /// (append_single_eval: no vector of key strings; the policy's arguments
+    /// in this thread's reused vector), so that beyond `bytes` itself it
+    /// allocates nothing for a single-key policy.
     void build(bool with_text) {
-      detail::write_check_command(bytes, with_text, cfg,
-                                  detail::redis_keys(s->opts.prefix, cfg, key), now, cost, a,
-                                  s->floor_ms);
+      using P = typename Config::policy_type;
+      thread_local std::vector<std::string> args;
+      bytes.clear();
+      bytes.reserve(with_text ? script_for<P>::text.size() + 256 : 256);
+      detail::append_single_eval(bytes, args, with_text, s->opts.prefix, cfg, key, now, cost, a,
+                                 now ? std::string_view(s->floor_ms) : std::string_view("0"));
     }
 
     void deliver(const decision& d, std::exception_ptr e) noexcept {

@@ -50,7 +50,11 @@ namespace detail {}  // namespace detail
 /// `rediss://` URL (see parse_url) after `?` as well, applied to every node.
 /// `multiplex=N` (0..256) sets options::multiplex of every node. The
 /// userinfo follows parse_url's rule: an empty password (`@`, `:@`,
-/// `USER:@`) is refused.
+/// `USER:@`) is refused. The userinfo ends at the last '@' and must not hold
+/// ',': `redis-cluster://a:7000,:@b` (a seed given an '@' of its own) would
+/// otherwise read user `a`, password `7000,:` and the one seed `b`. Nothing
+/// is percent-decoded, so a user or password holding ',' is set in code
+/// (cluster_options::node.user/password).
 /// @throws std::invalid_argument quoting the URL
 [[nodiscard]] inline cluster_options parse_cluster_url(std::string_view url) {
   constexpr std::string_view scheme = "redis-cluster://";
@@ -67,6 +71,8 @@ namespace detail {}  // namespace detail
   o.node.tls.enabled = tls;
   detail::take_tls_query(rest, o.node.tls, url);
   if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
+    detail::refuse_comma_in_userinfo(rest.substr(0, at), url,
+                                     "cluster_options::node.user and node.password");
     detail::take_userinfo(rest.substr(0, at), o.node, url);
     rest = rest.substr(at + 1);
   }
