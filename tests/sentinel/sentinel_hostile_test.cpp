@@ -173,7 +173,9 @@ TEST(SentinelHostile, GarbageAnswersAreSkipped) {
     EXPECT_NE(what.find(expected), std::string::npos) << what.substr(0, 300);
     // A message quotes a bounded part of what a server said.
     EXPECT_LT(what.size(), 1000u);
-    EXPECT_LT(took, 2 * 200ms + 300ms);
+    // Bounded by the timeouts, not left waiting for the server: the slack
+    // is for a loaded machine (it failed once at 300 ms under load).
+    EXPECT_LT(took, 2 * 200ms + 2s);
   }
 }
 
@@ -202,7 +204,9 @@ TEST(SentinelHostile, OddRoleAnswersAreRefused) {
         << what.substr(0, 300);
     EXPECT_NE(what.find(expected), std::string::npos) << what.substr(0, 300);
     EXPECT_LT(what.size(), 1000u);
-    EXPECT_LT(took, 2 * 200ms + 300ms);
+    // Bounded by the timeouts, not left waiting for the server: the slack
+    // is for a loaded machine (it failed once at 300 ms under load).
+    EXPECT_LT(took, 2 * 200ms + 2s);
   }
 }
 
