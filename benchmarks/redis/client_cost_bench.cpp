@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -186,7 +187,8 @@ BENCHMARK(BM_Syscall_RecvEagain);
 // Usage: ratelimit_redis_client_cost_bench --wait-probe HOST PORT
 //          [CHECKS_PER_ROUND] [ROUNDS] [MODES] [TURN]
 //   MODES: comma-separated of store, block, blockinf, blocklate, poll, epoll, rbstyle, spin,
-//   spinN, yieldN, adaptN (N in us), busypoll (default the first seven);
+//   spinN, yieldN, adaptN (N in us), busypoll, storeN (the store with
+//   options::read_spin of N us) (default the first seven);
 //   TURN: where the first round starts in MODES (run_wait.sh passes its round)
 // Prints per round checks/s of each mode, the client thread's CPU time per
 // check and the median time of a send() (raw modes; it includes waking
@@ -437,6 +439,15 @@ int run(int argc, char** argv) {
   redis::redis_store store(o);
   std::size_t at = 0;
   (void)store_round(store, 10, at);  // loads the script (EVALSHA, EVAL after NOSCRIPT)
+  // storeN: the pooled store with options::read_spin of N us.
+  std::map<std::string, std::unique_ptr<redis::redis_store>> spinning;
+  for (const std::string& m : modes) {
+    if (m.rfind("store", 0) != 0 || m.size() == 5 || spinning.count(m) != 0) continue;
+    redis::options so = o;
+    so.read_spin = std::chrono::microseconds(std::atoi(m.c_str() + 5));
+    spinning[m] = std::make_unique<redis::redis_store>(so);
+    (void)store_round(*spinning[m], 10, at);
+  }
 
   std::map<std::string, std::vector<double>> rate;
   for (int r = 0; r < rounds; ++r) {
@@ -449,12 +460,13 @@ int run(int argc, char** argv) {
       const std::string& m = modes[(k + static_cast<std::size_t>(r + turn)) % modes.size()];
       const double cpu0 = thread_cpu_us();
       double send_us = 0;
-      const double v = m == "store" ? store_round(store, n, at)
-                                    : raw_round(host, port, m, n, at, send_us);
+      const double v = m == "store"             ? store_round(store, n, at)
+                       : spinning.count(m) != 0 ? store_round(*spinning[m], n, at)
+                                                : raw_round(host, port, m, n, at, send_us);
       char note[64];
       std::snprintf(note, sizeof note, " %s %.2f", m.c_str(), (thread_cpu_us() - cpu0) / n);
       cpu += note;
-      if (m != "store") {
+      if (m.rfind("store", 0) != 0) {
         std::snprintf(note, sizeof note, " %s %.1f", m.c_str(), send_us);
         sends += note;
       }
