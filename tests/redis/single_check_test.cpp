@@ -325,11 +325,11 @@ TEST(RedisSingleCheck, ReadSpinDecidesAsTheBlockingReadAndKeepsTheDeadline) {
     ASSERT_EQ(a.retry_after, b.retry_after) << i;
   }
 
-  // The reply comes after CLIENT PAUSE ends, 60 ms after the spin gave up.
+  // The reply comes when CLIENT PAUSE ends, some 60 ms after the spin gave up.
   (void)rltest::command(o, {"CLIENT", "PAUSE", "60", "ALL"});
   auto t0 = std::chrono::steady_clock::now();
   const decision late = spinning.apply(cfg, "late", store_time, 1);
-  EXPECT_GE(std::chrono::steady_clock::now() - t0, 40ms);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 20ms);  // well after the 1 ms spin
   EXPECT_EQ(late.source, decision_source::store);
   EXPECT_TRUE(late.allowed);
   EXPECT_EQ(late.remaining, 4u);
@@ -339,7 +339,17 @@ TEST(RedisSingleCheck, ReadSpinDecidesAsTheBlockingReadAndKeepsTheDeadline) {
     short_o.command_timeout = timeout;
     short_o.breaker_threshold = 100;
     redis::redis_store store(short_o);
-    (void)store.apply(cfg, "warm", store_time, 1);  // connected, script loaded
+    // Connected, script loaded: a round trip of 1 ms may take longer on a
+    // busy machine, so the warm-up tries again (a new connection each time).
+    bool warm = false;
+    for (int i = 0; i < 200 && !warm; ++i) {
+      try {
+        (void)store.apply(cfg, "warm", store_time, 1);
+        warm = true;
+      } catch (const redis::timeout_error&) {
+      }
+    }
+    ASSERT_TRUE(warm) << timeout.count();
     (void)rltest::command(o, {"CLIENT", "PAUSE", "400", "ALL"});
     t0 = std::chrono::steady_clock::now();
     EXPECT_THROW((void)store.apply(cfg, "paused", store_time, 1), redis::timeout_error)

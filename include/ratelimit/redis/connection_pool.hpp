@@ -602,18 +602,22 @@ class connection {
   /// involuntary context switches grew: the server may have been waiting
   /// for this CPU), is a miss: the next 1, 2, 4 ... 256 checks (doubling
   /// with each miss in a row) block at once; a spin that read its bytes
-  /// unpreempted ends the back-off. Returns as transport::read_some.
+  /// unpreempted ends the back-off. Bytes (or an end) found by the first
+  /// read, before any spinning, leave the back-off as it was: the blocking
+  /// read would have found them as soon (with client and server on one CPU
+  /// the server often runs within the send). Returns as transport::read_some.
   [[nodiscard]] transport::io spin_read(char* buf, std::size_t cap, std::size_t& n,
                                         deadline until) noexcept {
     rusage ru{};
     const bool counted = ::getrusage(RUSAGE_THREAD, &ru) == 0;
     const long preempted = ru.ru_nivcsw;
     const deadline stop = std::min(until, deadline_clock::now() + read_spin_);
-    transport::io got = transport::io::want_read;
+    transport::io got = stream_.read_some(buf, cap, n);
+    if (got != transport::io::want_read) return got;  // no spin: says nothing either way
     for (;;) {
+      detail::cpu_relax();
       got = stream_.read_some(buf, cap, n);
       if (got != transport::io::want_read || deadline_clock::now() >= stop) break;
-      detail::cpu_relax();
     }
     const bool hit = got == transport::io::ok &&
                      !(counted && ::getrusage(RUSAGE_THREAD, &ru) == 0 &&
