@@ -14,7 +14,9 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <time.h>
@@ -28,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -174,16 +177,23 @@ BENCHMARK(BM_Syscall_RecvEagain);
 // `blockinf` blocks without SO_RCVTIMEO (no timer armed per wait);
 // `blocklate` makes four cheap system calls before it blocks; `spin`
 // polls the socket without sleeping (measurement only: it burns a core),
-// which takes the client's own wake-up out of the round trip.
+// which takes the client's own wake-up out of the round trip. A bounded
+// busy-poll before the blocking read: `spinN` polls for up to N us (a pause
+// instruction between polls), `yieldN` the same with sched_yield() between
+// polls, `adaptN` as `spinN` but backs off after a miss (no reply within
+// the spin, or the thread preempted while it spun: 1, 2, 4 ... 256 checks
+// without spinning); `busypoll` blocks with SO_BUSY_POLL 50 us (root only).
 //
 // Usage: ratelimit_redis_client_cost_bench --wait-probe HOST PORT
 //          [CHECKS_PER_ROUND] [ROUNDS] [MODES] [TURN]
-//   MODES: comma-separated of store, block, blockinf, blocklate, poll, epoll, rbstyle, spin
-//   (default all but spin);
+//   MODES: comma-separated of store, block, blockinf, blocklate, poll, epoll, rbstyle, spin,
+//   spinN, yieldN, adaptN (N in us), busypoll, storeN (the store with
+//   options::read_spin of N us) (default the first seven);
 //   TURN: where the first round starts in MODES (run_wait.sh passes its round)
 // Prints per round checks/s of each mode, the client thread's CPU time per
 // check and the median time of a send() (raw modes; it includes waking
-// Redis, much longer when that crosses to the other vCPU), then each mode's
+// Redis, much longer when that crosses to the other vCPU), the share of
+// replies a spinN, yieldN or adaptN round found within its spin, then each mode's
 // median and its median ratio to `block` (run_wait.sh adds redis-benchmark
 // to the rounds).
 namespace wait_probe {
@@ -214,12 +224,40 @@ int connect_to(const std::string& host, int port) {
   return fd;
 }
 
+/// Replies that a spinN or yieldN round found within its spin.
+int spin_hits = 0;
+
+/// A spin-wait hint to the CPU (x86 pause; a no-op elsewhere).
+inline void pause_cpu() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
 /// `n` checks on a raw connection waiting for each reply as `mode` says;
 /// checks per second, and in `send_us` the median time of one send().
 double raw_round(const std::string& host, int port, const std::string& mode, int n, std::size_t& at,
                  double& send_us) {
   const int fd = connect_to(host, port);
-  if (mode == "block" || mode == "blocklate") {
+  const bool yield = mode.rfind("yield", 0) == 0;
+  const int spin_us = mode.rfind("spin", 0) == 0 && mode.size() > 4 ? std::atoi(mode.c_str() + 4)
+                      : yield                                       ? std::atoi(mode.c_str() + 5)
+                                                                    : 0;
+  const bool adapt = mode.rfind("adapt", 0) == 0;
+  const int adapt_us = adapt ? std::atoi(mode.c_str() + 5) : 0;
+  int skip = 0;     // adaptN: checks left that block without spinning
+  int backoff = 0;  // adaptN: the next skip after a miss (doubles, up to 256)
+  spin_hits = 0;
+  if (mode == "busypoll") {
+    // SO_BUSY_POLL: the kernel polls the device queue in recv() for up to
+    // 50 us (needs CAP_NET_ADMIN to raise it; loopback has no NAPI queue).
+    const int us = 50;
+    if (::setsockopt(fd, SOL_SOCKET, SO_BUSY_POLL, &us, sizeof us) != 0) {
+      std::perror("setsockopt(SO_BUSY_POLL)");
+      std::exit(1);
+    }
+  }
+  if (mode == "block" || mode == "blocklate" || mode == "busypoll" || spin_us > 0 || adapt) {
     timeval tv{1, 0};  // as the store: a blocking recv bounded by SO_RCVTIMEO
     (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   }
@@ -255,13 +293,61 @@ double raw_round(const std::string& host, int port, const std::string& mode, int
     send_time.push_back(
         std::chrono::duration<double, std::micro>(bench_clock::now() - sent).count());
     ssize_t r = -1;
-    if (mode == "block" || mode == "blockinf") {
+    if (mode == "block" || mode == "blockinf" || mode == "busypoll") {
       r = ::recv(fd, buf, sizeof buf, 0);
     } else if (mode == "blocklate") {
       // As `block`, after four cheap system calls, as many as redis-benchmark
       // makes between its write and its wait (epoll_ctl): the core idles later.
       for (int k = 0; k < 4; ++k) (void)::getppid();
       r = ::recv(fd, buf, sizeof buf, 0);
+    } else if (spin_us > 0) {
+      // spinN, yieldN: the reply polled for without sleeping for up to N us
+      // (a pause instruction, or sched_yield(), between polls), then a
+      // blocking read as `block`: what a bounded busy-poll in the store
+      // would do.
+      const auto give_up = bench_clock::now() + std::chrono::microseconds(spin_us);
+      for (;;) {
+        r = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (r >= 0 || errno != EAGAIN || bench_clock::now() >= give_up) break;
+        if (yield) {
+          (void)::sched_yield();
+        } else {
+          pause_cpu();
+        }
+      }
+      if (r < 0) {
+        r = ::recv(fd, buf, sizeof buf, 0);  // nothing within the spin
+      } else {
+        ++spin_hits;
+      }
+    } else if (adapt) {
+      // adaptN: as spinN, but a spin that missed (no reply within N us, or
+      // the thread was preempted while it spun: the server may have needed
+      // this CPU) turns spinning off for the next 1, 2, 4 ... 256 checks.
+      bool hit = false;
+      if (skip > 0) {
+        --skip;
+      } else {
+        rusage ru{};
+        (void)::getrusage(RUSAGE_THREAD, &ru);
+        const long preempted = ru.ru_nivcsw;
+        const auto give_up = bench_clock::now() + std::chrono::microseconds(adapt_us);
+        for (;;) {
+          r = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+          if (r >= 0 || errno != EAGAIN || bench_clock::now() >= give_up) break;
+          pause_cpu();
+        }
+        (void)::getrusage(RUSAGE_THREAD, &ru);
+        hit = r > 0 && ru.ru_nivcsw == preempted;
+        if (hit) {
+          ++spin_hits;
+          backoff = 0;
+        } else {
+          backoff = std::min(256, std::max(1, backoff * 2));
+          skip = backoff;
+        }
+      }
+      if (r < 0) r = ::recv(fd, buf, sizeof buf, 0);  // not spun, or nothing within the spin
     } else if (mode == "spin") {
       // Measurement only: the client never sleeps (up to 1 ms), so its core
       // never idles; what this saves is the client's own wake-up.
@@ -330,7 +416,8 @@ int run(int argc, char** argv) {
   if (argc < 3) {
     std::fprintf(stderr,
                  "usage: ratelimit_redis_client_cost_bench %s HOST PORT [CHECKS_PER_ROUND] "
-                 "[ROUNDS] [store,block,blockinf,blocklate,poll,epoll,rbstyle,spin] [TURN]\n",
+                 "[ROUNDS] [store,block,blockinf,blocklate,poll,epoll,rbstyle,spin,spinN,yieldN,"
+                 "adaptN,busypoll] [TURN]\n",
                  argv[0]);
     return 2;
   }
@@ -352,31 +439,47 @@ int run(int argc, char** argv) {
   redis::redis_store store(o);
   std::size_t at = 0;
   (void)store_round(store, 10, at);  // loads the script (EVALSHA, EVAL after NOSCRIPT)
+  // storeN: the pooled store with options::read_spin of N us.
+  std::map<std::string, std::unique_ptr<redis::redis_store>> spinning;
+  for (const std::string& m : modes) {
+    if (m.rfind("store", 0) != 0 || m.size() == 5 || spinning.count(m) != 0) continue;
+    redis::options so = o;
+    so.read_spin = std::chrono::microseconds(std::atoi(m.c_str() + 5));
+    spinning[m] = std::make_unique<redis::redis_store>(so);
+    (void)store_round(*spinning[m], 10, at);
+  }
 
   std::map<std::string, std::vector<double>> rate;
   for (int r = 0; r < rounds; ++r) {
     std::string cpu = "cpu us per check:";
     std::string sends = "send() us p50:";
+    std::string hits = "spin hits:";
     std::printf("round %d:", r + 1);
     for (std::size_t k = 0; k < modes.size(); ++k) {
       // The order turns every round, so that no mode always follows another.
       const std::string& m = modes[(k + static_cast<std::size_t>(r + turn)) % modes.size()];
       const double cpu0 = thread_cpu_us();
       double send_us = 0;
-      const double v = m == "store" ? store_round(store, n, at)
-                                    : raw_round(host, port, m, n, at, send_us);
+      const double v = m == "store"             ? store_round(store, n, at)
+                       : spinning.count(m) != 0 ? store_round(*spinning[m], n, at)
+                                                : raw_round(host, port, m, n, at, send_us);
       char note[64];
       std::snprintf(note, sizeof note, " %s %.2f", m.c_str(), (thread_cpu_us() - cpu0) / n);
       cpu += note;
-      if (m != "store") {
+      if (m.rfind("store", 0) != 0) {
         std::snprintf(note, sizeof note, " %s %.1f", m.c_str(), send_us);
         sends += note;
+      }
+      if ((m.rfind("spin", 0) == 0 && m.size() > 4) || m.rfind("yield", 0) == 0 ||
+          m.rfind("adapt", 0) == 0) {
+        std::snprintf(note, sizeof note, " %s %.2f", m.c_str(), static_cast<double>(spin_hits) / n);
+        hits += note;
       }
       rate[m].push_back(v);
       std::printf(" %s %.0f", m.c_str(), v);
       std::fflush(stdout);
     }
-    std::printf("\n%s\n%s\n", cpu.c_str(), sends.c_str());
+    std::printf("\n%s\n%s\n%s\n", cpu.c_str(), sends.c_str(), hits.c_str());
   }
   const bool have_block = rate.count("block") != 0;
   for (const std::string& m : modes) {

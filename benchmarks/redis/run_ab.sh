@@ -10,9 +10,9 @@
 # run the same path in Redis: a key's first 10 checks admit and write, about
 # 1-2 us more per call, and without this the benchmark rows paid for those in
 # their first rounds while redis-benchmark had left its own behind (PRIME=0
-# skips it).
+# skips it). B_QUERY='read_spin_us=50' gives build B's rows that URL query.
 # Usage: benchmarks/redis/run_ab.sh BUILD_A BUILD_B
-#   (ROUNDS=5 MIN_TIME=1 N=200000 FILTER='Gcra_RedisStore_Sequential' RB_ARGS='-c 1 -P 1' PRIME=1)
+#   (ROUNDS=5 MIN_TIME=1 N=200000 FILTER='Gcra_RedisStore_Sequential' RB_ARGS='-c 1 -P 1' PRIME=1 B_QUERY=)
 # (both BUILD dirs configured with -DRATELIMIT_REDIS=ON -DRATELIMIT_BUILD_BENCHMARKS=ON
 # -DCMAKE_BUILD_TYPE=Release).
 set -eu
@@ -31,6 +31,7 @@ OUT=""
 rl_temp_file OUT
 export RATELIMIT_BENCH_REDIS_URL="redis://127.0.0.1:$PORT"
 N=${N:-200000}
+B_QUERY=${B_QUERY:+?$B_QUERY}
 ROUNDS=${ROUNDS:-5}
 MIN_TIME=${MIN_TIME:-1}
 FILTER=${FILTER:-Gcra_RedisStore_Sequential}
@@ -38,13 +39,13 @@ RB_ARGS=${RB_ARGS:--c 1 -P 1}
 SHA=$(redis-cli -p "$PORT" SCRIPT LOAD "$("$A" --print-script gcra)")
 # shellcheck disable=SC2086
 RB() { redis-benchmark -p "$PORT" -n "$N" -r 10000 --csv $RB_ARGS EVALSHA "$SHA" 1 "bench:{+1555__rand_int__}:gcra:bench" "" 1 0 0 90000000 10 | tail -1 | cut -d, -f2 | tr -d '"'; }
-rows() { "$2" --benchmark_filter="$FILTER" --benchmark_min_time="$MIN_TIME" --benchmark_format=csv 2>/dev/null | grep '^"BM_' | cut -d, -f1,7 | tr -d '"' | while IFS=, read -r name ips; do echo "$r,$1 $name,$ips,$base"; done >> "$OUT"; }
+rows() { RATELIMIT_BENCH_REDIS_URL="redis://127.0.0.1:$PORT${3:-}" "$2" --benchmark_filter="$FILTER" --benchmark_min_time="$MIN_TIME" --benchmark_format=csv 2>/dev/null | grep '^"BM_' | cut -d, -f1,7 | tr -d '"' | while IFS=, read -r name ips; do echo "$r,$1 $name,$ips,$base"; done >> "$OUT"; }
 [ "${PRIME:-1}" != 1 ] || rl_prime_gcra "$PORT" "$SHA"
 echo "== host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/')"
 r=1
 while [ "$r" -le "$ROUNDS" ]; do
   base=$(RB)
-  if [ $((r % 2)) -eq 1 ]; then rows A "$A"; rows B "$B"; else rows B "$B"; rows A "$A"; fi
+  if [ $((r % 2)) -eq 1 ]; then rows A "$A"; rows B "$B" "$B_QUERY"; else rows B "$B" "$B_QUERY"; rows A "$A"; fi
   echo "round $r: redis-benchmark $RB_ARGS $base/s; load $(cut -d' ' -f1 /proc/loadavg)"
   r=$((r+1))
 done

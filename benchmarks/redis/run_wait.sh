@@ -4,8 +4,9 @@
 # alternating rounds, redis-benchmark EVALSHA of the GCRA script, then
 # `ratelimit_redis_client_cost_bench --wait-probe`: the pooled store, and
 # the store's bytes on a raw connection waited for by a blocking recv, poll,
-# epoll, or as redis-benchmark's event loop does. Prints each mode's median
-# ratio to redis-benchmark in the same round.
+# epoll, as redis-benchmark's event loop does, or after a bounded busy-poll
+# (spinN, yieldN, adaptN; see client_cost_bench.cpp). Prints each mode's
+# median ratio to redis-benchmark in the same round.
 # PIN=apart runs Redis on CPU 1 and both clients on CPU 0 (every wake-up
 # crosses vCPUs, as on a quiet machine, where each runs on its own idle
 # vCPU); PIN=same runs all three on CPU 1; unset, the scheduler decides.
@@ -15,7 +16,7 @@
 # ratelimit_redis_client_cost_bench).
 set -eu
 . "$(dirname "$0")/lib.sh"
-[ $# -eq 1 ] || { sed -n '3,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -eq 1 ] || { sed -n '3,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 P="$1/benchmarks/redis/ratelimit_redis_client_cost_bench"
 BENCH="$1/benchmarks/redis/ratelimit_redis_bench"
 for b in "$P" "$BENCH"; do
@@ -50,6 +51,7 @@ while [ "$r" -le "$ROUNDS" ]; do
   echo "round $r: redis-benchmark $base/s;${line#round 1:}; load $(cut -d' ' -f1 /proc/loadavg)"
   echo "  $(echo "$all" | grep "^cpu")"
   echo "  $(echo "$all" | grep "^send")"
+  echo "  $(echo "$all" | grep "^spin hits")"
   echo "${line#round 1:}" | awk -v r="$r" -v b="$base" '{ for (i = 1; i < NF; i += 2) print r "," $i "," $(i+1) "," b }' >> "$OUT"
   r=$((r+1))
 done

@@ -3,8 +3,10 @@
 // the command it formats in place is byte for byte the one append_eval
 // formats, the reply's integers read without hiredis are the ones hiredis
 // reads, NOSCRIPT is still resent once, a check allocates nothing once
-// the connection's buffers have grown, and a bad prefix is refused before a
-// connection is taken; and a multiplexed check's allocations.
+// the connection's buffers have grown, a bad prefix is refused before a
+// connection is taken, a multiplexed check's allocations, and
+// options::read_spin (read_spin_us=) is validated, decides as the blocking
+// read and keeps the deadline.
 //
 // This binary replaces the global operator new (support/replaced_new.hpp) to
 // count allocations; none fails.
@@ -233,6 +235,141 @@ TEST(RedisSingleCheck, IntegerArraysAreReadAsHiredisReadsThem) {
 
 // Verifies NOSCRIPT on the pooled path: after SCRIPT FLUSH the check is sent
 // again with EVAL (the script did not run) and decided once, counting one
+/// The std::invalid_argument message parse_url gives for `url` ("" when none).
+std::string url_error(const std::string& url) {
+  try {
+    (void)redis::parse_url(url);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Verifies options::read_spin is refused outside 0..1000 us by the store's
+// constructor, naming the value, and read_spin_us=N is read from redis://,
+// unix:// and redis-sentinel:// URLs (beside the other parameters) and
+// refused by name when bad, twice, empty, beside a foreign unix:// parameter
+// or in a userinfo.
+TEST(RedisSingleCheck, ReadSpinIsValidatedInOptionsAndUrls) {
+  redis::options o;
+  o.port = 1;  // nothing listens: the constructor does not connect
+  for (const long bad : {-1L, 1001L, 1'000'000L}) {
+    o.read_spin = std::chrono::microseconds(bad);
+    try {
+      redis::redis_store store(o);
+      ADD_FAILURE() << "read_spin " << bad << " us was taken";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("read_spin " + std::to_string(bad) + " us"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  for (const long good : {0L, 1L, 1000L}) {
+    o.read_spin = std::chrono::microseconds(good);
+    EXPECT_NO_THROW(redis::redis_store store(o)) << good;
+  }
+
+  EXPECT_EQ(redis::parse_url("redis://h:7000").read_spin.count(), 0);
+  EXPECT_EQ(redis::parse_url("redis://h:7000?read_spin_us=50").read_spin.count(), 50);
+  EXPECT_EQ(redis::parse_url("redis://h:7000/3?read_spin_us=0").read_spin.count(), 0);
+  const redis::options both = redis::parse_url("redis://:pw@h:7000?multiplex=2&read_spin_us=1000");
+  EXPECT_EQ(both.read_spin.count(), 1000);
+  EXPECT_EQ(both.multiplex, 2u);
+  EXPECT_EQ(both.password, "pw");
+  EXPECT_EQ(both.host, "h");
+  const redis::options tls = redis::parse_url("rediss://h?verify=none&read_spin_us=20");
+  EXPECT_EQ(tls.read_spin.count(), 20);
+  EXPECT_EQ(tls.tls.verify, redis::tls_verify::none);
+  const redis::options unix_url = redis::parse_url("unix:///run/r.sock?read_spin_us=7&db=2");
+  EXPECT_EQ(unix_url.unix_socket, "/run/r.sock");
+  EXPECT_EQ(unix_url.database, 2);
+  EXPECT_EQ(unix_url.read_spin.count(), 7);
+  const redis::options sentinel = redis::parse_url("redis-sentinel://s1,s2/m?read_spin_us=30&db=1");
+  EXPECT_EQ(sentinel.read_spin.count(), 30);
+  EXPECT_EQ(sentinel.database, 1);
+
+  const auto refused = [](const std::string& url, const std::string& part) {
+    const std::string why = url_error(url);
+    EXPECT_NE(why.find(part), std::string::npos) << url << ": " << why;
+  };
+  refused("redis://h?read_spin_us=1001", "bad read_spin_us \"1001\"");
+  refused("redis://h?read_spin_us=-1", "bad read_spin_us \"-1\"");
+  refused("redis://h?read_spin_us=5us", "bad read_spin_us \"5us\"");
+  refused("redis://h?read_spin_us=", "bad read_spin_us \"\"");
+  refused("redis://h?read_spin_us", "bad read_spin_us \"\"");
+  refused("redis://h?read_spin_us=5&read_spin_us=5", "\"read_spin_us\" twice");
+  refused("redis://h?read_spin_us=5&", "stray '&'");
+  refused("redis://u:p?read_spin_us=5@h", "'@' in a query value");
+  refused("unix:///t/s?read_spin_us=5&x=1", "parameter \"x\" beside");
+  refused("redis-sentinel://s/m?read_spin_us=5&read_spin_us=6", "\"read_spin_us\" twice");
+  refused("redis-sentinel://s/m?read_spin_us=2000", "bad read_spin_us \"2000\"");
+}
+
+// Verifies a store that polls for its replies (read_spin 1000 us) decides
+// as one that blocks at once, check by check on caller time; that a reply
+// held back by CLIENT PAUSE well past the spin is still read (the blocking
+// read after the spin); and that the check's deadline holds with the spin:
+// with the server paused, a command_timeout of 30 ms (and of 1 ms, shorter
+// than the spin) ends the check with timeout_error in time.
+TEST(RedisSingleCheck, ReadSpinDecidesAsTheBlockingReadAndKeepsTheDeadline) {
+  rltest::redis_server server;
+  redis::options o = server.options();
+  o.pool_size = 1;
+  redis::options spin_o = o;
+  spin_o.read_spin = std::chrono::microseconds(1000);
+  o.prefix = "block:";
+  spin_o.prefix = "spin:";
+  redis::redis_store blocking(o);
+  redis::redis_store spinning(spin_o);
+  const gcra::config cfg("5/1s", bucket_options{.name = "t"});
+  for (std::int64_t i = 0; i < 40; ++i) {
+    const timestamp t{1'700'000'000'000'000 + i * 50'000};
+    const std::string key = "k" + std::to_string(i % 3);
+    const decision a = blocking.apply(cfg, key, t, 1);
+    const decision b = spinning.apply(cfg, key, t, 1);
+    ASSERT_EQ(a.source, decision_source::store);
+    ASSERT_EQ(b.source, decision_source::store);
+    ASSERT_EQ(a.allowed, b.allowed) << i;
+    ASSERT_EQ(a.remaining, b.remaining) << i;
+    ASSERT_EQ(a.retry_after, b.retry_after) << i;
+  }
+
+  // The reply comes when CLIENT PAUSE ends, some 60 ms after the spin gave up.
+  (void)rltest::command(o, {"CLIENT", "PAUSE", "60", "ALL"});
+  auto t0 = std::chrono::steady_clock::now();
+  const decision late = spinning.apply(cfg, "late", store_time, 1);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 20ms);  // well after the 1 ms spin
+  EXPECT_EQ(late.source, decision_source::store);
+  EXPECT_TRUE(late.allowed);
+  EXPECT_EQ(late.remaining, 4u);
+
+  for (const auto timeout : {30ms, 1ms}) {
+    redis::options short_o = spin_o;
+    short_o.command_timeout = timeout;
+    short_o.breaker_threshold = 100;
+    redis::redis_store store(short_o);
+    // Connected, script loaded: a round trip of 1 ms may take longer on a
+    // busy machine, so the warm-up tries again (a new connection each time).
+    bool warm = false;
+    for (int i = 0; i < 200 && !warm; ++i) {
+      try {
+        (void)store.apply(cfg, "warm", store_time, 1);
+        warm = true;
+      } catch (const redis::timeout_error&) {
+      }
+    }
+    ASSERT_TRUE(warm) << timeout.count();
+    (void)rltest::command(o, {"CLIENT", "PAUSE", "400", "ALL"});
+    t0 = std::chrono::steady_clock::now();
+    EXPECT_THROW((void)store.apply(cfg, "paused", store_time, 1), redis::timeout_error)
+        << timeout.count();
+    const auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_GE(took, timeout);
+    EXPECT_LT(took, timeout + 150ms) << timeout.count();
+    (void)rltest::command(o, {"CLIENT", "UNPAUSE"});
+  }
+}
+
 // reload.
 TEST(RedisSingleCheck, NoscriptIsResentOnceOnThePool) {
   redis::options o = rltest::shared_redis();

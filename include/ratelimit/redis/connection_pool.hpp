@@ -7,6 +7,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
@@ -352,7 +353,9 @@ class connection {
   /// database, all within connect_timeout.
   /// @throws connection_error (timeout_error when connect_timeout passes;
   ///   tls_error when the TLS handshake fails, naming why)
-  explicit connection(const options& o) : where_(describe(o)) {
+  explicit connection(const options& o)
+      : where_(describe(o)),
+        read_spin_(o.read_spin > detail::max_read_spin ? detail::max_read_spin : o.read_spin) {
     const auto timeout = o.connect_timeout.count() > 0 ? o.connect_timeout
                                                        : std::chrono::milliseconds{200};
     const deadline until = deadline_clock::now() + timeout;
@@ -491,7 +494,8 @@ class connection {
   /// blocking_read_fits); when the limit passes first, or a signal comes,
   /// poll() waits out the rest exactly as before. Over TLS it reads first
   /// and polls (OpenSSL may hold bytes already). The deadline is the same:
-  /// a reply not read before `until` is a timeout.
+  /// a reply not read before `until` is a timeout. With options::read_spin,
+  /// plain TCP and unix sockets first poll without sleeping (see spin_read).
   /// @throws as receive()
   void receive_script(deadline until, script_reply& out) {
     out.count = 0;
@@ -500,14 +504,19 @@ class connection {
       out.other = receive(until);
       return;
     }
-    bool blocking = blocking_read_fits(until);
+    char buf[16 * 1024];
+    std::size_t n = 0;
+    transport::io got = spin_due() ? spin_read(buf, sizeof buf, n, until)
+                                   : transport::io::want_read;
+    // After any spin: it took some of the time left.
+    bool blocking = got == transport::io::want_read && blocking_read_fits(until);
     for (;;) {
-      if (!blocking) wait_for(POLLIN, until);
-      char buf[16 * 1024];
-      std::size_t n = 0;
-      const transport::io got = blocking ? stream_.read_blocking(buf, sizeof buf, n)
-                                         : stream_.read_some(buf, sizeof buf, n);
-      blocking = false;
+      if (got == transport::io::want_read) {
+        if (!blocking) wait_for(POLLIN, until);
+        got = blocking ? stream_.read_blocking(buf, sizeof buf, n)
+                       : stream_.read_some(buf, sizeof buf, n);
+        blocking = false;
+      }
       if (got == transport::io::ok) {
         if (detail::parse_integer_array(std::string_view(buf, n), out)) {
           if (deadline_clock::now() >= until) {
@@ -534,6 +543,7 @@ class connection {
       }
       // want_read: the blocking read's limit passed or a signal came, or
       // poll() woke without data; poll() waits for what is left.
+      got = transport::io::want_read;
     }
   }
 
@@ -573,6 +583,57 @@ class connection {
     }
     return read_limit_.count() > 0 && left >= read_limit_ + read_limit_ / 7 + microseconds{11'000};
   }
+
+  /// True when this check's reply is to be polled for first
+  /// (options::read_spin set and not backing off after a miss).
+  [[nodiscard]] bool spin_due() noexcept {
+    if (read_spin_.count() <= 0) return false;
+    if (spin_skip_ > 0) {
+      --spin_skip_;
+      return false;
+    }
+    return true;
+  }
+
+  /// Polls the socket for the reply without sleeping (a non-blocking read,
+  /// then a pause instruction) until some bytes, the end of the stream or
+  /// an error come, or read_spin_ passes, never past `until`. A spin that
+  /// ends without bytes, or during which the thread was preempted (its
+  /// involuntary context switches grew: the server may have been waiting
+  /// for this CPU), is a miss: the next 1, 2, 4 ... 256 checks (doubling
+  /// with each miss in a row) block at once; a spin that read its bytes
+  /// unpreempted ends the back-off. Bytes (or an end) found by the first
+  /// read, before any spinning, leave the back-off as it was: the blocking
+  /// read would have found them as soon (with client and server on one CPU
+  /// the server often runs within the send). Returns as transport::read_some.
+  [[nodiscard]] transport::io spin_read(char* buf, std::size_t cap, std::size_t& n,
+                                        deadline until) noexcept {
+    rusage ru{};
+    const bool counted = ::getrusage(RUSAGE_THREAD, &ru) == 0;
+    const long preempted = ru.ru_nivcsw;
+    const deadline stop = std::min(until, deadline_clock::now() + read_spin_);
+    transport::io got = stream_.read_some(buf, cap, n);
+    if (got != transport::io::want_read) return got;  // no spin: says nothing either way
+    for (;;) {
+      detail::cpu_relax();
+      got = stream_.read_some(buf, cap, n);
+      if (got != transport::io::want_read || deadline_clock::now() >= stop) break;
+    }
+    const bool hit = got == transport::io::ok &&
+                     !(counted && ::getrusage(RUSAGE_THREAD, &ru) == 0 &&
+                       ru.ru_nivcsw != preempted);
+    if (hit) {
+      spin_backoff_ = 0;
+    } else {
+      spin_backoff_ = std::min<std::uint32_t>(max_spin_backoff,
+                                              std::max<std::uint32_t>(1, spin_backoff_ * 2));
+      spin_skip_ = spin_backoff_;
+    }
+    return got;
+  }
+
+  /// Most checks that block at once after a missed spin (see spin_read).
+  static constexpr std::uint32_t max_spin_backoff = 256;
 
   /// The least time one address of several gets for its TCP connect.
   static constexpr std::chrono::milliseconds min_address_share{50};
@@ -737,6 +798,11 @@ class connection {
   /// SO_RCVTIMEO of blocking reads: 0 until first needed, negative when
   /// they are not used (see blocking_read_fits).
   std::chrono::microseconds read_limit_{0};
+  /// options::read_spin (at most detail::max_read_spin), and its back-off:
+  /// checks left that block at once, and how many the next miss skips.
+  std::chrono::microseconds read_spin_{0};
+  std::uint32_t spin_skip_ = 0;
+  std::uint32_t spin_backoff_ = 0;
   bool broken_ = false;
   bool closed_before_send_ = false;
   bool answered_ = false;  ///< a whole reply was read (the server accepted the session)
@@ -755,11 +821,13 @@ class connection_pool {
   using opener = std::function<std::unique_ptr<connection>(const options&)>;
 
   /// @throws std::invalid_argument for TLS settings that cannot be used (a
-  ///   file missing, unreadable or not understood; TLS over a unix socket)
+  ///   file missing, unreadable or not understood; TLS over a unix socket),
+  ///   or an options::read_spin outside 0..1000 us (naming it)
   explicit connection_pool(options o, opener open = {})
       : options_(std::move(o)),
         opener_(std::move(open)),
         size_(options_.pool_size == 0 ? 4 : options_.pool_size) {
+    detail::check_read_spin(options_.read_spin);
     if (options_.tls.enabled) {
       if (!options_.unix_socket.empty()) {
         throw std::invalid_argument("ratelimit: redis: TLS is for TCP; unix socket \"" +

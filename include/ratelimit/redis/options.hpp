@@ -122,6 +122,18 @@ struct options {
   /// queue grow without bound. A cluster check sent behind an ASKING counts
   /// once (the ASKING takes no place of its own).
   std::size_t multiplex_max_pending = 0;
+  /// How long a pooled single check polls its connection for the reply
+  /// without sleeping before it blocks (a bounded busy-poll; see
+  /// docs/semantics.md "Busy-polling for the reply"); 0 = never (the default:
+  /// the thread blocks at once). Worth it only when the client and Redis run
+  /// on different, otherwise idle cores of one machine, where it saves the
+  /// client's wake-up: each spinning check burns up to this much CPU. A spin
+  /// that finds no reply, or during which the thread was preempted, turns
+  /// spinning off for the next 1, 2, 4 ... 256 checks of that connection.
+  /// Plain TCP and unix sockets only (TLS connections never spin); never
+  /// past the check's deadline. 0..1000 us (else the store's constructor
+  /// throws std::invalid_argument).
+  std::chrono::microseconds read_spin{0};
   /// Prefix of every Redis key: `<prefix>{<user key>}:<policy>`; may be empty.
   std::string prefix = "rl:";
   /// What a check does when Redis fails (see failure_policy).
@@ -468,15 +480,31 @@ inline void check_credentials(const options& o, std::string_view where) {
 /// Most connections one multiplexer may have (options::multiplex).
 inline constexpr std::size_t max_multiplex_connections = 256;
 
+/// Longest busy-poll for a reply (options::read_spin).
+inline constexpr std::chrono::microseconds max_read_spin{1000};
+
+/// Refuses an options::read_spin outside 0..max_read_spin.
+/// @throws std::invalid_argument naming the value
+inline void check_read_spin(std::chrono::microseconds spin) {
+  if (spin.count() < 0 || spin > max_read_spin) {
+    throw std::invalid_argument("ratelimit: redis: options::read_spin " +
+                                std::to_string(spin.count()) + " us is outside 0.." +
+                                std::to_string(max_read_spin.count()) + " us");
+  }
+}
+
 /// Takes `multiplex=N` (0..max_multiplex_connections, at most once) out
 /// of the query of a URL (redis://, rediss://, their cluster forms), the query starting at the first `?` after
-/// the last `@`; what is left of the query stays in `rest`.
-/// @param unix_path a `unix://` URL's rest: with multiplex= its query may
-///   hold nothing but `db=` (the '?' then starts a query, never a path's)
+/// the last `@`; what is left of the query stays in `rest`. With
+/// `read_spin`, takes `read_spin_us=N` (0..1000, at most once) as well
+/// and sets it there (untouched without the parameter).
+/// @param unix_path a `unix://` URL's rest: with multiplex= or read_spin_us=
+///   its query may hold nothing but `db=` (the '?' then starts a query, never a path's)
 /// @return N, or 0 without the parameter
 /// @throws std::invalid_argument naming the bad value and the URL (redacted)
-[[nodiscard]] inline std::size_t take_multiplex_query(std::string& rest, std::string_view url,
-                                                      bool unix_path = false) {
+[[nodiscard]] inline std::size_t take_multiplex_query(
+    std::string& rest, std::string_view url, bool unix_path = false,
+    std::chrono::microseconds* read_spin = nullptr) {
   const auto at = rest.rfind('@');
   const auto q = rest.find('?', at == std::string::npos ? 0 : at + 1);
   if (q == std::string::npos) {
@@ -484,10 +512,11 @@ inline constexpr std::size_t max_multiplex_connections = 256;
     // as the userinfo and connect to `evil:7000`, sending it as a password.
     if (at == std::string::npos) return 0;
     const std::string_view cred = std::string_view(rest).substr(0, at);
-    for (auto p = cred.find("multiplex"); p != std::string_view::npos;
-         p = cred.find("multiplex", p + 1)) {
-      if (p > 0 && (cred[p - 1] == '?' || cred[p - 1] == '&')) {
-        bad_url(url, "has an '@' in a query value");
+    for (const std::string_view name : {"multiplex", "read_spin_us"}) {
+      for (auto p = cred.find(name); p != std::string_view::npos; p = cred.find(name, p + 1)) {
+        if (p > 0 && (cred[p - 1] == '?' || cred[p - 1] == '&')) {
+          bad_url(url, "has an '@' in a query value");
+        }
       }
     }
     return 0;
@@ -495,7 +524,8 @@ inline constexpr std::size_t max_multiplex_connections = 256;
   std::string kept;
   bool others = false;  // parameters other than multiplex (empty ones too: refused later)
   std::size_t n = 0;
-  bool seen = false;
+  bool seen = false;          // multiplex=
+  bool seen_spin = false;     // read_spin_us= (only with `read_spin`)
   bool not_db = false;        // a unix:// query holds a parameter other than db=
   std::string_view not_unix;  // the name of the first such
   std::string_view query = std::string_view(rest).substr(q + 1);
@@ -508,6 +538,13 @@ inline constexpr std::size_t max_multiplex_connections = 256;
       n = static_cast<std::size_t>(
           parse_url_int(item.substr(std::min(item.size(), std::size_t{10})), url, "multiplex", 0,
                         static_cast<long long>(max_multiplex_connections)));
+    } else if (read_spin != nullptr &&
+               (item.starts_with("read_spin_us=") || item == "read_spin_us")) {
+      if (seen_spin) bad_url(url, "gives parameter \"read_spin_us\" twice");
+      seen_spin = true;
+      *read_spin = std::chrono::microseconds(
+          parse_url_int(item.substr(std::min(item.size(), std::size_t{13})), url, "read_spin_us", 0,
+                        max_read_spin.count()));
     } else {
       if (unix_path && !item.empty() && !item.starts_with("db=") && !not_db) {
         not_db = true;
@@ -520,17 +557,19 @@ inline constexpr std::size_t max_multiplex_connections = 256;
     if (amp == std::string_view::npos) break;
     query.remove_prefix(amp + 1);
   }
+  seen = seen || seen_spin;
   if (seen && not_db) {
     // `unix:///t/s?multiplex=2&x=1&db=1` would connect to "/t/s?x=1&db=1".
     bad_url(url, "has parameter \"" + std::string(not_unix) +
-                     "\" beside multiplex= (a unix:// URL takes only db= and multiplex=)");
+                     "\" beside multiplex= or read_spin_us= (a unix:// URL takes only db=, "
+                     "multiplex= and read_spin_us=)");
   }
   // With multiplex= the '?' surely starts a query: an empty parameter there
   // (`unix:///t/s?&multiplex=2&db=1`) would leave the rest read as a path.
   if (seen && others &&
       (kept.empty() || kept.front() == '&' || kept.back() == '&' ||
        kept.find("&&") != std::string::npos)) {
-    bad_url(url, "has an empty parameter beside multiplex= (a stray '&')");
+    bad_url(url, "has an empty parameter beside multiplex= or read_spin_us= (a stray '&')");
   }
   rest = rest.substr(0, q) + (others ? "?" + kept : std::string());
   return n;
@@ -547,7 +586,7 @@ inline void take_tls_query(std::string_view& rest, tls_options& t, std::string_v
     if (at == std::string_view::npos) return;
     const std::string_view cred = rest.substr(0, at);
     for (const std::string_view name :
-         {"ca=", "ca_dir=", "cert=", "key=", "sni=", "verify=", "multiplex="}) {
+         {"ca=", "ca_dir=", "cert=", "key=", "sni=", "verify=", "multiplex=", "read_spin_us="}) {
       for (auto p = cred.find(name); p != std::string_view::npos; p = cred.find(name, p + 1)) {
         if (p > 0 && (cred[p - 1] == '?' || cred[p - 1] == '&')) {
           bad_url(url, "has an '@' in a query value (set options::tls in code instead)");
@@ -581,7 +620,9 @@ namespace detail {
         cred.find("?db=") != std::string_view::npos ||
         cred.find("&db=") != std::string_view::npos ||
         cred.find("?multiplex=") != std::string_view::npos ||
-        cred.find("&multiplex=") != std::string_view::npos) {
+        cred.find("&multiplex=") != std::string_view::npos ||
+        cred.find("?read_spin_us=") != std::string_view::npos ||
+        cred.find("&read_spin_us=") != std::string_view::npos) {
       bad_url(url, "has an '@' in a query value (set options::sentinel in code instead)");
     }
     rest = rest.substr(at + 1);
@@ -631,6 +672,7 @@ namespace detail {
   bool seen_user = false;
   bool seen_password = false;
   bool seen_multiplex = false;
+  bool seen_spin = false;
   if (has_query && query.find_first_not_of('&') == std::string_view::npos) {
     bad_url(url, "has no parameter after '?'");
   }
@@ -675,9 +717,13 @@ namespace detail {
       once(seen_multiplex);
       o.multiplex = static_cast<std::size_t>(parse_url_int(
           value, url, "multiplex", 0, static_cast<long long>(max_multiplex_connections)));
+    } else if (key == "read_spin_us") {
+      once(seen_spin);
+      o.read_spin = std::chrono::microseconds(
+          parse_url_int(value, url, "read_spin_us", 0, max_read_spin.count()));
     } else {
       bad_url(url, "has an unknown parameter \"" + std::string(key) +
-                       "\" (known: db, sentinel_user, sentinel_password, multiplex)");
+                       "\" (known: db, sentinel_user, sentinel_password, multiplex, read_spin_us)");
     }
     if (amp == std::string_view::npos) break;
     query.remove_prefix(amp + 1);
@@ -713,7 +759,9 @@ namespace detail {
 /// files are read when the store is made.
 /// `redis://`, `rediss://` and `unix://` also take `?multiplex=N` (0..256,
 /// at most once; options::multiplex), alone or among the other parameters
-/// (an empty parameter, as in `?&multiplex=2` or a trailing `&`, is refused).
+/// (an empty parameter, as in `?&multiplex=2` or a trailing `&`, is refused),
+/// and `?read_spin_us=N` (0..1000, at most once; options::read_spin) by
+/// the same rules.
 /// A '?' inside the value of a TLS or Sentinel parameter is refused (a second
 /// '?' is no separator: `?ca=F?multiplex=2` would name the file "F?multiplex=2"),
 /// and so is a `redis://`, `rediss://` or `redis-sentinel://` URL with no
@@ -725,7 +773,7 @@ namespace detail {
 /// lists the sentinels (PORT 26379 when omitted) and names the master; the
 /// userinfo is for the master (as in redis://), PARAMS are `&`-separated
 /// `db=DB`, `sentinel_user=USER`, `sentinel_password=PASSWORD` (AUTH at the
-/// sentinels) and `multiplex=N`, each at most once, none empty;
+/// sentinels), `multiplex=N` and `read_spin_us=N`, each at most once, none empty;
 /// `sentinel_user` only with `sentinel_password`. The query starts at the first '?' after
 /// the last '@', so a query value cannot hold '@' (set options::sentinel in
 /// code for such a password). The userinfo ends at the last '@' and must not
@@ -750,7 +798,7 @@ namespace detail {
     detail::bad_url(url, "must start with redis://, rediss://, unix:// or redis-sentinel://");
   }
   std::string without_multiplex(rest);  // rest without `multiplex=N`; rest views it
-  o.multiplex = detail::take_multiplex_query(without_multiplex, url, unix_path);
+  o.multiplex = detail::take_multiplex_query(without_multiplex, url, unix_path, &o.read_spin);
   rest = without_multiplex;
   if (!unix_path) detail::take_tls_query(rest, o.tls, url);
   if (const auto at = detail::userinfo_end(rest, unix_path); at != std::string_view::npos) {

@@ -63,6 +63,17 @@ namespace detail {
   return buf;
 }
 
+/// Tells the CPU that this thread is spinning (x86 `pause`, AArch64
+/// `yield`; nothing elsewhere), so that it spends less power and yields to
+/// its hyperthread sibling while it polls.
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
 /// True for an errno that means "try again later".
 [[nodiscard]] inline bool would_block(int e) noexcept {
   return e == EAGAIN || e == EWOULDBLOCK || e == EINTR;
