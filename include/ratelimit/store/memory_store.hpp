@@ -121,8 +121,7 @@ class memory_store {
                  access a) {
     const std::uint64_t h = hash(key);
     shard& sh = shard_for(h);
-    sh.prefetch(h);
-    return apply_in_shard(cfg, h, sh, key, now, cost, a);
+    return apply_in_shard(cfg, h, sh, sh.prefetch(h), key, now, cost, a);
   }
 
   /// `apply` at the time `read_now()` returns, called once after the key is
@@ -140,8 +139,8 @@ class memory_store {
                          units cost, access a) {
     const std::uint64_t h = hash(key);
     shard& sh = shard_for(h);
-    sh.prefetch(h);
-    return apply_in_shard(cfg, h, sh, key, read_now(), cost, a);
+    const typename shard::probe start = sh.prefetch(h);
+    return apply_in_shard(cfg, h, sh, start, key, read_now(), cost, a);
   }
 
   /// The keyed hash of `key` in this store: what `apply_hashed` takes. A
@@ -160,8 +159,7 @@ class memory_store {
                               timestamp now, units cost, access a) {
     h = hash(key);
     shard& sh = shard_for(h);
-    sh.prefetch(h);
-    return apply_in_shard(cfg, h, sh, key, now, cost, a);
+    return apply_in_shard(cfg, h, sh, sh.prefetch(h), key, now, cost, a);
   }
 
   /// `apply` with `h`, the key's hash, computed before (`key_hash`). Any
@@ -173,8 +171,7 @@ class memory_store {
                         timestamp now, units cost, access a) {
     {
       shard& sh = shard_for(h);
-      sh.prefetch(h);
-      const typename shard::bucket_guard g(sh, h);
+      const typename shard::bucket_guard g(sh, h, sh.prefetch(h));
       if (node* n = g.find(h, key)) return step_held(cfg, n->state, now, cost, a);
     }
     return apply(cfg, key, now, cost, a);
@@ -417,14 +414,30 @@ class memory_store {
       return segments[where.index].load(std::memory_order_relaxed)[where.offset];
     }
 
-    /// Hints the processor to fetch, for writing, the bucket of hash `h`.
-    void prefetch(std::uint64_t h) const noexcept {
+    /// Where a check on hash `h` starts: the bucket under the mask read.
+    struct probe {
+      bucket* at = nullptr;  ///< null when the shard has no table yet
+      std::size_t mask = 0;
+    };
+
+    /// Finds the bucket of hash `h` and starts fetching it and the first
+    /// node of its chain, without taking the bucket's lock. On x86 a locked
+    /// instruction waits for every earlier access, so a lock taken on a
+    /// bucket not yet in cache would serve this check's misses one after the
+    /// other, behind the previous check's; the plain load and prefetches
+    /// here run ahead instead, while the previous check finishes. The chain's
+    /// head may be stale or freed by the time it is prefetched: a prefetch
+    /// never faults, and the check reads the chain only under the lock.
+    [[nodiscard]] probe prefetch(std::uint64_t h) const noexcept {
+      const std::size_t m = mask.load(std::memory_order_acquire);
+      if (m == 0) return {};
+      bucket& b = at(h & m);
 #if defined(__GNUC__) || defined(__clang__)
-      const std::size_t m = mask.load(std::memory_order_relaxed);
-      if (m != 0) __builtin_prefetch(&at(h & m), 1);
-#else
-      (void)h;
+      __builtin_prefetch(&b, 1);
+      __builtin_prefetch(
+          reinterpret_cast<const void*>(b.load(std::memory_order_relaxed) & ~bucket_locked));
 #endif
+      return {&b, m};
     }
 
     /// A held bucket lock; empty when the shard has no table yet.
@@ -433,18 +446,22 @@ class memory_store {
       /// Locks the bucket of `h` in the table as it is once locked: a resize
       /// changes the mask only while it holds every bucket, so a mask that
       /// still reads the same after the lock was taken is the table's.
-      bucket_guard(const shard& sh, std::uint64_t h) noexcept {
+      /// `start`, when given, is where `prefetch` found the bucket.
+      bucket_guard(const shard& sh, std::uint64_t h, probe start = {}) noexcept {
         for (;;) {
-          const std::size_t m = sh.mask.load(std::memory_order_acquire);
-          if (m == 0) return;
-          bucket& b = sh.at(h & m);
-          node* head = lock_bucket(b);
-          if (sh.mask.load(std::memory_order_relaxed) == m) [[likely]] {
-            b_ = &b;
+          if (start.at == nullptr) {
+            start.mask = sh.mask.load(std::memory_order_acquire);
+            if (start.mask == 0) return;
+            start.at = &sh.at(h & start.mask);
+          }
+          node* head = lock_bucket(*start.at);
+          if (sh.mask.load(std::memory_order_relaxed) == start.mask) [[likely]] {
+            b_ = start.at;
             head_ = head;
             return;
           }
-          unlock_bucket(b, head);
+          unlock_bucket(*start.at, head);
+          start.at = nullptr;
         }
       }
       bucket_guard(const bucket_guard&) = delete;
@@ -676,7 +693,9 @@ class memory_store {
     }
 
     /// A segment of empty, unlocked buckets.
-    [[nodiscard]] static bucket* new_segment(std::size_t j) { return new bucket[segment_size(j)](); }
+    [[nodiscard]] static bucket* new_segment(std::size_t j) {
+      return new bucket[segment_size(j)]();
+    }
   };
 
   static memory_store_options normalise(memory_store_options o) {
@@ -732,10 +751,11 @@ class memory_store {
 
   /// `apply` on a key already hashed to `h` in shard `sh`. A key the
   /// shard holds is decided under its bucket's lock alone.
-  decision apply_in_shard(const config_type& cfg, std::uint64_t h, shard& sh, std::string_view key,
-                          timestamp now, units cost, access a) {
+  decision apply_in_shard(const config_type& cfg, std::uint64_t h, shard& sh,
+                          typename shard::probe start, std::string_view key, timestamp now,
+                          units cost, access a) {
     {
-      const typename shard::bucket_guard g(sh, h);
+      const typename shard::bucket_guard g(sh, h, start);
       if (node* n = g.find(h, key)) return step_held(cfg, n->state, now, cost, a);
     }
     return apply_absent(sh, cfg, h, key, now, cost, a);
