@@ -202,6 +202,66 @@ TEST(MemoryStoreThreads, ReadingTheClockAdmitsExactlyTheLimitWhileItsShardChurns
   EXPECT_EQ(store.state_of("hot").count, 5000);
 }
 
+// Verifies the paths that now take a bucket's lock and then the shard's:
+// threads that insert new keys into one shard at once (its table grows from
+// nothing to 8192 buckets under them), each key checked right after by its
+// own thread and by its neighbour, peeked through `inspect` and checked
+// again through `apply_hashed`, while a sweeper drops nothing (every key is
+// live). Each key admits exactly its limit, the store ends holding every
+// key once, and no chain grows long.
+TEST(MemoryStoreThreads, ConcurrentInsertsIntoOneShardAreExact) {
+  const ratelimit::fixed_window::config cfg{ratelimit::rate{3, 1h}};
+  memory_store<ratelimit::fixed_window> store({.shards = 1});
+  constexpr int threads = 4;
+  constexpr int keys_each = 1500;
+  const auto key_of = [](int t, int i) {
+    return "ins-" + std::to_string(t) + "-" + std::to_string(i);
+  };
+  std::atomic<bool> stop{false};
+  std::atomic<std::size_t> swept{0};
+  std::thread sweeper([&] {
+    while (!stop.load(std::memory_order_relaxed)) swept.fetch_add(store.sweep(cfg, late));
+  });
+  std::vector<std::size_t> admitted(threads, 0);
+  std::vector<std::size_t> bad_peeks(threads, 0);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (int i = 0; i < keys_each; ++i) {
+        const std::string mine = key_of(t, i);
+        const std::string next = key_of((t + 1) % threads, i);
+        for (const std::string* k : {&mine, &next, &mine}) {
+          if (store.apply(cfg, *k, late, 1, access::consume).allowed) ++admitted[t];
+        }
+        // Between one and three requests are counted on `mine` by now.
+        const long seen = store.inspect(mine, [](const auto* s) { return s ? s->count : -1L; });
+        if (seen < 1 || seen > 3) ++bad_peeks[t];
+        if (store.apply_hashed(cfg, mine, store.key_hash(mine), late, 1, access::consume).allowed) {
+          ++admitted[t];
+        }
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  stop = true;
+  sweeper.join();
+  std::size_t total = 0;
+  for (int t = 0; t < threads; ++t) {
+    total += admitted[t];
+    EXPECT_EQ(bad_peeks[t], 0u) << t;
+  }
+  // Four requests per key from its own thread, one from its neighbour's.
+  EXPECT_EQ(total, std::size_t{3} * threads * keys_each);
+  EXPECT_EQ(swept.load(), 0u);
+  EXPECT_EQ(store.size(), std::size_t{threads} * keys_each);
+  for (int t = 0; t < threads; ++t) {
+    for (int i = 0; i < keys_each; i += 97) {
+      EXPECT_EQ(store.state_of(key_of(t, i)).count, 3) << key_of(t, i);
+    }
+  }
+  EXPECT_LE(store.longest_chain(), 12u);
+}
+
 // Verifies that the child of a fork made while no thread held a lock (the
 // threads that used the store have ended) checks, inserts, grows and sweeps
 // the copied store normally.

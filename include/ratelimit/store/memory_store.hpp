@@ -125,13 +125,13 @@ class memory_store {
   }
 
   /// `apply` at the time `read_now()` returns, called once after the key is
-  /// hashed and before the shard is locked: what a limiter that reads its
+  /// hashed and before its bucket is locked: what a limiter that reads its
   /// own clock calls. On x86 reading the TSC waits for every earlier load to
   /// complete; read first, it would hold the key's load and hash up behind
   /// the previous check's cache misses, which on a large store cost about
   /// four times the read itself. So the key is hashed first and its bucket
-  /// is prefetched (a prefetch is not waited for), then the clock is read
-  /// while that cache miss is served, then the shard is locked. If
+  /// and chain are fetched ahead (see `shard::prefetch`), then the clock is
+  /// read while those cache misses are served, then the bucket is locked. If
   /// `read_now` throws, nothing was done.
   /// @param read_now  returns a valid `timestamp`; may throw
   template <class ReadNow>
@@ -151,9 +151,9 @@ class memory_store {
   /// `apply`, also setting `h` to the key's hash (`key_hash(key)`) before
   /// the check is made: what a caller that keeps the hash for a later
   /// `apply_hashed` calls (a lease's acquire filling its lease_hint). The
-  /// hash is this store's own, so the key is hashed once and its shard
-  /// locked once whether or not the store holds it (`key_hash` and then
-  /// `apply_hashed` would hash and lock twice for a new key).
+  /// hash is this store's own, so the key is hashed once whether or not
+  /// the store holds it (`key_hash` and then `apply_hashed` would hash a new
+  /// key twice).
   /// @throws std::bad_alloc with the store unchanged; `h` is set even then
   decision apply_keeping_hash(const config_type& cfg, std::string_view key, std::uint64_t& h,
                               timestamp now, units cost, access a) {
@@ -443,9 +443,15 @@ class memory_store {
     /// A held bucket lock; empty when the shard has no table yet.
     class bucket_guard {
      public:
-      /// Locks the bucket of `h` in the table as it is once locked: a resize
-      /// changes the mask only while it holds every bucket, so a mask that
-      /// still reads the same after the lock was taken is the table's.
+      /// Locks the bucket of `h` in the table as it is once locked. A node
+      /// is in exactly one chain and moves to another only while a resize
+      /// holds both buckets, so a node found in the chain of any bucket the
+      /// check holds is locked, whatever mask led there. The mask is read
+      /// again after the lock only so that the bucket is the key's in the
+      /// current table (a resize changes the mask only while it holds every
+      /// bucket): otherwise a key moved by a resize since the first read
+      /// would look absent (which a check would survive, looking again under
+      /// the shard's lock, but `inspect` would not).
       /// `start`, when given, is where `prefetch` found the bucket.
       bucket_guard(const shard& sh, std::uint64_t h, probe start = {}) noexcept {
         for (;;) {
