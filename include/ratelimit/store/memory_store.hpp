@@ -36,7 +36,7 @@ enum class when_full : unsigned char {
   fail_closed,  ///< reject it (source fail_closed, retry_after 0: nothing is known)
 };
 
-/// Most shards a `memory_store` takes (64 MiB of shard headers).
+/// Most shards a `memory_store` takes (256 MiB of shard headers, 256 bytes each).
 inline constexpr std::size_t max_shards = std::size_t{1} << 20;
 
 /// Options of `memory_store`. An aggregate; every field has a default.
@@ -720,6 +720,8 @@ class memory_store {
       return new bucket[segment_size(j)]();
     }
   };
+
+  static_assert(sizeof(void*) != 8 || sizeof(shard) == 256, "a shard header is four cache lines");
 
   static memory_store_options normalise(memory_store_options o) {
     // Checked before rounding up: std::bit_ceil of a count above 2^63 is
