@@ -36,7 +36,8 @@ enum class when_full : unsigned char {
   fail_closed,  ///< reject it (source fail_closed, retry_after 0: nothing is known)
 };
 
-/// Most shards a `memory_store` takes (256 MiB of shard headers, 256 bytes each).
+/// Most shards a `memory_store` takes (256 MiB of shard headers, 256 bytes
+/// each on 64-bit targets).
 inline constexpr std::size_t max_shards = std::size_t{1} << 20;
 
 /// Options of `memory_store`. An aggregate; every field has a default.
@@ -64,9 +65,10 @@ struct memory_store_options {
 ///
 /// Each key lives in one of N shards chosen by its hash, in a bucket of that
 /// shard's table. A check on a key the store holds locks only the key's
-/// bucket (a bit in the bucket's word), so threads on distinct keys share no
-/// cache line they write; a new key, a drop and a resize also take the
-/// shard's lock. A key is one allocation holding its bytes and its state, found
+/// bucket (a bit in the bucket's word), so threads on distinct keys write
+/// no common line of the table or the shard (their nodes are separate
+/// allocations, which the allocator may still place on one line); a new
+/// key, a drop and a resize also take the shard's lock. A key is one allocation holding its bytes and its state, found
 /// by `std::string_view` without allocating. Keys are hashed with SipHash-1-3
 /// under a key drawn at random for each store, so callers who choose the keys
 /// (user ids, IP addresses, API tokens) cannot make them share a bucket.
@@ -304,8 +306,9 @@ class memory_store {
   /// bucket's lock (nodes are at least 8-byte aligned). A check on a key
   /// locks the key's bucket and nothing else: the bucket's cache line is one
   /// it reads anyway, so the lock costs no cache miss of its own, and two
-  /// threads on distinct keys write no common cache line (they meet only when
-  /// their keys share a line of buckets, 8 buckets per line).
+  /// threads on distinct keys write no common line of the table (they meet
+  /// there only when their keys share a line of buckets, 8 buckets per
+  /// line; their nodes may share a line if the allocator put them on one).
   using bucket = std::atomic<std::uintptr_t>;
   static constexpr std::uintptr_t bucket_locked = 1;
 
