@@ -36,15 +36,18 @@ enum class when_full : unsigned char {
   fail_closed,  ///< reject it (source fail_closed, retry_after 0: nothing is known)
 };
 
-/// Most shards a `memory_store` takes (256 MiB of shard headers, 256 bytes
-/// each on 64-bit targets).
-inline constexpr std::size_t max_shards = std::size_t{1} << 20;
+/// Most shards a `memory_store` takes (64 MiB of shard headers, 256 bytes
+/// each on 64-bit targets). Checks on held keys lock only their bucket, so
+/// more shards help only new keys, drops and resizes; the default 64 is
+/// enough for most uses.
+inline constexpr std::size_t max_shards = std::size_t{1} << 18;
 
 /// Options of `memory_store`. An aggregate; every field has a default.
 struct memory_store_options {
-  /// Number of independently locked shards, at most `max_shards`; rounded
-  /// up to a power of two; 0 = 64. More shards = less contention between
-  /// threads on distinct keys.
+  /// Number of shards, at most `max_shards`; rounded up to a power of two;
+  /// 0 = 64. Each shard has its own lock for new keys, drops and resizes
+  /// (and its own table, so a resize stalls only that shard's checks);
+  /// checks on keys already held lock only their bucket.
   std::size_t shards = 0;
   /// Hard cap on the number of keys held; 0 = no cap (idle keys are still
   /// reclaimed, so memory follows the number of active keys).
@@ -552,6 +555,16 @@ class memory_store {
       std::size_t dropped = 0;
       std::size_t seen = 0;
       const std::size_t nb = bucket_count();
+      // Start fetching the first node of the next few chains: taking each
+      // bucket's lock would otherwise wait for the previous chain's misses.
+      for (std::size_t i = 1; i <= 4 && i <= bucket_budget && i <= nb; ++i) {
+        const std::uintptr_t word = at((cursor + i) & (nb - 1)).load(std::memory_order_relaxed);
+#if defined(__GNUC__) || defined(__clang__)
+        if (word > bucket_locked) __builtin_prefetch(chain(word));
+#else
+        (void)word;
+#endif
+      }
       for (std::size_t i = 0; i < bucket_budget && i < nb && seen < nodes; ++i) {
         cursor = (cursor + 1) & (nb - 1);
         dropped += drop_idle(cfg, now, at(cursor), seen);
@@ -609,7 +622,11 @@ class memory_store {
     /// looked at in `seen`.
     std::size_t drop_idle(const config_type& cfg, timestamp now, bucket& b,
                           std::size_t& seen) noexcept {
-      node* head = lock_bucket(b);
+      // Keys are inserted only under the shard's lock, which the caller
+      // holds: a bucket seen empty stays empty, and needs no lock.
+      const std::uintptr_t word = b.load(std::memory_order_relaxed);
+      if (chain(word) == nullptr) return 0;
+      node* head = lock_bucket_seen(b, word);
       std::size_t dropped = 0;
       for (node** link = &head; *link != nullptr;) {
         node* n = *link;
@@ -656,17 +673,26 @@ class memory_store {
       if (j >= max_segments) return;           // as large as a shard gets
       bucket* upper = segments[j].load(std::memory_order_relaxed);
       if (upper == nullptr) {
+        // A segment no table had before: no check can know it, so its
+        // buckets start locked instead of being locked one by one.
         upper = new_segment(j);  // may throw: nothing changed yet
+        for (std::size_t i = 0; i < nb; ++i)
+          upper[i].store(bucket_locked, std::memory_order_relaxed);
         segments[j].store(upper, std::memory_order_release);
+      } else {
+        // A segment kept from a larger table. A check that read that
+        // table's mask may hold one of its buckets for a moment: it then
+        // sees another mask, finds nothing there and lets go.
+        for (std::size_t i = 0; i < nb; ++i) (void)lock_bucket(upper[i]);
       }
-      // Every bucket of both halves, lower ones first. A check that read
-      // the old mask may hold an upper bucket for a moment: it sees the mask
-      // unchanged, finds nothing there and lets go (or, having read the
-      // mask of an earlier, larger table, retries).
-      for (std::size_t i = 0; i < nb; ++i) (void)lock_bucket(upper[i]);
+      // Every lower bucket, in a pass of its own: the locked instructions
+      // then run back to back, and the split below walks the chains with
+      // plain loads whose cache misses overlap (each locked instruction
+      // would wait for the previous chain's misses).
+      for (std::size_t i = 0; i < nb; ++i) (void)lock_bucket(at(i));
       for (std::size_t i = 0; i < nb; ++i) {
         bucket& low = at(i);
-        node* n = lock_bucket(low);
+        node* n = chain(low.load(std::memory_order_relaxed));
         node* stay = nullptr;
         node* move = nullptr;
         while (n != nullptr) {
@@ -782,7 +808,9 @@ class memory_store {
   decision apply_in_shard(const config_type& cfg, std::uint64_t h, shard& sh,
                           typename shard::probe start, std::string_view key, timestamp now,
                           units cost, access a) {
-    {
+    // A bucket seen empty cannot hold the key: a new key goes straight to
+    // the shard's lock, where the key is looked for again under its bucket's.
+    if (start.at == nullptr || start.seen != 0) [[likely]] {
       const typename shard::bucket_guard g(sh, h, start);
       if (node* n = g.find(h, key)) return step_held(cfg, n->state, now, cost, a);
     }
