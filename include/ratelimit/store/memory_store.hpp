@@ -330,7 +330,7 @@ class memory_store {
     std::size_t index;
     std::size_t offset;
   };
-  [[nodiscard]] static segment_of locate(std::size_t b) noexcept {
+  [[nodiscard, gnu::always_inline]] static segment_of locate(std::size_t b) noexcept {
     if (b < first_segment) return {0, b};
     const auto width = static_cast<std::size_t>(std::bit_width(b));
     return {width - 4, b ^ (std::size_t{1} << (width - 1))};
@@ -428,7 +428,7 @@ class memory_store {
     }
 
     /// Bucket `b` of the table; `b` must be below a mask read before.
-    [[nodiscard]] bucket& at(std::size_t b) const noexcept {
+    [[nodiscard, gnu::always_inline]] bucket& at(std::size_t b) const noexcept {
       const segment_of where = locate(b);
       return segments[where.index].load(std::memory_order_relaxed)[where.offset];
     }
@@ -448,7 +448,7 @@ class memory_store {
     /// here run ahead instead, while the previous check finishes. The chain's
     /// head may be stale or freed by the time it is prefetched: a prefetch
     /// never faults, and the check reads the chain only under the lock.
-    [[nodiscard]] probe prefetch(std::uint64_t h) const noexcept {
+    [[nodiscard, gnu::always_inline]] probe prefetch(std::uint64_t h) const noexcept {
       const std::size_t m = mask.load(std::memory_order_acquire);
       if (m == 0) return {};
       bucket& b = at(h & m);
@@ -475,14 +475,11 @@ class memory_store {
       /// would look absent (which a check would survive, looking again under
       /// the shard's lock, but `inspect` would not).
       /// `start`, when given, is where `prefetch` found the bucket.
-      bucket_guard(const shard& sh, std::uint64_t h, probe start = {}) noexcept {
-        for (;;) {
-          if (start.at == nullptr) {
-            start.mask = sh.mask.load(std::memory_order_acquire);
-            if (start.mask == 0) return;
-            start.at = &sh.at(h & start.mask);
-            start.seen = start.at->load(std::memory_order_relaxed);
-          }
+      /// The common case (the bucket `start` found, the mask unchanged)
+      /// is inline in every check; the rest is out of line.
+      [[gnu::always_inline]] bucket_guard(const shard& sh, std::uint64_t h,
+                                          probe start = {}) noexcept {
+        if (start.at != nullptr) [[likely]] {
           node* head = lock_bucket_seen(*start.at, start.seen);
           if (sh.mask.load(std::memory_order_relaxed) == start.mask) [[likely]] {
             b_ = start.at;
@@ -490,12 +487,12 @@ class memory_store {
             return;
           }
           unlock_bucket(*start.at, head);
-          start.at = nullptr;
         }
+        lock_from_scratch(sh, h);
       }
       bucket_guard(const bucket_guard&) = delete;
       bucket_guard& operator=(const bucket_guard&) = delete;
-      ~bucket_guard() {
+      [[gnu::always_inline]] ~bucket_guard() {
         if (b_ != nullptr) unlock_bucket(*b_, head_);
       }
 
@@ -506,6 +503,21 @@ class memory_store {
         return nullptr;
       }
       [[nodiscard]] bool has_table() const noexcept { return b_ != nullptr; }
+
+      [[gnu::noinline]] void lock_from_scratch(const shard& sh, std::uint64_t h) noexcept {
+        for (;;) {
+          const std::size_t m = sh.mask.load(std::memory_order_acquire);
+          if (m == 0) return;
+          bucket& b = sh.at(h & m);
+          node* head = lock_bucket(b);
+          if (sh.mask.load(std::memory_order_relaxed) == m) [[likely]] {
+            b_ = &b;
+            head_ = head;
+            return;
+          }
+          unlock_bucket(b, head);
+        }
+      }
       [[nodiscard]] node*& head() noexcept { return head_; }
 
      private:
