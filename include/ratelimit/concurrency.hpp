@@ -1106,8 +1106,8 @@ class concurrency_limiter {
       detail::check_time(now);
       const void* self = &store_;
       if (fill != nullptr) {
-        // One hash and one lock, also for a key the store does not hold yet;
-        // the store sets the hint's hash before it decides.
+        // One hash, also for a key the store does not hold yet; the store
+        // sets the hint's hash before it decides.
         return store_.apply_keeping_hash(request(op, id), key,
                                          detail::lease_hint_access::hash_to_fill(*fill, self), now,
                                          1, access::consume);

@@ -134,8 +134,8 @@ template <class Config>
 /// records the id before unlocking; so two checks with the same key and id
 /// are serialised (exactly one consumes), checks with other ids on the same
 /// key run concurrently as plain checks do, and the store's hot path is the
-/// same code. The stripe lock is always taken before the store's shard lock,
-/// never after, so the two cannot deadlock.
+/// same code. The stripe lock is always taken before the store's own locks
+/// (its shard's and its buckets'), never after, so they cannot deadlock.
 ///
 /// Each stripe is an open-addressing table of 16-byte tags (linear probing,
 /// at most half full, deletion by backward shift: 32 bits of the

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <new>
@@ -183,6 +184,38 @@ TEST(AllocationFailure, FailedInsertionKeepsTheCountRight) {
   // The cap still counts right: one more key is over it.
   EXPECT_EQ(store.apply(cfg, "one-too-many", timestamp{2}, 1, access::consume).source,
             ratelimit::decision_source::fail_open);
+}
+
+// Verifies the table's memory rule (docs/semantics.md, "Table memory"): a
+// shard that grows to 1,024 buckets allocates its segments once (16, 16, 32,
+// ..., 512 buckets: seven arrays) besides one node per key; after a sweep
+// drops every key and shrinks the table, growing it to the same size again
+// allocates the nodes alone, and a shard that grows no larger never
+// allocates a bucket array again.
+TEST(AllocationFailure, ATableRegrownAfterItsShrinkReusesItsSegments) {
+  using P = ratelimit::fixed_window;
+  const P::config cfg{"1/1s"};
+  memory_store<P> store(memory_store_options{.shards = 1});
+  constexpr long budget = 1'000'000;  // far more than a round allocates
+  const auto allocations_for_keys = [&](const char* prefix, timestamp at) {
+    allocations_before_failure = budget;
+    for (int i = 0; i < 1000; ++i) {
+      char key[16];
+      (void)std::snprintf(key, sizeof key, "%s%d", prefix, i);
+      (void)store.apply(cfg, key, at, 1, access::consume);
+    }
+    const long used = budget - allocations_before_failure;
+    allocations_before_failure = -1;
+    return used;
+  };
+  EXPECT_EQ(allocations_for_keys("a", timestamp{0}), 1000 + 7);
+  EXPECT_EQ(store.size(), 1000U);
+  EXPECT_EQ(store.sweep(cfg, timestamp{std::chrono::seconds{10}}), 1000U);
+  EXPECT_EQ(store.size(), 0U);
+  EXPECT_EQ(allocations_for_keys("b", timestamp{std::chrono::seconds{20}}), 1000);
+  EXPECT_EQ(store.sweep(cfg, timestamp{std::chrono::seconds{30}}), 1000U);
+  EXPECT_EQ(allocations_for_keys("c", timestamp{std::chrono::seconds{40}}), 1000);
+  EXPECT_EQ(store.size(), 1000U);
 }
 
 }  // namespace

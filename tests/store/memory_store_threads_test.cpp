@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <thread>
 #include <vector>
@@ -200,6 +201,112 @@ TEST(MemoryStoreThreads, ReadingTheClockAdmitsExactlyTheLimitWhileItsShardChurns
   EXPECT_EQ(readings.load(), checks.load());
   EXPECT_FALSE(store.apply(cfg, "hot", late, 1, access::peek).allowed);
   EXPECT_EQ(store.state_of("hot").count, 5000);
+}
+
+// Verifies the paths that now take a bucket's lock and then the shard's:
+// threads that insert new keys into one shard at once (its table grows from
+// nothing to 8192 buckets under them), each key checked right after by its
+// own thread and by its neighbour, peeked through `inspect` and checked
+// again through `apply_hashed`, while a sweeper drops nothing (every key is
+// live). Each key admits exactly its limit, the store ends holding every
+// key once, and no chain grows long.
+TEST(MemoryStoreThreads, ConcurrentInsertsIntoOneShardAreExact) {
+  const ratelimit::fixed_window::config cfg{ratelimit::rate{3, 1h}};
+  memory_store<ratelimit::fixed_window> store({.shards = 1});
+  constexpr std::size_t threads = 4;
+  constexpr int keys_each = 1500;
+  const auto key_of = [](std::size_t t, int i) {
+    return "ins-" + std::to_string(t) + "-" + std::to_string(i);
+  };
+  std::atomic<bool> stop{false};
+  std::atomic<std::size_t> swept{0};
+  std::thread sweeper([&] {
+    while (!stop.load(std::memory_order_relaxed)) swept.fetch_add(store.sweep(cfg, late));
+  });
+  std::vector<std::size_t> admitted(threads, 0);
+  std::vector<std::size_t> bad_peeks(threads, 0);
+  std::vector<std::thread> pool;
+  for (std::size_t t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (int i = 0; i < keys_each; ++i) {
+        const std::string mine = key_of(t, i);
+        const std::string next = key_of((t + 1) % threads, i);
+        for (const std::string* k : {&mine, &next, &mine}) {
+          if (store.apply(cfg, *k, late, 1, access::consume).allowed) ++admitted[t];
+        }
+        // Between one and three requests are counted on `mine` by now.
+        const long seen = store.inspect(mine, [](const auto* s) { return s ? s->count : -1L; });
+        if (seen < 1 || seen > 3) ++bad_peeks[t];
+        if (store.apply_hashed(cfg, mine, store.key_hash(mine), late, 1, access::consume).allowed) {
+          ++admitted[t];
+        }
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  stop = true;
+  sweeper.join();
+  std::size_t total = 0;
+  for (std::size_t t = 0; t < threads; ++t) {
+    total += admitted[t];
+    EXPECT_EQ(bad_peeks[t], 0u) << t;
+  }
+  // Four requests per key from its own thread, one from its neighbour's.
+  EXPECT_EQ(total, std::size_t{3} * threads * keys_each);
+  EXPECT_EQ(swept.load(), 0u);
+  EXPECT_EQ(store.size(), std::size_t{threads} * keys_each);
+  for (std::size_t t = 0; t < threads; ++t) {
+    for (int i = 0; i < keys_each; i += 97) {
+      EXPECT_EQ(store.state_of(key_of(t, i)).count, 3) << key_of(t, i);
+    }
+  }
+  EXPECT_LE(store.longest_chain(), 12u);
+}
+
+// Verifies that a check that finds a held key without the shard's lock (by
+// its bucket alone) always finds it while another thread grows the key's
+// shard to 1,024 buckets and halves it back to 128, over and over: `inspect`
+// sees every held key's state (it never falls back to the shard's lock, so
+// a bucket taken under a mask that a resize changed meanwhile would show a
+// held key as absent) and a peek through `apply_hashed` denies each full
+// key. Every key admits exactly its limit.
+TEST(MemoryStoreThreads, HeldKeysAreAlwaysFoundWhileTheirShardGrowsAndHalves) {
+  const ratelimit::fixed_window::config cfg{ratelimit::rate{2, 1h}};
+  memory_store<ratelimit::fixed_window> store({.shards = 1});
+  constexpr std::size_t keys = 24;
+  std::vector<std::string> held;
+  for (std::size_t k = 0; k < keys; ++k) {
+    held.push_back("held-" + std::to_string(k));
+    EXPECT_TRUE(store.apply(cfg, held.back(), late, 2, access::consume).allowed);
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int> rounds{0};
+  std::thread churner([&] { churn(store, cfg, stop, rounds, 500); });
+  constexpr std::size_t threads = 2;
+  std::vector<std::size_t> missed(threads, 0);
+  std::vector<std::size_t> admitted(threads, 0);
+  std::vector<std::thread> pool;
+  for (std::size_t t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (int i = 0; i < 2000 || rounds.load() < 20; ++i) {
+        const std::string& key = held[(static_cast<std::size_t>(i) + t) % keys];
+        if (store.inspect(key, [](const auto* s) { return s == nullptr ? 0L : s->count; }) != 2) {
+          ++missed[t];
+        }
+        const std::uint64_t h = store.key_hash(key);
+        if (store.apply_hashed(cfg, key, h, late, 1, access::peek).allowed) ++admitted[t];
+        if (store.apply(cfg, key, late, 1, access::consume).allowed) ++admitted[t];
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  stop = true;
+  churner.join();
+  for (std::size_t t = 0; t < threads; ++t) {
+    EXPECT_EQ(missed[t], 0U) << t;
+    EXPECT_EQ(admitted[t], 0U) << t;
+  }
+  for (const std::string& key : held) EXPECT_EQ(store.state_of(key).count, 2) << key;
 }
 
 // Verifies that the child of a fork made while no thread held a lock (the

@@ -63,6 +63,15 @@ class spin_lock {
     unlock_and_wake();
   }
 
+  /// One pause of a spin-wait loop (tells the core a spin is under way).
+  static void relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+
  private:
   static constexpr std::uint32_t free = 0;
   static constexpr std::uint32_t held = 1;
@@ -117,14 +126,6 @@ class spin_lock {
 #if defined(__linux__)
     (void)syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word_), FUTEX_WAKE_PRIVATE, 1,
                   nullptr, nullptr, 0);
-#endif
-  }
-
-  static void relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
 #endif
   }
 
