@@ -1263,4 +1263,72 @@ TEST(RedisMultiplex, BlockingChecksAfterScriptFlushAdmitExactlyTheLimit) {
   EXPECT_EQ(store.stats().errors, 0u);
 }
 
+/// A raw command whose blocking caller waits for it on `w` (the
+/// leader/follower path: the caller may drive the connection).
+struct waited_job final : redis::mux_job {
+  waited_job(std::vector<std::string_view> args, std::chrono::milliseconds timeout,
+             redis::detail::sync_waiter& w)
+      : w_(w) {
+    redis::append_command(bytes, args.data(), args.size());
+    until = redis::deadline_clock::now() + timeout;
+    waiter = &w;
+  }
+  void complete(std::unique_ptr<redis::mux_job>, redis::reply_ptr,
+                std::exception_ptr e) noexcept override {
+    w_.set(decision{}, std::move(e));
+  }
+  redis::detail::sync_waiter& w_;
+};
+
+/// Submits `args` as a blocking caller and waits for it on this thread.
+/// @return its error (null: answered); a multiplexer_stopped when refused
+std::exception_ptr waited(redis::multiplexer& mux, std::vector<std::string_view> args,
+                          std::chrono::milliseconds timeout) {
+  redis::detail::sync_waiter w;
+  std::unique_ptr<redis::mux_job> j(new waited_job(std::move(args), timeout, w));
+  try {
+    if (!mux.submit(j)) return std::make_exception_ptr(redis::multiplexer_stopped("refused"));
+    (void)w.get();
+    return nullptr;
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+/// Waits for `w`. @return its error (null: answered)
+std::exception_ptr error_of(redis::detail::sync_waiter& w) {
+  try {
+    (void)w.get();
+    return nullptr;
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+// Verifies that a reply which arrived before its check's deadline is
+// delivered when the blocking caller handed the connection reads it after
+// the deadline (as the I/O thread does): a leader waits for its BLPOP
+// (150 ms) with B (BLPOP of 50 ms, deadline 250 ms) written behind it, and
+// hands the connection to B's caller, which comes to wait only at 450 ms.
+// B's reply arrived at about 200 ms: B is answered, no connection dropped.
+TEST(RedisMultiplex, ReplyArrivedInTimeIsDeliveredToAWaiterHandedTheConnectionLate) {
+  rltest::redis_server server;
+  redis::multiplexer mux(server.options(), 1);
+  const std::string p = rltest::unique_prefix("mux-lead-late");
+  EXPECT_FALSE(waited(mux, {"PING"}, 5000ms));  // connected
+  std::exception_ptr a_error;
+  std::thread leader([&] { a_error = waited(mux, {"BLPOP", p + "a", "0.15"}, 5000ms); });
+  std::this_thread::sleep_for(50ms);
+  redis::detail::sync_waiter w;
+  std::unique_ptr<redis::mux_job> b(new waited_job({"BLPOP", p + "b", "0.05"}, 250ms, w));
+  const bool queued = mux.submit(b);
+  std::this_thread::sleep_for(400ms);
+  const std::exception_ptr b_error = queued ? error_of(w) : nullptr;
+  leader.join();
+  EXPECT_TRUE(queued);
+  EXPECT_FALSE(a_error);
+  EXPECT_FALSE(b_error) << "B's reply came at about 200 ms, its deadline is at 300 ms";
+  EXPECT_EQ(mux.connections_dropped(), 0u);
+}
+
 }  // namespace
