@@ -388,11 +388,11 @@ class multiplexer {
       ++next_lane_;
       if (async) {
         async_pending_.fetch_add(lead != nullptr ? 2 : 1, std::memory_order_acq_rel);
-      } else if (l.led) {
+      } else if (l.led.load(std::memory_order_relaxed)) {
         wake = false;  // the lane's leader writes it
       } else if (claimed != nullptr && !leading_ &&
                  async_pending_.load(std::memory_order_acquire) == 0) {
-        l.led = true;
+        l.led.store(true, std::memory_order_relaxed);
         *claimed = &l;
         wake = false;
       }
@@ -426,7 +426,9 @@ class multiplexer {
     /// Held by whoever drives the lane (the I/O thread while serving it, or
     /// the blocking caller leading it): queued, inflight, conn, reader, out.
     std::mutex drive;
-    bool led = false;             ///< a blocking caller leads the lane (guarded by mutex_)
+    /// A blocking caller leads the lane, or was handed it (written under
+    /// mutex_; read by the I/O thread holding `drive` as well).
+    std::atomic<bool> led{false};
     bool served = false;          ///< the I/O thread served it this round (I/O thread)
     bool was_led = false;         ///< led when the I/O thread last looked (I/O thread)
     detail::reply_budget budget;  ///< objects the reply being read may still hold
@@ -535,7 +537,7 @@ class multiplexer {
         next->lead_mux_ = this;
         next->lead_lane_ = static_cast<std::size_t>(&l - lanes_.data());
       } else {
-        l.led = false;
+        l.led.store(false, std::memory_order_relaxed);
         wake_io = work || to_io;
       }
     }
@@ -794,8 +796,8 @@ class multiplexer {
         if (stopping_) return;
         wake_pending_.store(false, std::memory_order_release);
         for (lane& l : lanes_) {
-          l.served = !l.led;
-          if (l.led) {
+          l.served = !l.led.load(std::memory_order_relaxed);
+          if (!l.served) {
             l.was_led = true;
             continue;
           }
@@ -845,8 +847,15 @@ class multiplexer {
         if (!l.served) continue;
         // A blocking caller that claimed the lane since leads it (and holds
         // `drive` until it hands the lane on): not this thread's this round.
+        // Or was handed it by such a caller that let go of `drive`: the
+        // lane stays its until it takes it (its check must not be completed
+        // here meanwhile: it would return without taking the lane, and
+        // nobody would drive the lane again).
         std::unique_lock<std::mutex> d(l.drive, std::try_to_lock);
-        if (!d.owns_lock()) continue;
+        if (!d.owns_lock() || l.led.load(std::memory_order_acquire)) {
+          l.was_led = true;  // look at its socket again once it is back
+          continue;
+        }
         try {
           if (!serve(l, now, next)) return;
         } catch (...) {
