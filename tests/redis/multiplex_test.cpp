@@ -1331,4 +1331,75 @@ TEST(RedisMultiplex, ReplyArrivedInTimeIsDeliveredToAWaiterHandedTheConnectionLa
   EXPECT_EQ(mux.connections_dropped(), 0u);
 }
 
+/// A blocking caller's raw command that sends itself once more (as a check
+/// answered NOSCRIPT does) with `again`, its deadline `timeout` from then.
+struct resent_job final : redis::mux_job {
+  resent_job(redis::multiplexer& m, std::vector<std::string_view> first,
+             std::vector<std::string_view> again, std::chrono::milliseconds timeout,
+             redis::detail::sync_waiter& w)
+      : mux(m), again_(std::move(again)), timeout_(timeout), w_(w) {
+    redis::append_command(bytes, first.data(), first.size());
+    until = redis::deadline_clock::now() + timeout;
+    waiter = &w;
+  }
+  void complete(std::unique_ptr<redis::mux_job> self, redis::reply_ptr,
+                std::exception_ptr e) noexcept override {
+    if (!e && !again_.empty()) {
+      bytes.clear();
+      redis::append_command(bytes, again_.data(), again_.size());
+      again_.clear();
+      until = redis::deadline_clock::now() + timeout_;
+      try {
+        if (mux.submit(self)) return;
+      } catch (...) {
+        e = std::current_exception();
+      }
+    }
+    w_.set(decision{}, std::move(e));
+  }
+  redis::multiplexer& mux;
+  std::vector<std::string_view> again_;
+  std::chrono::milliseconds timeout_;
+  redis::detail::sync_waiter& w_;
+};
+
+// Verifies that a connection is never handed to a blocking caller busy
+// driving another one: W leads connection 0 (J, then K of another thread
+// behind it, answered at 900 ms); J is sent again (as after NOSCRIPT) on
+// connection 1, led by X, and answered there at about 320 ms, after X's own
+// reply. X must not hand connection 1 to W (busy on connection 0 until
+// 900 ms): J is answered and W returns well before K's reply.
+TEST(RedisMultiplex, ConnectionIsNotHandedToACallerDrivingAnother) {
+  rltest::redis_server server;
+  redis::multiplexer mux(server.options(), 2);
+  const std::string p = rltest::unique_prefix("mux-busy-lead");
+  EXPECT_FALSE(waited(mux, {"PING"}, 5000ms));  // submit 0: connection 0
+  EXPECT_FALSE(waited(mux, {"PING"}, 5000ms));  // submit 1: connection 1
+  const std::string lj = p + "j", lj2 = p + "j2", lx = p + "x", lk = p + "k";
+  std::exception_ptr j_error, x_error, k_error;
+  long long j_ms = -1;
+  std::thread tw([&] {  // submit 2: connection 0, sent again as submit 5 (connection 1)
+    const auto start = std::chrono::steady_clock::now();
+    redis::detail::sync_waiter w;
+    std::unique_ptr<redis::mux_job> j(
+        new resent_job(mux, {"BLPOP", lj, "0.1"}, {"BLPOP", lj2, "0.1"}, 400ms, w));
+    j_error = mux.submit(j) ? error_of(w) : std::make_exception_ptr(std::runtime_error("refused"));
+    j_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                 start)
+               .count();
+  });
+  std::this_thread::sleep_for(20ms);
+  std::thread tx([&] { x_error = waited(mux, {"BLPOP", lx, "0.2"}, 5000ms); });  // submit 3
+  std::this_thread::sleep_for(20ms);
+  std::thread tk([&] { k_error = waited(mux, {"BLPOP", lk, "0.8"}, 5000ms); });  // submit 4
+  tw.join();
+  tx.join();
+  tk.join();
+  EXPECT_FALSE(j_error);
+  EXPECT_FALSE(x_error);
+  EXPECT_FALSE(k_error);
+  EXPECT_LT(j_ms, 600) << "J was answered at about 320 ms";
+  EXPECT_EQ(mux.connections_dropped(), 0u);
+}
+
 }  // namespace

@@ -77,6 +77,9 @@ class mux_waiter {
   std::atomic<std::uint32_t> state_{0};
   multiplexer* lead_mux_ = nullptr;  ///< set with `lead`
   std::size_t lead_lane_ = 0;        ///< set with `lead`
+  /// Leads a lane, or was handed one (guarded by the multiplexer's mutex):
+  /// never handed a second lane meanwhile.
+  bool driving_ = false;
 };
 
 /// One command sent through a multiplexer, and what to do with its reply.
@@ -393,6 +396,7 @@ class multiplexer {
       } else if (claimed != nullptr && !leading_ &&
                  async_pending_.load(std::memory_order_acquire) == 0) {
         l.led.store(true, std::memory_order_relaxed);
+        w->driving_ = true;
         *claimed = &l;
         wake = false;
       }
@@ -524,16 +528,23 @@ class multiplexer {
       std::lock_guard<std::mutex> lock(mutex_);
       const bool work = !l.incoming.empty() || !l.queued.empty() || !l.inflight.empty();
       if (work && !to_io && !stopping_ && async_pending_.load(std::memory_order_acquire) == 0) {
+        // Not to a caller driving another lane (its check was sent again
+        // there, after NOSCRIPT): it would leave this one undriven meanwhile.
+        const auto free_waiter = [&](const std::unique_ptr<mux_job>& j) {
+          return j->waiter != nullptr && j->waiter != &me && !j->waiter->driving_;
+        };
         for (auto* jobs : {&l.inflight, &l.queued}) {
           for (const auto& j : *jobs) {
-            if (next == nullptr && j->waiter != nullptr && j->waiter != &me) next = j->waiter;
+            if (next == nullptr && free_waiter(j)) next = j->waiter;
           }
         }
         for (const auto& j : l.incoming) {
-          if (next == nullptr && j->waiter != nullptr && j->waiter != &me) next = j->waiter;
+          if (next == nullptr && free_waiter(j)) next = j->waiter;
         }
       }
+      me.driving_ = false;
       if (next != nullptr) {
+        next->driving_ = true;
         next->lead_mux_ = this;
         next->lead_lane_ = static_cast<std::size_t>(&l - lanes_.data());
       } else {
