@@ -67,16 +67,20 @@ long run_threads(const redis::options& o, const fixed_window::config& cfg, int p
 // Verifies atomicity through shared connections: 16 threads x 2 processes,
 // 1280 checks on one key, admit exactly the limit; every check was decided by
 // Redis.
-// One connection (every blocking caller leads it in turn) and two.
+// One connection and two, with blocking callers leading (options::multiplex_lead)
+// and without.
 TEST(RedisMultiplex, SixteenThreadsTwoProcessesAdmitExactlyTheLimit) {
-  for (const std::size_t connections : {1u, 2u}) {
-    redis::options o = rltest::shared_redis();
-    o.prefix = rltest::unique_prefix("mux-conc");
-    o.multiplex = connections;
-    const fixed_window::config cfg("100/1h", window_options{.name = "t"});
-    // -1: a child failed, or a check was not decided by Redis.
-    EXPECT_EQ(rltest::sum_in_children(2, [&](int) { return run_threads(o, cfg, 40); }), 100)
-        << connections;
+  for (const bool lead : {false, true}) {
+    for (const std::size_t connections : {1u, 2u}) {
+      redis::options o = rltest::shared_redis();
+      o.prefix = rltest::unique_prefix("mux-conc");
+      o.multiplex = connections;
+      o.multiplex_lead = lead;
+      const fixed_window::config cfg("100/1h", window_options{.name = "t"});
+      // -1: a child failed, or a check was not decided by Redis.
+      EXPECT_EQ(rltest::sum_in_children(2, [&](int) { return run_threads(o, cfg, 40); }), 100)
+          << connections << (lead ? " leading" : "");
+    }
   }
 }
 
@@ -1116,6 +1120,7 @@ TEST(RedisMultiplex, BlockingChecksPastTheirDeadlineWhileALeaderReads) {
   rltest::redis_server server;
   redis::options o = own(server, "mux-lead-timeout");
   o.multiplex = 1;
+  o.multiplex_lead = true;
   o.command_timeout = 100ms;
   o.on_failure = redis::failure_policy::throw_error;
   o.breaker_threshold = 1000;
@@ -1163,6 +1168,7 @@ TEST(RedisMultiplex, BlockingChecksOnAKilledConnectionFailOnceAndNeverRan) {
   rltest::redis_server server;
   redis::options o = own(server, "mux-lead-kill");
   o.multiplex = 1;
+  o.multiplex_lead = true;
   o.command_timeout = 5000ms;
   o.on_failure = redis::failure_policy::fail_closed;
   o.breaker_threshold = 1000;
@@ -1199,6 +1205,7 @@ TEST(RedisMultiplex, BlockingAndAsyncChecksTogetherAdmitExactlyTheLimit) {
     redis::options o = rltest::shared_redis();
     o.prefix = rltest::unique_prefix("mux-mixed");
     o.multiplex = connections;
+    o.multiplex_lead = true;
     o.command_timeout = 5000ms;
     o.on_failure = redis::failure_policy::throw_error;
     redis::redis_store store(o);
@@ -1236,6 +1243,7 @@ TEST(RedisMultiplex, BlockingChecksAfterScriptFlushAdmitExactlyTheLimit) {
   rltest::redis_server server;
   redis::options o = own(server, "mux-lead-flush");
   o.multiplex = 1;
+  o.multiplex_lead = true;
   o.command_timeout = 5000ms;
   o.on_failure = redis::failure_policy::throw_error;
   redis::redis_store store(o);

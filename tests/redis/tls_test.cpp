@@ -255,6 +255,7 @@ TEST_F(Tls, DecidesAsPlainTcp) {
 TEST_F(Tls, MultiplexedBlockingChecksFromThreadsAdmitExactlyTheLimit) {
   redis::options o = tls_options(*server_, "mux-threads");
   o.multiplex = 1;
+  o.multiplex_lead = true;
   o.command_timeout = 5000ms;
   o.on_failure = redis::failure_policy::throw_error;
   redis::redis_store store(o);

@@ -566,7 +566,7 @@ class redis_store {
     detail::sync_waiter w;
     start_check(
         cfg, key, now, cost, a, [&w](decision d, std::exception_ptr e) { w.set(d, std::move(e)); },
-        &w);
+        shared_->opts.multiplex_lead ? &w : nullptr);
     return w.get();
   }
 
