@@ -67,13 +67,21 @@ long run_threads(const redis::options& o, const fixed_window::config& cfg, int p
 // Verifies atomicity through shared connections: 16 threads x 2 processes,
 // 1280 checks on one key, admit exactly the limit; every check was decided by
 // Redis.
+// One connection and two, with blocking callers leading (options::multiplex_lead)
+// and without.
 TEST(RedisMultiplex, SixteenThreadsTwoProcessesAdmitExactlyTheLimit) {
-  redis::options o = rltest::shared_redis();
-  o.prefix = rltest::unique_prefix("mux-conc");
-  o.multiplex = 2;
-  const fixed_window::config cfg("100/1h", window_options{.name = "t"});
-  // -1: a child failed, or a check was not decided by Redis.
-  EXPECT_EQ(rltest::sum_in_children(2, [&](int) { return run_threads(o, cfg, 40); }), 100);
+  for (const bool lead : {false, true}) {
+    for (const std::size_t connections : {1u, 2u}) {
+      redis::options o = rltest::shared_redis();
+      o.prefix = rltest::unique_prefix("mux-conc");
+      o.multiplex = connections;
+      o.multiplex_lead = lead;
+      const fixed_window::config cfg("100/1h", window_options{.name = "t"});
+      // -1: a child failed, or a check was not decided by Redis.
+      EXPECT_EQ(rltest::sum_in_children(2, [&](int) { return run_threads(o, cfg, 40); }), 100)
+          << connections << (lead ? " leading" : "");
+    }
+  }
 }
 
 // Verifies that a connection killed with checks written on it fails exactly
@@ -1092,6 +1100,314 @@ TEST(RedisMultiplex, WaiterOwnsACopyOfTheErrorOfTheSameType) {
   EXPECT_EQ(redis::detail::own_copy(mine), mine);
   const std::exception_ptr number = std::make_exception_ptr(7);
   EXPECT_EQ(redis::detail::own_copy(number), number);
+}
+
+/// Runs `body(i)` on 16 threads at once and joins them.
+template <class Body>
+void on_sixteen_threads(Body body) {
+  std::vector<std::thread> pool;
+  for (int i = 0; i < 16; ++i) pool.emplace_back([&body, i] { body(i); });
+  for (auto& t : pool) t.join();
+}
+
+// Verifies the leader/follower path's deadlines: 16 blocking checks held by
+// the server (CLIENT PAUSE) past their 100 ms deadline, on one connection
+// that the blocking callers drive themselves, each end once, within their
+// deadline (plus slack), with a connection_error (timeout_error for at least
+// the first: the one whose deadline passes drops the connection, failing the
+// others written on it); then the next check is decided by Redis.
+TEST(RedisMultiplex, BlockingChecksPastTheirDeadlineWhileALeaderReads) {
+  rltest::redis_server server;
+  redis::options o = own(server, "mux-lead-timeout");
+  o.multiplex = 1;
+  o.multiplex_lead = true;
+  o.command_timeout = 100ms;
+  o.on_failure = redis::failure_policy::throw_error;
+  o.breaker_threshold = 1000;
+  redis::redis_store store(o);
+  const gcra::config cfg("10/s", bucket_options{.name = "t"});
+  ASSERT_TRUE(store.apply(cfg, "warm", store_time, 1).allowed);
+  (void)rltest::command(o, {"CLIENT", "PAUSE", "400", "WRITE"});
+  std::atomic<int> connection_errors{0}, timeouts{0}, other{0};
+  std::atomic<long long> slowest_ms{0};
+  on_sixteen_threads([&](int) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      (void)store.apply(cfg, "k", store_time, 1);
+      ++other;
+    } catch (const redis::timeout_error&) {
+      ++timeouts;
+    } catch (const redis::connection_error&) {
+      ++connection_errors;
+    } catch (...) {
+      ++other;
+    }
+    const long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::steady_clock::now() - start)
+                             .count();
+    long long seen = slowest_ms.load();
+    while (ms > seen && !slowest_ms.compare_exchange_weak(seen, ms)) {
+    }
+  });
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_EQ(timeouts.load() + connection_errors.load(), 16);
+  EXPECT_GE(timeouts.load(), 1);
+  EXPECT_LT(slowest_ms.load(), 350);
+  EXPECT_EQ(store.stats().errors, 16u);
+  EXPECT_EQ(store.stats().timeouts, static_cast<std::uint64_t>(timeouts.load()));
+  std::this_thread::sleep_for(400ms);
+  EXPECT_EQ(store.apply(cfg, "k2", store_time, 1).source, decision_source::store);
+}
+
+// Verifies the leader/follower path when the connection breaks: 16 blocking
+// checks written on one connection (held by CLIENT PAUSE) when it is killed
+// each end once through the failure policy (fail_closed), and none of them
+// ran (each key's next check is its first); the next checks go out on a new
+// connection.
+TEST(RedisMultiplex, BlockingChecksOnAKilledConnectionFailOnceAndNeverRan) {
+  rltest::redis_server server;
+  redis::options o = own(server, "mux-lead-kill");
+  o.multiplex = 1;
+  o.multiplex_lead = true;
+  o.command_timeout = 5000ms;
+  o.on_failure = redis::failure_policy::fail_closed;
+  o.breaker_threshold = 1000;
+  redis::redis_store store(o);
+  const fixed_window::config cfg("1000/1h", window_options{.name = "t"});
+  ASSERT_TRUE(store.apply(cfg, "warm", store_time, 1).allowed);
+  (void)rltest::command(o, {"CLIENT", "PAUSE", "3000", "WRITE"});
+  std::atomic<int> fail_closed{0};
+  std::thread killer([&] {
+    let_write();
+    (void)rltest::command(o, {"CLIENT", "KILL", "TYPE", "normal"});
+  });
+  on_sixteen_threads([&](int i) {
+    const decision d = store.apply(cfg, "k" + std::to_string(i), store_time, 1);
+    if (!d.allowed && d.source == decision_source::fail_closed) ++fail_closed;
+  });
+  killer.join();
+  (void)rltest::command(o, {"CLIENT", "UNPAUSE"});
+  EXPECT_EQ(fail_closed.load(), 16);
+  EXPECT_EQ(store.stats().fail_closed, 16u);
+  EXPECT_EQ(store.stats().errors, 16u);
+  for (int i = 0; i < 16; ++i) {
+    const decision d = store.apply(cfg, "k" + std::to_string(i), store_time, 1);
+    EXPECT_EQ(d.source, decision_source::store) << i;
+    EXPECT_EQ(d.remaining, 999u) << i;
+  }
+}
+
+// Verifies blocking and async checks on the same connections: the lanes go
+// from blocking leaders to the I/O thread (async checks pending) and back;
+// on one key exactly the limit is admitted, every check decided by Redis once.
+TEST(RedisMultiplex, BlockingAndAsyncChecksTogetherAdmitExactlyTheLimit) {
+  for (const std::size_t connections : {1u, 2u}) {
+    redis::options o = rltest::shared_redis();
+    o.prefix = rltest::unique_prefix("mux-mixed");
+    o.multiplex = connections;
+    o.multiplex_lead = true;
+    o.command_timeout = 5000ms;
+    o.on_failure = redis::failure_policy::throw_error;
+    redis::redis_store store(o);
+    const fixed_window::config cfg("300/1h", window_options{.name = "t"});
+    constexpr std::size_t async_n = 200;
+    outcomes out(async_n);
+    std::atomic<long> admitted{0};
+    std::thread async_thread([&] {
+      for (std::size_t i = 0; i < async_n; ++i) {
+        store.async_apply(cfg, "k", store_time, 1, access::consume, out.handler(i));
+        if (i % 20 == 0) std::this_thread::sleep_for(1ms);
+      }
+    });
+    on_sixteen_threads([&](int) {
+      for (int j = 0; j < 25; ++j) {
+        if (store.apply(cfg, "k", store_time, 1).allowed) ++admitted;
+      }
+    });
+    async_thread.join();
+    ASSERT_TRUE(out.wait());
+    for (std::size_t i = 0; i < async_n; ++i) {
+      EXPECT_EQ(out.calls[i], 1) << i;
+      EXPECT_FALSE(out.errors[i]) << i;
+      if (out.decisions[i].allowed) ++admitted;
+    }
+    EXPECT_EQ(admitted.load(), 300) << connections;
+    EXPECT_EQ(store.stats().store, 16u * 25u + async_n) << connections;
+  }
+}
+
+// Verifies NOSCRIPT on the leader/follower path: after SCRIPT FLUSH, 16
+// threads x 4 blocking checks on one key (a leader sends some again as EVAL,
+// for other threads) admit exactly the limit, each remaining count once.
+TEST(RedisMultiplex, BlockingChecksAfterScriptFlushAdmitExactlyTheLimit) {
+  rltest::redis_server server;
+  redis::options o = own(server, "mux-lead-flush");
+  o.multiplex = 1;
+  o.multiplex_lead = true;
+  o.command_timeout = 5000ms;
+  o.on_failure = redis::failure_policy::throw_error;
+  redis::redis_store store(o);
+  const fixed_window::config cfg("30/1h", window_options{.name = "t"});
+  ASSERT_EQ(store.apply(cfg, "warm", store_time, 1).source, decision_source::store);
+  (void)rltest::command(o, {"SCRIPT", "FLUSH"});
+  std::mutex m;
+  std::vector<int> remaining_seen(30, 0);
+  std::atomic<int> admitted{0}, not_store{0};
+  on_sixteen_threads([&](int) {
+    for (int j = 0; j < 4; ++j) {
+      const decision d = store.apply(cfg, "k", store_time, 1);
+      if (d.source != decision_source::store) ++not_store;
+      if (!d.allowed) continue;
+      ++admitted;
+      std::lock_guard<std::mutex> lock(m);
+      if (d.remaining >= 0 && d.remaining < 30)
+        ++remaining_seen[static_cast<std::size_t>(d.remaining)];
+    }
+  });
+  EXPECT_EQ(not_store.load(), 0);
+  EXPECT_EQ(admitted.load(), 30);
+  for (int c : remaining_seen) EXPECT_EQ(c, 1);
+  EXPECT_GE(store.stats().script_reloads, 2u);  // the new server's, and the flush's
+  EXPECT_EQ(store.stats().errors, 0u);
+}
+
+/// A raw command whose blocking caller waits for it on `w` (the
+/// leader/follower path: the caller may drive the connection).
+struct waited_job final : redis::mux_job {
+  waited_job(std::vector<std::string_view> args, std::chrono::milliseconds timeout,
+             redis::detail::sync_waiter& w)
+      : w_(w) {
+    redis::append_command(bytes, args.data(), args.size());
+    until = redis::deadline_clock::now() + timeout;
+    waiter = &w;
+  }
+  void complete(std::unique_ptr<redis::mux_job>, redis::reply_ptr,
+                std::exception_ptr e) noexcept override {
+    w_.set(decision{}, std::move(e));
+  }
+  redis::detail::sync_waiter& w_;
+};
+
+/// Submits `args` as a blocking caller and waits for it on this thread.
+/// @return its error (null: answered); a multiplexer_stopped when refused
+std::exception_ptr waited(redis::multiplexer& mux, std::vector<std::string_view> args,
+                          std::chrono::milliseconds timeout) {
+  redis::detail::sync_waiter w;
+  std::unique_ptr<redis::mux_job> j(new waited_job(std::move(args), timeout, w));
+  try {
+    if (!mux.submit(j)) return std::make_exception_ptr(redis::multiplexer_stopped("refused"));
+    (void)w.get();
+    return nullptr;
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+/// Waits for `w`. @return its error (null: answered)
+std::exception_ptr error_of(redis::detail::sync_waiter& w) {
+  try {
+    (void)w.get();
+    return nullptr;
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+// Verifies that a reply which arrived before its check's deadline is
+// delivered when the blocking caller handed the connection reads it after
+// the deadline (as the I/O thread does): a leader waits for its BLPOP
+// (150 ms) with B (BLPOP of 50 ms, deadline 250 ms) written behind it, and
+// hands the connection to B's caller, which comes to wait only at 450 ms.
+// B's reply arrived at about 200 ms: B is answered, no connection dropped.
+TEST(RedisMultiplex, ReplyArrivedInTimeIsDeliveredToAWaiterHandedTheConnectionLate) {
+  rltest::redis_server server;
+  redis::multiplexer mux(server.options(), 1);
+  const std::string p = rltest::unique_prefix("mux-lead-late");
+  EXPECT_FALSE(waited(mux, {"PING"}, 5000ms));  // connected
+  std::exception_ptr a_error;
+  std::thread leader([&] { a_error = waited(mux, {"BLPOP", p + "a", "0.15"}, 5000ms); });
+  std::this_thread::sleep_for(50ms);
+  redis::detail::sync_waiter w;
+  std::unique_ptr<redis::mux_job> b(new waited_job({"BLPOP", p + "b", "0.05"}, 250ms, w));
+  const bool queued = mux.submit(b);
+  std::this_thread::sleep_for(400ms);
+  const std::exception_ptr b_error = queued ? error_of(w) : nullptr;
+  leader.join();
+  EXPECT_TRUE(queued);
+  EXPECT_FALSE(a_error);
+  EXPECT_FALSE(b_error) << "B's reply came at about 200 ms, its deadline is at 300 ms";
+  EXPECT_EQ(mux.connections_dropped(), 0u);
+}
+
+/// A blocking caller's raw command that sends itself once more (as a check
+/// answered NOSCRIPT does) with `again`, its deadline `timeout` from then.
+struct resent_job final : redis::mux_job {
+  resent_job(redis::multiplexer& m, std::vector<std::string_view> first,
+             std::vector<std::string_view> again, std::chrono::milliseconds timeout,
+             redis::detail::sync_waiter& w)
+      : mux(m), again_(std::move(again)), timeout_(timeout), w_(w) {
+    redis::append_command(bytes, first.data(), first.size());
+    until = redis::deadline_clock::now() + timeout;
+    waiter = &w;
+  }
+  void complete(std::unique_ptr<redis::mux_job> self, redis::reply_ptr,
+                std::exception_ptr e) noexcept override {
+    if (!e && !again_.empty()) {
+      bytes.clear();
+      redis::append_command(bytes, again_.data(), again_.size());
+      again_.clear();
+      until = redis::deadline_clock::now() + timeout_;
+      try {
+        if (mux.submit(self)) return;
+      } catch (...) {
+        e = std::current_exception();
+      }
+    }
+    w_.set(decision{}, std::move(e));
+  }
+  redis::multiplexer& mux;
+  std::vector<std::string_view> again_;
+  std::chrono::milliseconds timeout_;
+  redis::detail::sync_waiter& w_;
+};
+
+// Verifies that a connection is never handed to a blocking caller busy
+// driving another one: W leads connection 0 (J, then K of another thread
+// behind it, answered at 900 ms); J is sent again (as after NOSCRIPT) on
+// connection 1, led by X, and answered there at about 320 ms, after X's own
+// reply. X must not hand connection 1 to W (busy on connection 0 until
+// 900 ms): J is answered and W returns well before K's reply.
+TEST(RedisMultiplex, ConnectionIsNotHandedToACallerDrivingAnother) {
+  rltest::redis_server server;
+  redis::multiplexer mux(server.options(), 2);
+  const std::string p = rltest::unique_prefix("mux-busy-lead");
+  EXPECT_FALSE(waited(mux, {"PING"}, 5000ms));  // submit 0: connection 0
+  EXPECT_FALSE(waited(mux, {"PING"}, 5000ms));  // submit 1: connection 1
+  const std::string lj = p + "j", lj2 = p + "j2", lx = p + "x", lk = p + "k";
+  std::exception_ptr j_error, x_error, k_error;
+  long long j_ms = -1;
+  std::thread tw([&] {  // submit 2: connection 0, sent again as submit 5 (connection 1)
+    const auto start = std::chrono::steady_clock::now();
+    redis::detail::sync_waiter w;
+    std::unique_ptr<redis::mux_job> j(
+        new resent_job(mux, {"BLPOP", lj, "0.1"}, {"BLPOP", lj2, "0.1"}, 400ms, w));
+    j_error = mux.submit(j) ? error_of(w) : std::make_exception_ptr(std::runtime_error("refused"));
+    j_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                 start)
+               .count();
+  });
+  std::this_thread::sleep_for(20ms);
+  std::thread tx([&] { x_error = waited(mux, {"BLPOP", lx, "0.2"}, 5000ms); });  // submit 3
+  std::this_thread::sleep_for(20ms);
+  std::thread tk([&] { k_error = waited(mux, {"BLPOP", lk, "0.8"}, 5000ms); });  // submit 4
+  tw.join();
+  tx.join();
+  tk.join();
+  EXPECT_FALSE(j_error);
+  EXPECT_FALSE(x_error);
+  EXPECT_FALSE(k_error);
+  EXPECT_LT(j_ms, 600) << "J was answered at about 320 ms";
+  EXPECT_EQ(mux.connections_dropped(), 0u);
 }
 
 }  // namespace

@@ -248,6 +248,33 @@ TEST_F(Tls, DecidesAsPlainTcp) {
   }
 }
 
+// Verifies blocking checks over one multiplexed TLS connection that the
+// calling threads drive themselves (leader/follower: each reads the socket
+// through OpenSSL, which may hold several replies at once): 16 threads x 25
+// checks on one key admit exactly the limit, every check decided by Redis.
+TEST_F(Tls, MultiplexedBlockingChecksFromThreadsAdmitExactlyTheLimit) {
+  redis::options o = tls_options(*server_, "mux-threads");
+  o.multiplex = 1;
+  o.multiplex_lead = true;
+  o.command_timeout = 5000ms;
+  o.on_failure = redis::failure_policy::throw_error;
+  redis::redis_store store(o);
+  const fixed_window::config cfg("100/1h", window_options{.name = "t"});
+  std::atomic<int> admitted{0};
+  std::vector<std::thread> pool;
+  for (int i = 0; i < 16; ++i) {
+    pool.emplace_back([&] {
+      for (int j = 0; j < 25; ++j) {
+        if (store.apply(cfg, "k", store_time, 1).allowed) ++admitted;
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  EXPECT_EQ(admitted.load(), 100);
+  EXPECT_EQ(store.stats().store, 400u);
+  EXPECT_EQ(store.stats().errors, 0u);
+}
+
 // Verifies a restarted server is reached again over TLS with AUTH and SELECT
 // from a rediss:// URL, and the key lands in the database the URL names.
 TEST_F(Tls, RestartReconnectsWithAuthAndSelect) {

@@ -4,8 +4,10 @@
 #pragma once
 
 #include <hiredis/hiredis.h>
+#include <linux/futex.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -36,6 +38,50 @@
 
 namespace ratelimit::redis {
 
+class multiplexer;
+
+/// The thread waiting for a blocking check on a multiplexer (see
+/// detail::sync_waiter): it sleeps on one futex word until its outcome is set,
+/// or until a leader hands it the lane to drive (leader/follower, see
+/// multiplexer).
+class mux_waiter {
+ public:
+  mux_waiter() = default;
+  mux_waiter(const mux_waiter&) = delete;
+  mux_waiter& operator=(const mux_waiter&) = delete;
+
+ protected:
+  ~mux_waiter() = default;
+
+  static constexpr std::uint32_t asleep = 1;  ///< the waiter is in FUTEX_WAIT
+  static constexpr std::uint32_t done = 2;    ///< outcome set
+  static constexpr std::uint32_t lead = 4;    ///< the waiter is to drive lane lead_lane_
+
+  /// Sets `bit`; wakes the waiter when it sleeps.
+  void signal(std::uint32_t bit) noexcept {
+    if ((state_.fetch_or(bit, std::memory_order_acq_rel) & asleep) != 0) {
+      (void)::syscall(SYS_futex, &state_, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+    }
+  }
+
+  /// Sleeps until done; drives a lane whenever a leader hands one over.
+  inline void wait_done() noexcept;
+
+  [[nodiscard]] bool is_done() const noexcept {
+    return (state_.load(std::memory_order_acquire) & done) != 0;
+  }
+
+ private:
+  friend class multiplexer;
+  static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
+  std::atomic<std::uint32_t> state_{0};
+  multiplexer* lead_mux_ = nullptr;  ///< set with `lead`
+  std::size_t lead_lane_ = 0;        ///< set with `lead`
+  /// Leads a lane, or was handed one (guarded by the multiplexer's mutex):
+  /// never handed a second lane meanwhile.
+  bool driving_ = false;
+};
+
 /// One command sent through a multiplexer, and what to do with its reply.
 /// The multiplexer owns it from submit() until it calls complete(), exactly
 /// once, handing ownership back (a job may then submit itself again, as a
@@ -53,12 +99,19 @@ struct mux_job {
   /// Set by multiplexer::submit_pair on the job it queues first (an ASKING):
   /// it takes no place of its own under the pending cap. submit() clears it.
   bool uncounted = false;
+  /// Counted in the multiplexer's async jobs (no blocking caller drives its lane).
+  bool async_counted = false;
+  /// The blocking caller waiting for this job (null for an async job): it
+  /// may drive the job's connection itself (see multiplexer).
+  mux_waiter* waiter = nullptr;
 
   /// The reply (`r` set, `error` null) or the failure (`error` set): a
   /// timeout_error, a connection_error when the connection broke with the
   /// job written (it may have run) or could not be made, or
   /// multiplexer_stopped at destruction. Runs on the I/O thread (at
-  /// destruction, on the destroying thread); must not block on the multiplexer.
+  /// destruction, on the destroying thread; a job with a `waiter`, on the
+  /// thread of a blocking caller driving its connection); must not block on
+  /// the multiplexer.
   virtual void complete(std::unique_ptr<mux_job> self, reply_ptr r,
                         std::exception_ptr error) noexcept = 0;
 };
@@ -111,13 +164,25 @@ class multiplexer_full : public connection_error {
 /// - Destruction (or stop()) fails every job not yet completed with
 ///   multiplexer_stopped. It waits for a connect under way, and no other
 ///   connect starts once it began.
+/// - Leader/follower: a job with a `waiter` (a blocking caller) submitted
+///   to a connection nobody drives, while no job without one is pending,
+///   makes submit() drive that connection on the calling thread until the
+///   job is done: it writes what is queued, reads replies from the socket
+///   (waiting at most until the earliest deadline, 10 ms at a time) and
+///   completes their jobs, writes what was queued meanwhile, then hands the
+///   connection to the waiter of another job on it (mux_waiter::wait_done
+///   drives it) or back to the I/O thread. Connects, renew() and jobs
+///   without a waiter stay with the I/O thread, and a driver hands over to
+///   it when one arrives. The rules above hold whoever drives.
 /// - fork(): the I/O thread does not exist in a child. A multiplexer
 ///   destroyed in a child forked after it was made leaks its state and
 ///   closes nothing (see detail::delete_unless_forked; stores refuse to run
 ///   in such a child before reaching it).
 ///
 /// Thread safety: submit() from any number of threads, including the I/O
-/// thread (from complete()).
+/// thread and a driving caller (from complete(): such a submit never makes
+/// the thread drive another connection). stop() (destruction) only when no
+/// caller waits in submit() or mux_waiter::wait_done().
 class multiplexer {
  public:
   /// Called on the I/O thread with each new connection and when its connect
@@ -172,13 +237,21 @@ class multiplexer {
 
   /// Queues `job` (its bytes and deadline set); starts the I/O thread on
   /// first use. On success `job` is moved from, and its complete() will be
-  /// called exactly once; otherwise `job` is left as it was.
+  /// called exactly once; otherwise `job` is left as it was. A job with a
+  /// `waiter` may be completed before this returns (this thread drove its
+  /// connection); the waiter then calls wait_done() all the same.
   /// @return false after stop() began (the store is being destroyed)
   /// @throws multiplexer_full when max_pending() jobs are pending (nothing
   ///   was queued); connection_error when the eventfd or the I/O thread
   ///   cannot be made (no file descriptor, no thread): nothing was sent;
   ///   std::bad_alloc
-  [[nodiscard]] bool submit(std::unique_ptr<mux_job>& job) { return enqueue(nullptr, job); }
+  [[nodiscard]] bool submit(std::unique_ptr<mux_job>& job) {
+    mux_waiter* const w = job->waiter;
+    lane* claimed = nullptr;
+    if (!enqueue(nullptr, job, &claimed)) return false;
+    if (claimed != nullptr) lead_lane(*claimed, *w);
+    return true;
+  }
 
   /// Queues `lead` and right behind it `job` on one connection, nothing
   /// between them (ASKING before the check an ASK redirected), both or
@@ -188,7 +261,7 @@ class multiplexer {
   /// @return false after stop() began (neither queued)
   /// @throws as submit() (neither queued)
   [[nodiscard]] bool submit_pair(std::unique_ptr<mux_job>& lead, std::unique_ptr<mux_job>& job) {
-    return enqueue(&lead, job);
+    return enqueue(&lead, job, nullptr);
   }
 
   /// True on the multiplexer's I/O thread (where a synchronous wait on it
@@ -266,8 +339,12 @@ class multiplexer {
   }
 
  private:
+  struct lane;
+
   /// submit() (`lead` null) and submit_pair().
-  [[nodiscard]] bool enqueue(std::unique_ptr<mux_job>* lead, std::unique_ptr<mux_job>& job) {
+  [[nodiscard]] bool enqueue(std::unique_ptr<mux_job>* lead, std::unique_ptr<mux_job>& job,
+                             lane** claimed) {
+    bool wake = true;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_) return false;
@@ -305,11 +382,26 @@ class multiplexer {
         (*lead)->uncounted = true;
         l.incoming.push_back(std::move(*lead));
       }
+      mux_waiter* const w = job->waiter;
+      const bool async = w == nullptr || lead != nullptr;
+      job->async_counted = async;
+      if (lead != nullptr) l.incoming.back()->async_counted = true;
       l.incoming.push_back(std::move(job));
       pending_.fetch_add(1, std::memory_order_acq_rel);
       ++next_lane_;
+      if (async) {
+        async_pending_.fetch_add(lead != nullptr ? 2 : 1, std::memory_order_acq_rel);
+      } else if (l.led.load(std::memory_order_relaxed)) {
+        wake = false;  // the lane's leader writes it
+      } else if (claimed != nullptr && !leading_ &&
+                 async_pending_.load(std::memory_order_acquire) == 0) {
+        l.led.store(true, std::memory_order_relaxed);
+        w->driving_ = true;
+        *claimed = &l;
+        wake = false;
+      }
     }
-    if (!wake_pending_.exchange(true, std::memory_order_acq_rel)) {
+    if (wake && !wake_pending_.exchange(true, std::memory_order_acq_rel)) {
       const std::uint64_t one = 1;
       (void)!::write(wake_fd_, &one, sizeof one);
     }
@@ -335,8 +427,16 @@ class multiplexer {
     std::size_t batch_first = 0;   ///< index in inflight of the first job of `out`
     bool readable = true;          ///< poll() saw input (or an error) since the last read
     std::uint64_t generation = 0;  ///< generation_ when `conn` was opened
-    detail::reply_budget budget;   ///< objects the reply being read may still hold
-    std::size_t fed = 0;           ///< bytes fed since the last complete reply
+    /// Held by whoever drives the lane (the I/O thread while serving it, or
+    /// the blocking caller leading it): queued, inflight, conn, reader, out.
+    std::mutex drive;
+    /// A blocking caller leads the lane, or was handed it (written under
+    /// mutex_; read by the I/O thread holding `drive` as well).
+    std::atomic<bool> led{false};
+    bool served = false;          ///< the I/O thread served it this round (I/O thread)
+    bool was_led = false;         ///< led when the I/O thread last looked (I/O thread)
+    detail::reply_budget budget;  ///< objects the reply being read may still hold
+    std::size_t fed = 0;          ///< bytes fed since the last complete reply
     /// Jobs of `incoming` that could not be queued (no memory), failed with
     /// `refused_why` once the lock is released (I/O thread).
     std::vector<std::unique_ptr<mux_job>> refused;
@@ -348,9 +448,125 @@ class multiplexer {
     return l.conn != nullptr && l.generation != generation_.load(std::memory_order_acquire);
   }
 
+  friend class mux_waiter;
+
+  /// Leader/follower: the blocking caller `me` drives `l` (led set for it)
+  /// until its own job is done or the lane has nothing left for it: moves
+  /// the lane's incoming jobs to the queue, writes them, waits for replies
+  /// on the socket and completes every job whose reply it reads (waking
+  /// only their waiters). Then hands the lane to a waiter whose job is on
+  /// it, or back to the I/O thread (async jobs, no connection, renew, stop).
+  void lead_lane(lane& l, mux_waiter& me) noexcept {
+    leading_ = true;
+    std::unique_lock<std::mutex> d(l.drive);
+    bool to_io = false;
+    for (;;) {
+      deadline soonest = deadline::max();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (stopping_ || async_pending_.load(std::memory_order_acquire) > 0) {
+          to_io = true;
+        } else {
+          try {
+            for (auto& j : l.incoming) {
+              soonest = std::min(soonest, j->until);
+              l.queued.push_back(std::move(j));
+            }
+            l.incoming.clear();
+          } catch (...) {
+            // No memory: the I/O thread fails what is left (as it would).
+            std::erase(l.incoming, nullptr);
+            to_io = true;
+          }
+        }
+      }
+      if (to_io || l.conn == nullptr || retired(l)) {
+        to_io = true;
+        break;
+      }
+      deadline now = deadline_clock::now();
+      expire_queued(l, now);
+      try {
+        const auto late = [&] {
+          return std::any_of(l.inflight.begin(), l.inflight.end(),
+                             [&](const auto& j) { return j->until <= now; });
+        };
+        // A reply that arrived is read first, deadline or not (as the I/O
+        // thread does): this thread may come to the lane late (handed it
+        // while busy elsewhere, or descheduled).
+        if (late() && !read(l)) continue;
+        if (late()) {
+          drop(l, std::make_exception_ptr(connection_error(
+                      "ratelimit: redis: connection dropped: a check written on it timed out")));
+          continue;
+        }
+        // Jobs queued meanwhile go out before this thread leaves (its own
+        // reply read): the next leader finds them written.
+        if (!write(l)) continue;
+        if (me.is_done() || (l.inflight.empty() && l.queued.empty())) break;
+        for (const auto& j : l.inflight) soonest = std::min(soonest, j->until);
+        for (const auto& j : l.queued) soonest = std::min(soonest, j->until);
+        const auto left =
+            std::chrono::ceil<std::chrono::milliseconds>(soonest - deadline_clock::now()).count();
+        // Jobs that arrive while this thread waits are looked at within 10 ms
+        // at the latest (their deadlines; replies end the wait much sooner).
+        const int timeout_ms = static_cast<int>(std::clamp<long long>(left, 0, 10));
+        short ev = POLLIN;
+        if (l.written < l.out.size()) ev |= POLLOUT;
+        pollfd p{l.conn->stream().fd(), ev, 0};
+        if (::poll(&p, 1, timeout_ms) > 0 && (p.revents & ~POLLOUT) != 0) {
+          if (!read(l)) continue;
+        }
+      } catch (...) {
+        fail_lane(l, std::current_exception());
+      }
+    }
+    // Hand the lane on.
+    mux_waiter* next = nullptr;
+    bool wake_io = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const bool work = !l.incoming.empty() || !l.queued.empty() || !l.inflight.empty();
+      if (work && !to_io && !stopping_ && async_pending_.load(std::memory_order_acquire) == 0) {
+        // Not to a caller driving another lane (its check was sent again
+        // there, after NOSCRIPT): it would leave this one undriven meanwhile.
+        const auto free_waiter = [&](const std::unique_ptr<mux_job>& j) {
+          return j->waiter != nullptr && j->waiter != &me && !j->waiter->driving_;
+        };
+        for (auto* jobs : {&l.inflight, &l.queued}) {
+          for (const auto& j : *jobs) {
+            if (next == nullptr && free_waiter(j)) next = j->waiter;
+          }
+        }
+        for (const auto& j : l.incoming) {
+          if (next == nullptr && free_waiter(j)) next = j->waiter;
+        }
+      }
+      me.driving_ = false;
+      if (next != nullptr) {
+        next->driving_ = true;
+        next->lead_mux_ = this;
+        next->lead_lane_ = static_cast<std::size_t>(&l - lanes_.data());
+      } else {
+        l.led.store(false, std::memory_order_relaxed);
+        wake_io = work || to_io;
+      }
+    }
+    d.unlock();
+    leading_ = false;
+    if (next != nullptr) {
+      next->signal(mux_waiter::lead);
+    } else if (wake_io) {
+      wake_pending_.store(true, std::memory_order_release);
+      const std::uint64_t one = 1;
+      (void)!::write(wake_fd_, &one, sizeof one);
+    }
+  }
+
   /// Hands `j` back: it is no longer pending (so complete() may submit it again).
   void finish(std::unique_ptr<mux_job> j, reply_ptr r, std::exception_ptr e) noexcept {
     if (!j->uncounted) pending_.fetch_sub(1, std::memory_order_acq_rel);
+    if (j->async_counted) async_pending_.fetch_sub(1, std::memory_order_acq_rel);
     mux_job* p = j.get();
     p->complete(std::move(j), std::move(r), std::move(e));
   }
@@ -575,6 +791,7 @@ class multiplexer {
 
   void run() noexcept {
     io_thread_id_.store(std::this_thread::get_id(), std::memory_order_release);
+    leading_ = true;  // a job submitted again here (NOSCRIPT) never makes this thread lead
     std::vector<pollfd>& fds = fds_;
     std::vector<lane*>& polled = polled_;
     bool woken = true;
@@ -590,6 +807,16 @@ class multiplexer {
         if (stopping_) return;
         wake_pending_.store(false, std::memory_order_release);
         for (lane& l : lanes_) {
+          l.served = !l.led.load(std::memory_order_relaxed);
+          if (!l.served) {
+            l.was_led = true;
+            continue;
+          }
+          if (l.was_led) {
+            // Back from a leader: look at the socket again (TLS may hold bytes).
+            l.was_led = false;
+            l.readable = true;
+          }
           std::size_t moved = 0;
           try {
             for (; moved < l.incoming.size(); ++moved) {
@@ -623,7 +850,23 @@ class multiplexer {
       fds.clear();
       polled.clear();
       fds.push_back(pollfd{wake_fd_, POLLIN, 0});
+      // Queued jobs waiting for a connection, or for a retired one whose last
+      // answer was just read (it is closed and replaced in the next round):
+      // go round again at once, not at their deadline.
+      bool queued_left = false;
       for (lane& l : lanes_) {
+        if (!l.served) continue;
+        // A blocking caller that claimed the lane since leads it (and holds
+        // `drive` until it hands the lane on): not this thread's this round.
+        // Or was handed it by such a caller that let go of `drive`: the
+        // lane stays its until it takes it (its check must not be completed
+        // here meanwhile: it would return without taking the lane, and
+        // nobody would drive the lane again).
+        std::unique_lock<std::mutex> d(l.drive, std::try_to_lock);
+        if (!d.owns_lock() || l.led.load(std::memory_order_acquire)) {
+          l.was_led = true;  // look at its socket again once it is back
+          continue;
+        }
         try {
           if (!serve(l, now, next)) return;
         } catch (...) {
@@ -631,23 +874,15 @@ class multiplexer {
           // jobs get it, and the other lanes carry on.
           fail_lane(l, std::current_exception());
         }
-      }
-      for (lane& l : lanes_) {
         for (const auto& j : l.queued) next = std::min(next, j->until);
+        queued_left = queued_left || (!l.queued.empty() &&
+                                      (l.conn == nullptr || (retired(l) && l.inflight.empty())));
       }
       int timeout_ms = -1;
       if (next != deadline::max()) {
         const auto left =
             std::chrono::ceil<std::chrono::milliseconds>(next - deadline_clock::now()).count();
         timeout_ms = static_cast<int>(std::clamp<long long>(left, 0, 60000));
-      }
-      // Queued jobs waiting for a connection, or for a retired one whose last
-      // answer was just read (it is closed and replaced in the next round):
-      // go round again at once, not at their deadline.
-      bool queued_left = false;
-      for (lane& l : lanes_) {
-        queued_left = queued_left || (!l.queued.empty() &&
-                                      (l.conn == nullptr || (retired(l) && l.inflight.empty())));
       }
       if (queued_left) timeout_ms = 0;
       if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
@@ -721,10 +956,32 @@ class multiplexer {
   std::atomic<std::uint64_t> dropped_{0};
   const std::size_t max_pending_;
   std::atomic<std::size_t> pending_{0};  ///< submitted, not completed (uncounted ones aside)
-  std::vector<pollfd> fds_;              ///< the I/O thread's poll set (reserved in submit)
-  std::vector<lane*> polled_;            ///< lanes of fds_[1..]
+  /// Pending jobs no blocking caller waits for (async, ASKING pairs): while
+  /// any, the I/O thread drives every lane (their handlers run there).
+  std::atomic<std::size_t> async_pending_{0};
+  static inline thread_local bool leading_ =
+      false;                   ///< this thread leads a lane, or is an I/O thread
+  std::vector<pollfd> fds_;    ///< the I/O thread's poll set (reserved in submit)
+  std::vector<lane*> polled_;  ///< lanes of fds_[1..]
   int wake_fd_ = -1;
   const pid_t owner_ = ::getpid();
 };
+
+inline void mux_waiter::wait_done() noexcept {
+  for (;;) {
+    std::uint32_t s = state_.load(std::memory_order_acquire);
+    if ((s & done) != 0) return;
+    if ((s & lead) != 0) {
+      state_.fetch_and(~lead, std::memory_order_acq_rel);
+      lead_mux_->lead_lane(lead_mux_->lanes_[lead_lane_], *this);
+      continue;
+    }
+    if ((s & asleep) == 0) {
+      (void)state_.compare_exchange_weak(s, s | asleep, std::memory_order_acq_rel);
+      continue;
+    }
+    (void)::syscall(SYS_futex, &state_, FUTEX_WAIT_PRIVATE, s, nullptr, nullptr, 0);
+  }
+}
 
 }  // namespace ratelimit::redis

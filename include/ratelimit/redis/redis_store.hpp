@@ -522,7 +522,7 @@ class redis_store {
   /// outcome exactly once.
   template <class Config, class Handler>
   void start_check(const Config& cfg, std::string_view key, std::optional<timestamp> now,
-                   units cost, access a, Handler&& handler) {
+                   units cost, access a, Handler&& handler, mux_waiter* waiter = nullptr) {
     detail::check_same_process(shared_->owner_pid);
     shared& st = *shared_;
     if (st.breaker.enter() == detail::breaker::verdict::refuse) {
@@ -539,6 +539,7 @@ class redis_store {
     auto job = std::make_unique<job_t>(&st, cfg, key, now, cost, a, std::move(handler));
     job->build(false);
     job->until = deadline_clock::now() + st.command_timeout;
+    job->waiter = waiter;
     job_t* const jp = job.get();
     std::unique_ptr<mux_job> base(std::move(job));
     bool queued = false;
@@ -569,8 +570,11 @@ class redis_store {
           "ratelimit: redis: a blocking check on the store's I/O thread (inside an async "
           "handler) would wait for itself; use async_apply there");
     }
-    return detail::sync_wait(
-        [&](auto handler) { start_check(cfg, key, now, cost, a, std::move(handler)); });
+    detail::sync_waiter w;
+    start_check(
+        cfg, key, now, cost, a, [&w](decision d, std::exception_ptr e) { w.set(d, std::move(e)); },
+        shared_->opts.multiplex_lead ? &w : nullptr);
+    return w.get();
   }
 
   /// A key's reply slot in one round trip.

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // A blocking check that waits for its multiplexed (async) completion: the
-// calling thread sleeps on one futex word until the I/O thread hands over the
-// outcome, one wake-up at most per check.
+// calling thread sleeps on one futex word until the thread that completes it
+// (the I/O thread, or a blocking caller driving the connection) hands over the
+// outcome, one wake-up at most per check (two when it is handed the
+// connection to drive on the way).
 #pragma once
 
 #include <linux/futex.h>
@@ -79,50 +81,37 @@ bool fresh_if(const std::exception& x, std::exception_ptr& out) {
 /// The outcome of one async check, handed from the thread that completes it
 /// to the one thread waiting for it.
 ///
-/// The waiter sleeps on a futex word (no mutex, no condition variable): the
-/// completing thread publishes the outcome with one atomic exchange and makes
-/// a wake-up system call only when the waiter is already asleep. The waiter
+/// The waiter sleeps on a futex word (no mutex, no condition variable, see
+/// mux_waiter): the completing thread publishes the outcome with one atomic
+/// read-modify-write and makes a wake-up system call only when the waiter is
+/// already asleep; a waiter handed a connection to drive drives it (from
+/// get()) and waits again. The waiter
 /// may return (and its frame be reused) between that exchange and the
 /// wake-up: a FUTEX_WAKE on the address then wakes nothing, or wakes a later
 /// waiter there spuriously, which re-checks its own word and sleeps again.
-class sync_waiter {
+class sync_waiter : public mux_waiter {
  public:
   sync_waiter() = default;
-  sync_waiter(const sync_waiter&) = delete;
-  sync_waiter& operator=(const sync_waiter&) = delete;
 
   /// Hands over the outcome (exactly once). Does not block. An error handed
   /// over from another thread is copied first (see own_copy).
   void set(decision d, std::exception_ptr e) noexcept {
     d_ = d;
     e_ = e && std::this_thread::get_id() != waiter_ ? own_copy(e) : std::move(e);
-    if (state_.exchange(done, std::memory_order_acq_rel) == asleep) {
-      (void)::syscall(SYS_futex, &state_, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
-    }
+    signal(done);
   }
 
-  /// Waits for set().
+  /// Waits for set() (driving the multiplexer's connection meanwhile when a
+  /// leader hands it over).
   /// @return the decision
   /// @throws the error set() handed over
   decision get() {
-    std::uint32_t s = waiting;
-    if (state_.compare_exchange_strong(s, asleep, std::memory_order_acq_rel)) {
-      for (;;) {
-        (void)::syscall(SYS_futex, &state_, FUTEX_WAIT_PRIVATE, asleep, nullptr, nullptr, 0);
-        if (state_.load(std::memory_order_acquire) == done) break;
-      }
-    }
+    wait_done();
     if (e_) std::rethrow_exception(e_);
     return d_;
   }
 
  private:
-  static constexpr std::uint32_t waiting = 0;  ///< no outcome yet, waiter awake
-  static constexpr std::uint32_t asleep = 1;   ///< no outcome yet, waiter in FUTEX_WAIT
-  static constexpr std::uint32_t done = 2;     ///< outcome set
-
-  static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
-  std::atomic<std::uint32_t> state_{waiting};
   const std::thread::id waiter_ = std::this_thread::get_id();
   decision d_{};
   std::exception_ptr e_;
