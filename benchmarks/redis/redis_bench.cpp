@@ -79,24 +79,28 @@ void BM_Gcra_RedisStore_Pool(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
 }
 
-/// A store whose single checks share `conns` multiplexed connections.
-redis::redis_store& mux_store(std::size_t conns) {
-  static redis::redis_store one = [] {
+/// A store whose single checks share `conns` multiplexed connections;
+/// with `lead`, blocking checks drive their connection (multiplex_lead).
+redis::redis_store& mux_store(std::size_t conns, bool lead = false) {
+  const auto make = [](std::size_t n, bool l) {
     redis::options o = bench_options(1);
-    o.multiplex = 1;
+    o.multiplex = n;
+    o.multiplex_lead = l;
     return redis::redis_store(o);
-  }();
-  static redis::redis_store two = [] {
-    redis::options o = bench_options(1);
-    o.multiplex = 2;
-    return redis::redis_store(o);
-  }();
+  };
+  static redis::redis_store one = make(1, false);
+  static redis::redis_store two = make(2, false);
+  static redis::redis_store one_lead = make(1, true);
+  static redis::redis_store two_lead = make(2, true);
+  if (lead) return conns == 1 ? one_lead : two_lead;
   return conns == 1 ? one : two;
 }
 
-// Blocking single checks from N threads through the multiplexer (arg: connections).
-void BM_Gcra_RedisStore_Mux(benchmark::State& state) {
-  redis::redis_store store = mux_store(static_cast<std::size_t>(state.range(0)));
+// Blocking single checks from N threads through the multiplexer (arg:
+// connections); MuxLead: the same with options::multiplex_lead.
+template <bool Lead>
+void gcra_mux(benchmark::State& state) {
+  redis::redis_store store = mux_store(static_cast<std::size_t>(state.range(0)), Lead);
   const auto cfg = bench_config<gcra>();
   const auto& keys = phones();
   std::size_t i = static_cast<std::size_t>(state.thread_index()) * 997;
@@ -107,10 +111,20 @@ void BM_Gcra_RedisStore_Mux(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
 }
 
-// One thread, blocking single checks through one multiplexed connection.
-void BM_Gcra_RedisStore_MuxSequential(benchmark::State& state) {
+void BM_Gcra_RedisStore_Mux(benchmark::State& state) {
+  gcra_mux<false>(state);
+}
+void BM_Gcra_RedisStore_MuxLead(benchmark::State& state) {
+  gcra_mux<true>(state);
+}
+
+// One thread, blocking single checks through one multiplexed connection;
+// MuxLeadSequential: the same with options::multiplex_lead.
+template <bool Lead>
+void gcra_mux_sequential(benchmark::State& state) {
   redis::options o = bench_options(1);
   o.multiplex = 1;
+  o.multiplex_lead = Lead;
   redis::redis_store store(o);
   const auto cfg = bench_config<gcra>();
   const auto& keys = phones();
@@ -120,6 +134,13 @@ void BM_Gcra_RedisStore_MuxSequential(benchmark::State& state) {
         store.apply(cfg, keys[i++ % keys.size()], store_time, 1, access::consume));
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+}
+
+void BM_Gcra_RedisStore_MuxSequential(benchmark::State& state) {
+  gcra_mux_sequential<false>(state);
+}
+void BM_Gcra_RedisStore_MuxLeadSequential(benchmark::State& state) {
+  gcra_mux_sequential<true>(state);
 }
 
 // One thread keeping 256 async checks in flight (arg: connections).
@@ -189,7 +210,14 @@ BENCHMARK(BM_TokenBucket_RedisStore_Sequential)->UseRealTime();
 BENCHMARK(BM_Gcra_RedisStore_Sequential)->UseRealTime();
 BENCHMARK(BM_Gcra_RedisStore_Pool)->ThreadRange(1, 16)->UseRealTime();
 BENCHMARK(BM_Gcra_RedisStore_MuxSequential)->UseRealTime();
+BENCHMARK(BM_Gcra_RedisStore_MuxLeadSequential)->UseRealTime();
 BENCHMARK(BM_Gcra_RedisStore_Mux)
+    ->ArgName("conns")
+    ->Arg(1)
+    ->Arg(2)
+    ->ThreadRange(1, 16)
+    ->UseRealTime();
+BENCHMARK(BM_Gcra_RedisStore_MuxLead)
     ->ArgName("conns")
     ->Arg(1)
     ->Arg(2)

@@ -34,10 +34,10 @@ echo "== host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //
 r=1
 while [ "$r" -le "$ROUNDS" ]; do
   C1=$(RB -c 1 -P 1)
-  ours 'Gcra_RedisStore_(Mux)?Sequential' | while IFS=, read -r name ips; do
+  ours 'Gcra_RedisStore_(Mux|MuxLead)?Sequential' | while IFS=, read -r name ips; do
     echo "$r,$name,$ips,$C1"; done >> "$OUT"
   C50=$(RB -c 50 -P 16)
-  ours 'Gcra_RedisStore_(Pool|Mux/conns:[12])/real_time/threads:16|Gcra_RedisStore_Async256' | while IFS=, read -r name ips; do
+  ours 'Gcra_RedisStore_(Pool|Mux/conns:[12]|MuxLead/conns:[12])/real_time/threads:16|Gcra_RedisStore_Async256' | while IFS=, read -r name ips; do
     echo "$r,$name,$ips,$C50"; done >> "$OUT"
   echo "round $r: redis-benchmark -c1 -P1 $C1/s, -c50 -P16 $C50/s"
   r=$((r+1))

@@ -7,6 +7,7 @@
 # Counts, not speeds: they hold better than checks/s on a loaded machine.
 # Usage: benchmarks/redis/run_mux_cost.sh BUILD_DIR [OTHER_BUILD_DIR]
 #   (REPS=2 MIN_TIME=2 FILTERS='regex;regex' as --benchmark_filter values)
+#   (leader/follower rows, MuxLead*, are those of options::multiplex_lead)
 # Needs perf (linux-perf) with tracepoints readable (root, or
 # kernel.perf_event_paranoid <= 1).
 set -eu
@@ -21,7 +22,7 @@ rl_temp_file STAT
 export RATELIMIT_BENCH_REDIS_URL="redis://127.0.0.1:$PORT"
 REPS=${REPS:-2}
 MIN_TIME=${MIN_TIME:-2}
-FILTERS=${FILTERS:-'Gcra_RedisStore_Mux/conns:1/real_time/threads:16;Gcra_RedisStore_Mux/conns:2/real_time/threads:16;Gcra_RedisStore_MuxSequential;Gcra_RedisStore_Async256/conns:1;Gcra_RedisStore_Pool/real_time/threads:16'}
+FILTERS=${FILTERS:-'Gcra_RedisStore_Mux/conns:1/real_time/threads:16;Gcra_RedisStore_MuxLead/conns:1/real_time/threads:16;Gcra_RedisStore_MuxLeadSequential;Gcra_RedisStore_Mux/conns:2/real_time/threads:16;Gcra_RedisStore_MuxSequential;Gcra_RedisStore_Async256/conns:1;Gcra_RedisStore_Pool/real_time/threads:16'}
 EVENTS=task-clock,context-switches,syscalls:sys_enter_futex,raw_syscalls:sys_enter
 calls() {
   redis-cli -p "$PORT" INFO commandstats | tr -d '\r' |
