@@ -502,7 +502,6 @@ class memory_store {
         }
         return nullptr;
       }
-      [[nodiscard]] bool has_table() const noexcept { return b_ != nullptr; }
 
       [[gnu::noinline]] void lock_from_scratch(const shard& sh, std::uint64_t h) noexcept {
         for (;;) {
