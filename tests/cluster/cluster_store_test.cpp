@@ -142,6 +142,32 @@ TEST(ClusterStore, UserWithoutPasswordInCodeIsRefusedByName) {
   EXPECT_NO_THROW(redis::cluster_store{o});
 }
 
+// Verifies that a cluster store whose node options carry a read_spin
+// outside 0..1000 us is refused by its constructor, naming the value, as
+// redis_store refuses it: the node pools were made only on first use, so
+// the store was taken and every check then failed as "no cluster node
+// answered CLUSTER SLOTS" (a connection_error hiding the bad option).
+// Construction touches no node.
+TEST(ClusterStore, ReadSpinOutOfRangeIsRefusedByTheConstructor) {
+  redis::cluster_options o;
+  o.seeds.push_back(redis::node_address{"127.0.0.1", 1});
+  for (const long long spin : {-1LL, 1001LL}) {
+    o.node.read_spin = std::chrono::microseconds(spin);
+    try {
+      redis::cluster_store store(o);
+      ADD_FAILURE() << "read_spin " << spin << " us was taken";
+    } catch (const std::invalid_argument& e) {
+      const std::string why = e.what();
+      EXPECT_NE(
+          why.find("options::read_spin " + std::to_string(spin) + " us is outside 0..1000 us"),
+          std::string::npos)
+          << why;
+    }
+  }
+  o.node.read_spin = std::chrono::microseconds(1000);
+  EXPECT_NO_THROW(redis::cluster_store{o});
+}
+
 static_assert(store_for<redis::cluster_store, gcra>);
 static_assert(store_clocked_store_for<redis::cluster_store, sliding_window_log>);
 static_assert(!store_for<redis::cluster_store, int>);

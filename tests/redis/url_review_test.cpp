@@ -292,4 +292,27 @@ TEST(UrlReview, CommaBeforeTheLastAtOfAMultiHostUrlIsRefused) {
   EXPECT_EQ(redis::parse_url("rediss://a,b@h?sni=x").password, "a,b");
 }
 
+// Verifies that read_spin_us= on a cluster URL is refused by its own name:
+// the cluster store never spins, and the parameter used to fall through to
+// the TLS parser, which told a redis-cluster:// user "TLS parameters need
+// rediss://" and a rediss-cluster:// user "unknown parameter". A bad value
+// is still refused naming the value.
+TEST(UrlReview, ReadSpinOnAClusterUrlIsRefusedByName) {
+  for (const char* url :
+       {"redis-cluster://a:7000,b:7001?read_spin_us=50", "redis-cluster://a:7000?read_spin_us=0",
+        "rediss-cluster://a:7000?sni=x&read_spin_us=5",
+        "redis-cluster://a:7000?multiplex=2&read_spin_us=1000"}) {
+    const std::string why = refusal(url);
+    EXPECT_NE(why.find("has parameter \"read_spin_us\": the cluster store never spins"),
+              std::string::npos)
+        << url << ": " << why;
+    EXPECT_EQ(why.find("TLS"), std::string::npos) << why;
+  }
+  EXPECT_NE(refusal("redis-cluster://a:7000?read_spin_us=x").find("bad read_spin_us \"x\""),
+            std::string::npos);
+  EXPECT_NE(refusal("redis-cluster://a:7000?read_spin_us=1&read_spin_us=1").find("twice"),
+            std::string::npos);
+  EXPECT_EQ(redis::parse_cluster_url("redis-cluster://a:7000?multiplex=2").node.multiplex, 2u);
+}
+
 }  // namespace

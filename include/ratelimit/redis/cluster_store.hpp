@@ -500,6 +500,9 @@ class cluster_store {
       }
       if (o.node.tls.enabled) (void)detail::tls_context_for(o.node.tls);  // names a bad file
       (void)multiplexer::checked(o.node.multiplex);
+      // The node pools are made on first use, where a refusal would surface
+      // as "no cluster node answered": refuse it here, naming the value.
+      detail::check_read_spin(o.node.read_spin);
       detail::check_credentials(o.node, "ratelimit: redis cluster");
       if (!o.node.sentinel.master_name.empty() || !o.node.sentinel.sentinels.empty()) {
         throw std::invalid_argument(

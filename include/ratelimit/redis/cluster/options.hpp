@@ -54,7 +54,8 @@ namespace detail {}  // namespace detail
 /// ',': `redis-cluster://a:7000,:@b` (a seed given an '@' of its own) would
 /// otherwise read user `a`, password `7000,:` and the one seed `b`. Nothing
 /// is percent-decoded, so a user or password holding ',' is set in code
-/// (cluster_options::node.user/password).
+/// (cluster_options::node.user/password). `read_spin_us=` is refused by
+/// name (the cluster store never spins).
 /// @throws std::invalid_argument quoting the URL
 [[nodiscard]] inline cluster_options parse_cluster_url(std::string_view url) {
   constexpr std::string_view scheme = "redis-cluster://";
@@ -66,7 +67,16 @@ namespace detail {}  // namespace detail
   }
   std::string after_scheme(url.substr(tls ? tls_scheme.size() : scheme.size()));
   cluster_options o;
-  o.node.multiplex = detail::take_multiplex_query(after_scheme, url);
+  // read_spin_us= is read only to be refused by name: the cluster store
+  // never spins, and left in the query it was reported as a TLS parameter
+  // ("TLS parameters need rediss://" on redis-cluster://).
+  std::chrono::microseconds spin{-1};
+  o.node.multiplex = detail::take_multiplex_query(after_scheme, url, false, &spin);
+  if (spin.count() >= 0) {
+    detail::bad_url(url,
+                    "has parameter \"read_spin_us\": the cluster store never spins "
+                    "(options::read_spin is for redis_store)");
+  }
   std::string_view rest = after_scheme;
   o.node.tls.enabled = tls;
   detail::take_tls_query(rest, o.node.tls, url);
