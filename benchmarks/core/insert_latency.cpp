@@ -50,8 +50,8 @@ int main(int argc, char** argv) {
   for (const std::string& k : keys) {
     const auto a = std::chrono::steady_clock::now();
     (void)store.apply(cfg, k, t, 1, ratelimit::access::consume);
-    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a)
-                     .count());
+    us.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count());
   }
   const double total =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
