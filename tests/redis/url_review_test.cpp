@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Review of the Redis URL parsers (no server): a '?' inside a query value,
 // empty parameters beside multiplex= that left db= unapplied, a URL
-// ending in '?', empty credentials (in URLs and set in code), and a ','
-// before the last '@' of a URL listing several hosts.
+// ending in '?', empty credentials (in URLs and set in code), a ','
+// before the last '@' of a URL listing several hosts, and a userinfo that
+// runs into the query, path or fragment.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
@@ -313,6 +314,112 @@ TEST(UrlReview, ReadSpinOnAClusterUrlIsRefusedByName) {
   EXPECT_NE(refusal("redis-cluster://a:7000?read_spin_us=1&read_spin_us=1").find("twice"),
             std::string::npos);
   EXPECT_EQ(redis::parse_cluster_url("redis-cluster://a:7000?multiplex=2").node.multiplex, 2u);
+}
+
+// Verifies that a userinfo running past the host is refused on every form:
+// it ends at the last '@' (unix://: the first "@/"), so an '@' in a query
+// value, a path or a fragment made the text before it a password and the
+// text after it the host. Only an '@' after the name of a known parameter
+// was caught: `redis://h?x=1@evil` connected to "evil" sending "h?x=1" as
+// the password, and `redis-sentinel://s/m?x=a@evil/m2` asked the sentinel
+// "evil" for master "m2". A user or password holding '?', '#' or (but in
+// unix://) '/' is refused too: it cannot be told from such a URL. The
+// message names the byte and the fields to set in code, and quotes neither
+// password nor secret query value.
+TEST(UrlReview, UserinfoRunningPastTheHostIsRefused) {
+  struct row {
+    std::string url;
+    std::string named;        // what the message must say
+    std::string set_in_code;  // the fields it names
+  };
+  const std::string last = "before its last '@', where its userinfo ends";
+  const std::string first = "before its first \"@/\", where its userinfo ends";
+  const std::string plain = "options::user and options::password";
+  const row rows[] = {
+      {"redis://h?x=1@evil", "'?' " + last, plain},
+      {"redis://h:6379?multiplex=2@evil:1", "'?' " + last, plain},
+      {"redis://h#frag@evil", "'#' " + last, plain},
+      {"redis://h/1@evil:6379/2", "'/' " + last, plain},
+      {"redis://u:s3/cret@h", "'/' " + last, plain},
+      {"redis://:s3#cret@h", "'#' " + last, plain},
+      {"redis://s3cret@h?x=a:b@c", "'?' " + last, plain},
+      {"rediss://h:6379?ca=/a@b", "'?' " + last,
+       "options::user, options::password and options::tls"},
+      {"rediss://u:s3cret@h?verify=full&ca=/etc/a@b/ca.crt", "'?' " + last,
+       "options::user, options::password and options::tls"},
+      {"rediss://u:s3?cret@h?verify=none", "'?' " + last,
+       "options::user, options::password and options::tls"},
+      {"unix://run/s.sock?x=@/evil", "'?' " + first, plain},
+      {"unix://?multiplex=2@/t/s", "'?' " + first, plain},
+      {"unix://:s3?cret@/t/s", "'?' " + first, plain},
+      {"unix://u:s3#cret@/t/s?db=1", "'#' " + first, plain},
+      {"redis-cluster://h:7000?x=1@evil:7000", "'?' " + last,
+       "cluster_options::node.user and node.password"},
+      {"redis-cluster://a/x@b", "'/' " + last, "cluster_options::node.user and node.password"},
+      {"redis-cluster://u:s3?cret@a:7000,b:7001", "'?' " + last,
+       "cluster_options::node.user and node.password"},
+      {"rediss-cluster://h:7000?sni=a@evil", "'?' " + last,
+       "cluster_options::node.user, node.password and node.tls"},
+      {"redis-sentinel://s1:26379/mymaster?sentinel_password=s3@cret", "'/' " + last,
+       "options::user, options::password and options::sentinel"},
+      {"redis-sentinel://s1/m?db=1&sentinel_password=s3@cret", "'/' " + last,
+       "options::user, options::password and options::sentinel"},
+      {"redis-sentinel://:s3?cret@s1/m", "'?' " + last,
+       "options::user, options::password and options::sentinel"},
+      {"redis-sentinel://s/m?x=s3@evil/m2", "'/' " + last,
+       "options::user, options::password and options::sentinel"},
+      {"redis-sentinel://s1/a@b/c", "'/' " + last,
+       "options::user, options::password and options::sentinel"},
+  };
+  for (const row& r : rows) {
+    SCOPED_TRACE(r.url);
+    const std::string why = refusal(r.url);
+    EXPECT_NE(why.find("has a " + r.named), std::string::npos) << why;
+    EXPECT_NE(why.find("set " + r.set_in_code + " in code"), std::string::npos) << why;
+    EXPECT_EQ(why.find("s3"), std::string::npos) << why;
+    EXPECT_EQ(why.find("cret"), std::string::npos) << why;
+  }
+  EXPECT_NE(refusal("redis://h?x=1@evil").find("an '@' in a query value"), std::string::npos);
+  // The redacted URL hides all of such a userinfo: its "user" part may be a
+  // password (no ':' in the real userinfo) or a query value.
+  EXPECT_NE(refusal("redis://s3cret@h?sni=a:b@c").find("\"redis://***@c\""), std::string::npos);
+}
+
+// Verifies that a password may still hold '@' (the userinfo ends at the
+// last '@') on every form, and '/' in a unix:// URL, whose userinfo ends at
+// the first "@/"; and that '&', '=' and ':' in a password are no query.
+TEST(UrlReview, PasswordsHoldingAnAtStillWork) {
+  const auto a = redis::parse_url("redis://u:p@ss@h:7000/2?multiplex=2");
+  EXPECT_EQ(a.user, "u");
+  EXPECT_EQ(a.password, "p@ss");
+  EXPECT_EQ(a.host, "h");
+  EXPECT_EQ(a.port, 7000);
+  EXPECT_EQ(a.database, 2);
+  EXPECT_EQ(a.multiplex, 2u);
+  const auto b = redis::parse_url("rediss://:p@ss@h?sni=x");
+  EXPECT_EQ(b.password, "p@ss");
+  EXPECT_EQ(b.host, "h");
+  EXPECT_EQ(b.tls.server_name, "x");
+  const auto c = redis::parse_url("unix://u:p@s/s@/t/s?db=3");
+  EXPECT_EQ(c.password, "p@s/s");
+  EXPECT_EQ(c.unix_socket, "/t/s");
+  EXPECT_EQ(c.database, 3);
+  const auto d = redis::parse_cluster_url("redis-cluster://u:p@ss@a:7000,b:7001?multiplex=2");
+  EXPECT_EQ(d.node.password, "p@ss");
+  ASSERT_EQ(d.seeds.size(), 2u);
+  EXPECT_EQ(d.seeds[0], (redis::node_address{"a", 7000}));
+  EXPECT_EQ(d.node.multiplex, 2u);
+  const auto e = redis::parse_cluster_url("rediss-cluster://:p@ss@a:7000?sni=x");
+  EXPECT_EQ(e.node.password, "p@ss");
+  EXPECT_EQ(e.node.tls.server_name, "x");
+  const auto f = redis::parse_url("redis-sentinel://:p@ss@s1,s2:26380/m?sentinel_password=sp");
+  EXPECT_EQ(f.password, "p@ss");
+  ASSERT_EQ(f.sentinel.sentinels.size(), 2u);
+  EXPECT_EQ(f.sentinel.sentinels[1].port, 26380);
+  EXPECT_EQ(f.sentinel.password, "sp");
+  const auto g = redis::parse_url("redis://u:p&multiplex=2=:x@h");
+  EXPECT_EQ(g.password, "p&multiplex=2=:x");
+  EXPECT_EQ(g.multiplex, 0u);
 }
 
 }  // namespace

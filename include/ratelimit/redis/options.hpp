@@ -197,9 +197,20 @@ namespace detail {
   return rest.find("@/");
 }
 
+/// The bytes a userinfo, as userinfo_end finds it, must not hold: '?' and
+/// '#', and '/' unless the URL is a `unix://` one. Each ends the host part
+/// of a URL (a query, a fragment, a path), so a userinfo holding one has
+/// run past the host: an '@' in a query value (`redis://h?ca=/a@b`) or in
+/// a path would end it there and connect to whatever follows.
+[[nodiscard]] constexpr std::string_view userinfo_delimiters(bool unix_path) noexcept {
+  return unix_path ? "?#" : "/?#";
+}
+
 /// `url` as error messages quote it, without its secrets: the password of
 /// its userinfo (all of a userinfo without ':', which parse_url reads as a
-/// password; the userinfo ends as userinfo_end says) and the value of every query
+/// password; the userinfo ends as userinfo_end says; all of a userinfo that
+/// holds one of userinfo_delimiters, which parse_url refuses, as its user
+/// part may then be a password or a query value) and the value of every query
 /// parameter (from '=' to the next '&' or the end) whose name is not one of
 /// the known, non-secret `db`, `sentinel_user`, `ca`, `ca_dir`, `cert`,
 /// `key`, `sni` and `verify`, so `sentinel_password`, and a misspelt one
@@ -209,18 +220,27 @@ namespace detail {
   std::size_t empty_password_at = std::string_view::npos;
   const auto scheme = url.find("://");
   std::size_t at = std::string_view::npos;
+  bool whole = false;  // hide the user part of the userinfo as well
   if (scheme != std::string_view::npos) {
     const std::string_view rest = url.substr(scheme + 3);
     const bool unix_path = url.starts_with("unix://");
     auto end = userinfo_end(rest, unix_path);
     // A relative unix path holding '@' (refused by parse_url): what is before
-    // its last '@' may be a password.
-    if (unix_path && end == std::string_view::npos && !rest.starts_with('/')) end = rest.rfind('@');
+    // its last '@' may be a password, and so may the part before a ':' in it.
+    if (unix_path && end == std::string_view::npos && !rest.starts_with('/')) {
+      end = rest.rfind('@');
+      whole = true;
+    }
     if (end != std::string_view::npos) at = scheme + 3 + end;
+    if (end != std::string_view::npos && rest.substr(0, end).find_first_of(userinfo_delimiters(
+                                             unix_path)) != std::string_view::npos) {
+      // Refused by parse_url: no real userinfo, so ':' need not follow the user.
+      whole = true;
+    }
   }
   if (scheme != std::string_view::npos && at != std::string_view::npos && at >= scheme + 3) {
     const std::string_view cred = url.substr(scheme + 3, at - scheme - 3);
-    const auto colon = cred.find(':');
+    const auto colon = whole ? std::string_view::npos : cred.find(':');
     const std::size_t from = scheme + 3 + (colon == std::string_view::npos ? 0 : colon + 1);
     if (from == at) empty_password_at = at;
     std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from),
@@ -413,6 +433,35 @@ inline void refuse_comma_in_userinfo(std::string_view cred, std::string_view url
               std::string(fields) + " in code");
 }
 
+/// Refuses a userinfo `cred` (of `url`, as userinfo_end found it) that holds
+/// one of userinfo_delimiters: it then runs past the host, into a query, a
+/// path or a fragment, whose '@' ended it. `redis://h?x=1@evil` would
+/// otherwise connect to `evil` sending `h?x=1` as the password, and
+/// `redis://h:6379?ca=/a@b` to `b`. URLs are not percent-decoded (`%3F`
+/// would be sent as those three bytes), so a user or password holding such a
+/// byte, and a query value holding '@', are set in code, in `fields`.
+/// @throws std::invalid_argument naming the byte (the URL redacted, no credential quoted)
+inline void refuse_delimiter_in_userinfo(std::string_view cred, std::string_view url,
+                                         bool unix_path, std::string_view fields) {
+  const auto bad = cred.find_first_of(userinfo_delimiters(unix_path));
+  if (bad == std::string_view::npos) return;
+  const std::string which = std::string("'") + cred[bad] + "'";
+  if (unix_path) {
+    bad_url(url, "has a " + which +
+                     " before its first \"@/\", where its userinfo ends (an '@' in a query value "
+                     "would end it there); a user or password holding '?' or '#' cannot be "
+                     "written in a unix:// URL (no percent-decoding: %3F stays three bytes), set " +
+                     std::string(fields) + " in code");
+  }
+  bad_url(url, "has a " + which +
+                   " before its last '@', where its userinfo ends (an '@' in a query value, a "
+                   "path or a fragment would make the text before it a password and the text "
+                   "after it the host); a user or password holding '/', '?' or '#' cannot be "
+                   "written in this URL (no percent-decoding: %3F stays three bytes), nor a query "
+                   "value holding '@': set " +
+                   std::string(fields) + " in code");
+}
+
 /// Applies the query `k=v&k=v` of a `rediss://` URL to `t`: ca, ca_dir, cert,
 /// key, sni, verify (full, chain or none). Each at most once, none empty.
 /// @throws std::invalid_argument naming the bad parameter (and the URL, redacted)
@@ -515,20 +564,9 @@ inline void check_read_spin(std::chrono::microseconds spin) {
     std::chrono::microseconds* read_spin = nullptr) {
   const auto at = rest.rfind('@');
   const auto q = rest.find('?', at == std::string::npos ? 0 : at + 1);
-  if (q == std::string::npos) {
-    // `h:7000?multiplex=2@evil:7000` would otherwise read `h:7000?multiplex=2`
-    // as the userinfo and connect to `evil:7000`, sending it as a password.
-    if (at == std::string::npos) return 0;
-    const std::string_view cred = std::string_view(rest).substr(0, at);
-    for (const std::string_view name : {"multiplex", "read_spin_us"}) {
-      for (auto p = cred.find(name); p != std::string_view::npos; p = cred.find(name, p + 1)) {
-        if (p > 0 && (cred[p - 1] == '?' || cred[p - 1] == '&')) {
-          bad_url(url, "has an '@' in a query value");
-        }
-      }
-    }
-    return 0;
-  }
+  // The caller refused a userinfo holding '?' (refuse_delimiter_in_userinfo),
+  // so an '@' in a query value cannot hide the query in a userinfo here.
+  if (q == std::string::npos) return 0;
   std::string kept;
   bool others = false;  // parameters other than multiplex (empty ones too: refused later)
   std::size_t n = 0;
@@ -588,21 +626,8 @@ inline void check_read_spin(std::chrono::microseconds spin) {
 inline void take_tls_query(std::string_view& rest, tls_options& t, std::string_view url) {
   const auto at = rest.rfind('@');
   const auto q = rest.find('?', at == std::string_view::npos ? 0 : at + 1);
-  if (q == std::string_view::npos) {
-    // `rediss://h?sni=a@b` would otherwise read `h?sni=a` as the userinfo and
-    // connect to `b`, sending it that as a password.
-    if (at == std::string_view::npos) return;
-    const std::string_view cred = rest.substr(0, at);
-    for (const std::string_view name :
-         {"ca=", "ca_dir=", "cert=", "key=", "sni=", "verify=", "multiplex=", "read_spin_us="}) {
-      for (auto p = cred.find(name); p != std::string_view::npos; p = cred.find(name, p + 1)) {
-        if (p > 0 && (cred[p - 1] == '?' || cred[p - 1] == '&')) {
-          bad_url(url, "has an '@' in a query value (set options::tls in code instead)");
-        }
-      }
-    }
-    return;
-  }
+  // The caller refused a userinfo holding '?' (refuse_delimiter_in_userinfo).
+  if (q == std::string_view::npos) return;
   if (rest.substr(q + 1).find_first_not_of('&') == std::string_view::npos) {
     bad_url(url, "has no parameter after '?'");
   }
@@ -621,18 +646,12 @@ namespace detail {
 [[nodiscard]] inline options parse_sentinel_url(std::string_view url) {
   options o;
   std::string_view rest = url.substr(std::string_view("redis-sentinel://").size());
-  if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
+  if (const auto at = userinfo_end(rest, false); at != std::string_view::npos) {
     const std::string_view cred = rest.substr(0, at);
-    if (cred.find("sentinel_password=") != std::string_view::npos ||
-        cred.find("sentinel_user=") != std::string_view::npos ||
-        cred.find("?db=") != std::string_view::npos ||
-        cred.find("&db=") != std::string_view::npos ||
-        cred.find("?multiplex=") != std::string_view::npos ||
-        cred.find("&multiplex=") != std::string_view::npos ||
-        cred.find("?read_spin_us=") != std::string_view::npos ||
-        cred.find("&read_spin_us=") != std::string_view::npos) {
-      bad_url(url, "has an '@' in a query value (set options::sentinel in code instead)");
-    }
+    // `redis-sentinel://s/m?sentinel_password=p@ss` would be password
+    // `s/m?sentinel_password=p` and sentinel `ss`.
+    refuse_delimiter_in_userinfo(cred, url, false,
+                                 "options::user, options::password and options::sentinel");
     rest = rest.substr(at + 1);
     refuse_comma_in_userinfo(cred, url, "options::user and options::password");
     take_userinfo(cred, o, url);
@@ -758,13 +777,16 @@ namespace detail {
 /// holding '@' is refused (`unix://pw@run/s.sock` is no password and path). PORT is 1..65535.
 /// No other percent-decoding. A userinfo must hold a password (`USER:@`,
 /// `:@` and a bare `@` are refused: they would connect without AUTH); leave
-/// the userinfo out for no AUTH. Error
+/// the userinfo out for no AUTH. The userinfo ends at the last '@' (in
+/// `unix://`, the first `@/`) and may hold '@', but no '?' or '#', nor,
+/// except in `unix://`, '/' (refuse_delimiter_in_userinfo): those end the
+/// host part, so such a userinfo has run into a query, path or fragment
+/// (`redis://h?x=1@evil` would connect to `evil`). A user or password
+/// holding them, and a query value holding '@', are set in code. Error
 /// messages quote the URL with its password replaced by `***`.
 /// `rediss://` is `redis://` over TLS (options::tls), with optional
 /// parameters `?ca=FILE&ca_dir=DIR&cert=FILE&key=FILE&sni=NAME&verify=full|chain|none`
-/// (values without `&` or `@`: a URL whose userinfo holds `?NAME=` or
-/// `&NAME=` for one of these names is refused as a query value with `@`);
-/// files are read when the store is made.
+/// (values without `&` or `@`, see above); files are read when the store is made.
 /// `redis://`, `rediss://` and `unix://` also take `?multiplex=N` (0..256,
 /// at most once; options::multiplex), alone or among the other parameters
 /// (an empty parameter, as in `?&multiplex=2` or a trailing `&`, is refused),
@@ -782,10 +804,10 @@ namespace detail {
 /// userinfo is for the master (as in redis://), PARAMS are `&`-separated
 /// `db=DB`, `sentinel_user=USER`, `sentinel_password=PASSWORD` (AUTH at the
 /// sentinels), `multiplex=N` and `read_spin_us=N`, each at most once, none empty;
-/// `sentinel_user` only with `sentinel_password`. The query starts at the first '?' after
-/// the last '@', so a query value cannot hold '@' (set options::sentinel in
-/// code for such a password). The userinfo ends at the last '@' and must not
-/// hold ',' (a sentinel written with an '@' of its own would otherwise become
+/// `sentinel_user` only with `sentinel_password`. The userinfo follows the
+/// rule of redis:// above, so a query value cannot hold '@' (set
+/// options::sentinel in code for such a password), and must not hold ','
+/// either (a sentinel written with an '@' of its own would otherwise become
 /// part of the password): set options::user/password in code for a
 /// credential holding ','.
 /// @throws std::invalid_argument quoting the URL and the bad part
@@ -804,6 +826,12 @@ namespace detail {
     unix_path = true;
   } else {
     detail::bad_url(url, "must start with redis://, rediss://, unix:// or redis-sentinel://");
+  }
+  if (const auto at = detail::userinfo_end(rest, unix_path); at != std::string_view::npos) {
+    detail::refuse_delimiter_in_userinfo(rest.substr(0, at), url, unix_path,
+                                         o.tls.enabled
+                                             ? "options::user, options::password and options::tls"
+                                             : "options::user and options::password");
   }
   std::string without_multiplex(rest);  // rest without `multiplex=N`; rest views it
   o.multiplex = detail::take_multiplex_query(without_multiplex, url, unix_path, &o.read_spin);
