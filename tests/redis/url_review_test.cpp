@@ -2,8 +2,9 @@
 // Review of the Redis URL parsers (no server): a '?' inside a query value,
 // empty parameters beside multiplex= that left db= unapplied, a URL
 // ending in '?', empty credentials (in URLs and set in code), a ','
-// before the last '@' of a URL listing several hosts, and a userinfo that
-// runs into the query, path or fragment.
+// before the last '@' of a URL listing several hosts, a userinfo that
+// runs into the query, path or fragment, and query parameters given to a
+// form that does not take them.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
@@ -420,6 +421,108 @@ TEST(UrlReview, PasswordsHoldingAnAtStillWork) {
   const auto g = redis::parse_url("redis://u:p&multiplex=2=:x@h");
   EXPECT_EQ(g.password, "p&multiplex=2=:x");
   EXPECT_EQ(g.multiplex, 0u);
+}
+
+// Verifies that a query parameter given to a URL form that does not take it
+// is refused naming that parameter and where it belongs. Whatever was left
+// of a redis:// query once multiplex= and read_spin_us= were taken out used
+// to be refused with "has parameters after '?': TLS parameters need
+// rediss://" (`redis://h?read_spin_us=5&db=1` too), and on rediss:// with a
+// list of known names that left out multiplex and read_spin_us; a unix://
+// query without multiplex= went to the socket path (`unix:///t/s?sni=x&db=1`
+// connected to "/t/s?sni=x&db=1" on database 0).
+TEST(UrlReview, MisplacedQueryParametersAreNamed) {
+  struct row {
+    std::string url;
+    std::string named;  // what the message must say
+  };
+  const std::string db_path = "has parameter \"db\": a redis:// URL takes its database in the path";
+  const std::string unix_only = "(a unix:// URL takes only db=, multiplex= and read_spin_us=)";
+  const row rows[] = {
+      {"redis://h?read_spin_us=5&db=1", db_path},
+      {"redis://h?db=1&read_spin_us=5", db_path},
+      {"redis://h?multiplex=2&db=1", db_path},
+      {"redis://h/2?db=3", db_path},
+      {"rediss://h?sni=x&db=1",
+       "has parameter \"db\": a rediss:// URL takes its database in the path"},
+      {"redis://h?read_spin_us=5&sni=x",
+       "has TLS parameter \"sni\": TLS parameters need rediss://"},
+      {"redis://h?multiplex=2&verify=none",
+       "has TLS parameter \"verify\": TLS parameters need rediss://"},
+      {"redis-cluster://h:7000?multiplex=2&ca=/c",
+       "has TLS parameter \"ca\": TLS parameters need rediss-cluster://"},
+      {"redis-cluster://h:7000?db=1", "has parameter \"db\": a cluster has only database 0"},
+      {"rediss-cluster://h:7000?sni=x&db=0", "has parameter \"db\": a cluster has only database 0"},
+      {"redis://h?read_spin_us=5&sentinel_password=s3cret",
+       "has parameter \"sentinel_password\", which only a redis-sentinel:// URL takes"},
+      {"rediss-cluster://h:7000?multiplex=1&sentinel_user=u",
+       "has parameter \"sentinel_user\", which only a redis-sentinel:// URL takes"},
+      {"redis://h?read_spin_us=5&foo=1",
+       "has unknown parameter \"foo\" (known: multiplex, read_spin_us; with rediss:// also ca, "
+       "ca_dir, cert, key, sni, verify)"},
+      {"rediss://h?foo=1",
+       "has unknown parameter \"foo\" (known: ca, ca_dir, cert, key, sni, verify, multiplex, "
+       "read_spin_us)"},
+      {"redis-cluster://h:7000?foo=1",
+       "has unknown parameter \"foo\" (known: multiplex; with rediss-cluster:// also ca"},
+      {"rediss-cluster://h:7000?foo=1",
+       "has unknown parameter \"foo\" (known: ca, ca_dir, cert, key, sni, verify, multiplex)"},
+      {"redis-sentinel://s/m?multiplex=2&ca=/c",
+       "has TLS parameter \"ca\": a redis-sentinel:// URL takes none"},
+      {"unix:///t/s?read_spin_us=5&sni=x",
+       "has parameter \"sni\" beside multiplex= or read_spin_us= " + unix_only},
+      {"unix:///t/s?sni=x&db=1", "has parameter \"sni\" beside db= " + unix_only},
+      {"unix:///t/s?db=1&sni=x", "has parameter \"sni\" beside db= " + unix_only},
+      {"unix:///t/s?x=1&db=1", "has parameter \"x\" beside db= " + unix_only},
+      {"unix:///t/s?sni=x",
+       "has parameter \"sni\", which a unix:// URL does not take " + unix_only},
+      {"unix:///t/s?sentinel_password=s3cret",
+       "has parameter \"sentinel_password\", which a unix:// URL does not take"},
+      {"unix:///t/s?db=1&db=2", "gives parameter \"db\" twice"},
+      {"unix:///t/s?&db=1", "has an empty parameter beside db= (a stray '&')"},
+      {"unix:///t/s?db=1&", "has an empty parameter beside db= (a stray '&')"},
+  };
+  for (const row& r : rows) {
+    SCOPED_TRACE(r.url);
+    const std::string why = refusal(r.url);
+    EXPECT_NE(why.find(r.named), std::string::npos) << why;
+    EXPECT_EQ(why.find("has parameters after '?'"), std::string::npos) << why;
+    EXPECT_EQ(why.find("s3cret"), std::string::npos) << why;
+  }
+  // Every parameter a form takes goes with every other, in any order.
+  const auto a = redis::parse_url("redis://h/1?read_spin_us=5&multiplex=2");
+  EXPECT_EQ(a.database, 1);
+  EXPECT_EQ(a.read_spin.count(), 5);
+  EXPECT_EQ(a.multiplex, 2u);
+  const auto b = redis::parse_url("rediss://h/1?sni=x&read_spin_us=5&verify=chain&multiplex=2");
+  EXPECT_EQ(b.database, 1);
+  EXPECT_EQ(b.read_spin.count(), 5);
+  EXPECT_EQ(b.multiplex, 2u);
+  EXPECT_EQ(b.tls.server_name, "x");
+  EXPECT_EQ(b.tls.verify, redis::tls_verify::chain);
+  const auto c = redis::parse_url("unix:///t/s?read_spin_us=5&db=1&multiplex=3");
+  EXPECT_EQ(c.unix_socket, "/t/s");
+  EXPECT_EQ(c.database, 1);
+  EXPECT_EQ(c.read_spin.count(), 5);
+  EXPECT_EQ(c.multiplex, 3u);
+  const auto d = redis::parse_url("unix:///t/s?db=2");
+  EXPECT_EQ(d.unix_socket, "/t/s");
+  EXPECT_EQ(d.database, 2);
+  const auto e = redis::parse_url(
+      "redis-sentinel://s/m?read_spin_us=5&db=1&multiplex=2&sentinel_password=p&sentinel_user=u");
+  EXPECT_EQ(e.read_spin.count(), 5);
+  EXPECT_EQ(e.database, 1);
+  EXPECT_EQ(e.multiplex, 2u);
+  EXPECT_EQ(e.sentinel.user, "u");
+  EXPECT_EQ(e.sentinel.password, "p");
+  const auto f = redis::parse_cluster_url("rediss-cluster://h:7000?sni=x&multiplex=2&ca=/c");
+  EXPECT_EQ(f.node.multiplex, 2u);
+  EXPECT_EQ(f.node.tls.server_name, "x");
+  EXPECT_EQ(f.node.tls.ca_file, "/c");
+  // Without db=, multiplex=, read_spin_us= or another known NAME=, a unix://
+  // path may still hold '?'.
+  EXPECT_EQ(redis::parse_url("unix:///t/s?x=1").unix_socket, "/t/s?x=1");
+  EXPECT_EQ(redis::parse_url("unix:///t/s?sni").unix_socket, "/t/s?sni");
 }
 
 }  // namespace

@@ -462,10 +462,50 @@ inline void refuse_delimiter_in_userinfo(std::string_view cred, std::string_view
                    std::string(fields) + " in code");
 }
 
+/// True for the names of the TLS parameters (apply_tls_query).
+[[nodiscard]] inline bool tls_parameter(std::string_view name) noexcept {
+  return name == "ca" || name == "ca_dir" || name == "cert" || name == "key" || name == "sni" ||
+         name == "verify";
+}
+
+/// Refuses parameter `name` of the query of a `redis://` or `rediss://` URL
+/// (with `cluster`, `redis-cluster://` or `rediss-cluster://`; `tls` for
+/// the rediss forms) that takes no such parameter, saying where it belongs:
+/// `db` in the path (a cluster has only database 0), a TLS parameter in the
+/// rediss form, `sentinel_user`/`sentinel_password` in `redis-sentinel://`.
+/// Called with what is left once multiplex= and read_spin_us= are taken.
+/// @throws std::invalid_argument naming the parameter (the URL redacted)
+[[noreturn]] inline void misplaced_parameter(std::string_view name, std::string_view url, bool tls,
+                                             bool cluster) {
+  const std::string quoted = "\"" + escaped_name(name) + "\"";
+  const std::string tls_scheme = cluster ? "rediss-cluster://" : "rediss://";
+  const std::string scheme = tls ? tls_scheme : cluster ? "redis-cluster://" : "redis://";
+  if (name == "db") {
+    if (cluster) bad_url(url, "has parameter \"db\": a cluster has only database 0");
+    bad_url(url, "has parameter \"db\": a " + scheme + " URL takes its database in the path (" +
+                     scheme + "HOST[:PORT]/DB; ?db= is for unix:// and redis-sentinel://)");
+  }
+  if (!tls && tls_parameter(name)) {
+    bad_url(url, "has TLS parameter " + quoted + ": TLS parameters need " + tls_scheme);
+  }
+  if (name == "sentinel_user" || name == "sentinel_password") {
+    bad_url(url, "has parameter " + quoted + ", which only a redis-sentinel:// URL takes");
+  }
+  const std::string tls_names = "ca, ca_dir, cert, key, sni, verify";
+  const std::string own = cluster ? "multiplex" : "multiplex, read_spin_us";
+  bad_url(url,
+          "has unknown parameter " + quoted + " (known: " +
+              (tls ? tls_names + ", " + own : own + "; with " + tls_scheme + " also " + tls_names) +
+              ")");
+}
+
 /// Applies the query `k=v&k=v` of a `rediss://` URL to `t`: ca, ca_dir, cert,
 /// key, sni, verify (full, chain or none). Each at most once, none empty.
+/// Another name is refused by misplaced_parameter (`cluster`: of a
+/// `rediss-cluster://` URL).
 /// @throws std::invalid_argument naming the bad parameter (and the URL, redacted)
-inline void apply_tls_query(tls_options& t, std::string_view query, std::string_view url) {
+inline void apply_tls_query(tls_options& t, std::string_view query, std::string_view url,
+                            bool cluster = false) {
   std::vector<std::string_view> seen;
   for (;;) {
     const auto amp = query.find('&');
@@ -506,8 +546,7 @@ inline void apply_tls_query(tls_options& t, std::string_view query, std::string_
         bad_url(url, "has verify=\"" + value + "\" (expected full, chain or none)");
       }
     } else {
-      bad_url(url, "has unknown parameter \"" + std::string(name) +
-                       "\" (known: ca, ca_dir, cert, key, sni, verify)");
+      misplaced_parameter(name, url, true, cluster);
     }
     if (amp == std::string_view::npos) break;
     query.remove_prefix(amp + 1);
@@ -555,8 +594,10 @@ inline void check_read_spin(std::chrono::microseconds spin) {
 /// the last `@`; what is left of the query stays in `rest`. With
 /// `read_spin`, takes `read_spin_us=N` (0..1000, at most once) as well
 /// and sets it there (untouched without the parameter).
-/// @param unix_path a `unix://` URL's rest: with multiplex= or read_spin_us=
-///   its query may hold nothing but `db=` (the '?' then starts a query, never a path's)
+/// @param unix_path a `unix://` URL's rest: with `db=`, multiplex= or
+///   read_spin_us= its query may hold nothing else, `db=` at most once, and
+///   no empty parameter (the '?' then starts a query, never a path's); a
+///   TLS or Sentinel parameter (`NAME=`) there is refused by name
 /// @return N, or 0 without the parameter
 /// @throws std::invalid_argument naming the bad value and the URL (redacted)
 [[nodiscard]] inline std::size_t take_multiplex_query(
@@ -570,10 +611,12 @@ inline void check_read_spin(std::chrono::microseconds spin) {
   std::string kept;
   bool others = false;  // parameters other than multiplex (empty ones too: refused later)
   std::size_t n = 0;
-  bool seen = false;          // multiplex=
-  bool seen_spin = false;     // read_spin_us= (only with `read_spin`)
-  bool not_db = false;        // a unix:// query holds a parameter other than db=
-  std::string_view not_unix;  // the name of the first such
+  bool seen = false;           // multiplex=
+  bool seen_spin = false;      // read_spin_us= (only with `read_spin`)
+  bool not_db = false;         // a unix:// query holds a parameter other than db=
+  std::string_view not_unix;   // the name of the first such
+  int db_items = 0;            // db= items of a unix:// query
+  std::string_view elsewhere;  // the first TLS or Sentinel parameter of a unix:// query
   std::string_view query = std::string_view(rest).substr(q + 1);
   for (;;) {
     const auto amp = query.find('&');
@@ -592,6 +635,12 @@ inline void check_read_spin(std::chrono::microseconds spin) {
           parse_url_int(item.substr(std::min(item.size(), std::size_t{13})), url, "read_spin_us", 0,
                         max_read_spin.count()));
     } else {
+      if (unix_path && item.starts_with("db=")) ++db_items;
+      if (const std::string_view name = item.substr(0, item.find('='));
+          unix_path && elsewhere.empty() && name.size() < item.size() &&
+          (tls_parameter(name) || name == "sentinel_user" || name == "sentinel_password")) {
+        elsewhere = name;
+      }
       if (unix_path && !item.empty() && !item.starts_with("db=") && !not_db) {
         not_db = true;
         not_unix = item.substr(0, item.find('='));
@@ -604,26 +653,39 @@ inline void check_read_spin(std::chrono::microseconds spin) {
     query.remove_prefix(amp + 1);
   }
   seen = seen || seen_spin;
-  if (seen && not_db) {
+  // With db= (unix://) the '?' starts a query too: `unix:///t/s?sni=x&db=1`
+  // would connect to the path "/t/s?sni=x&db=1" on database 0, and
+  // `unix:///t/s?db=1&sni=x` was refused as a bad database "1&sni=x".
+  const std::string_view beside = seen ? "multiplex= or read_spin_us=" : "db=";
+  if (unix_path && db_items > 1) bad_url(url, "gives parameter \"db\" twice");
+  if ((seen || db_items > 0) && not_db) {
     // `unix:///t/s?multiplex=2&x=1&db=1` would connect to "/t/s?x=1&db=1".
-    bad_url(url, "has parameter \"" + std::string(not_unix) +
-                     "\" beside multiplex= or read_spin_us= (a unix:// URL takes only db=, "
+    bad_url(url, "has parameter \"" + escaped_name(not_unix) + "\" beside " + std::string(beside) +
+                     " (a unix:// URL takes only db=, multiplex= and read_spin_us=)");
+  }
+  if (!elsewhere.empty()) {
+    // `unix:///t/s?sni=x` would connect to the path "/t/s?sni=x".
+    bad_url(url, "has parameter \"" + std::string(elsewhere) +
+                     "\", which a unix:// URL does not take (a unix:// URL takes only db=, "
                      "multiplex= and read_spin_us=)");
   }
   // With multiplex= the '?' surely starts a query: an empty parameter there
   // (`unix:///t/s?&multiplex=2&db=1`) would leave the rest read as a path.
-  if (seen && others &&
+  if ((seen || db_items > 0) && others &&
       (kept.empty() || kept.front() == '&' || kept.back() == '&' ||
        kept.find("&&") != std::string::npos)) {
-    bad_url(url, "has an empty parameter beside multiplex= or read_spin_us= (a stray '&')");
+    bad_url(url, "has an empty parameter beside " + std::string(beside) + " (a stray '&')");
   }
   rest = rest.substr(0, q) + (others ? "?" + kept : std::string());
   return n;
 }
 
 /// Splits the query (after the first `?` behind the userinfo) off `rest` and
-/// applies it to `t`; a query on a URL without TLS is refused.
-inline void take_tls_query(std::string_view& rest, tls_options& t, std::string_view url) {
+/// applies it to `t`; a query on a URL without TLS is refused, naming its
+/// first parameter and what it needs (misplaced_parameter; `cluster`: of a
+/// `redis-cluster://` or `rediss-cluster://` URL).
+inline void take_tls_query(std::string_view& rest, tls_options& t, std::string_view url,
+                           bool cluster = false) {
   const auto at = rest.rfind('@');
   const auto q = rest.find('?', at == std::string_view::npos ? 0 : at + 1);
   // The caller refused a userinfo holding '?' (refuse_delimiter_in_userinfo).
@@ -631,8 +693,14 @@ inline void take_tls_query(std::string_view& rest, tls_options& t, std::string_v
   if (rest.substr(q + 1).find_first_not_of('&') == std::string_view::npos) {
     bad_url(url, "has no parameter after '?'");
   }
-  if (!t.enabled) bad_url(url, "has parameters after '?': TLS parameters need rediss://");
-  apply_tls_query(t, rest.substr(q + 1), url);
+  if (!t.enabled) {
+    // `redis://h?read_spin_us=5&db=1` said "TLS parameters need rediss://".
+    std::string_view query = rest.substr(q + 1);
+    query.remove_prefix(query.find_first_not_of('&'));
+    const std::string_view item = query.substr(0, query.find('&'));
+    misplaced_parameter(item.substr(0, item.find('=')), url, false, cluster);
+  }
+  apply_tls_query(t, rest.substr(q + 1), url, cluster);
   rest = rest.substr(0, q);
 }
 
@@ -748,8 +816,13 @@ namespace detail {
       once(seen_spin);
       o.read_spin = std::chrono::microseconds(
           parse_url_int(value, url, "read_spin_us", 0, max_read_spin.count()));
+    } else if (tls_parameter(key)) {
+      // It was "an unknown parameter", as if misspelt.
+      bad_url(url, "has TLS parameter \"" + std::string(key) +
+                       "\": a redis-sentinel:// URL takes none (set options::tls in code; it "
+                       "applies to the sentinels and the master)");
     } else {
-      bad_url(url, "has an unknown parameter \"" + std::string(key) +
+      bad_url(url, "has an unknown parameter \"" + escaped_name(key) +
                        "\" (known: db, sentinel_user, sentinel_password, multiplex, read_spin_us)");
     }
     if (amp == std::string_view::npos) break;
@@ -795,8 +868,13 @@ namespace detail {
 /// A '?' inside the value of a TLS or Sentinel parameter is refused (a second
 /// '?' is no separator: `?ca=F?multiplex=2` would name the file "F?multiplex=2"),
 /// and so is a `redis://`, `rediss://` or `redis-sentinel://` URL with no
-/// parameter after its '?'. Without `multiplex=`, a `unix://` path may hold '?';
-/// with it the '?' starts the query, which holds nothing else but `db=`.
+/// parameter after its '?'. A parameter the form does not take is refused by
+/// name, saying where it belongs (misplaced_parameter: `?db=` on redis://, a
+/// TLS parameter without rediss://, a Sentinel one outside redis-sentinel://).
+/// A `unix://` path may hold '?', except where what follows holds `db=`,
+/// `multiplex=` or `read_spin_us=`: the '?' then starts the query, which
+/// holds nothing else (`db=` once, no empty parameter); a TLS or Sentinel
+/// parameter (`NAME=`) after it is refused by name.
 ///
 /// Sentinel (ratelimit/redis/sentinel.hpp):
 /// `redis-sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER_NAME[?PARAMS]`

@@ -88,7 +88,7 @@ namespace detail {}  // namespace detail
   }
   std::string_view rest = after_scheme;
   o.node.tls.enabled = tls;
-  detail::take_tls_query(rest, o.node.tls, url);
+  detail::take_tls_query(rest, o.node.tls, url, true);
   if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
     detail::refuse_comma_in_userinfo(rest.substr(0, at), url,
                                      "cluster_options::node.user and node.password");
