@@ -32,6 +32,13 @@ void check_credentials(const rr::options& o, std::string_view url) {
                        "a user that is not in the URL");
   RATELIMIT_FUZZ_CHECK(o.password.empty() || url.find(o.password) != std::string_view::npos,
                        "a password that is not in the URL");
+  // A userinfo holding '?', '#' or (but in unix://) '/' ran past the host,
+  // to an '@' in a query value, a path or a fragment.
+  const std::string_view past_host = url.starts_with("unix://") ? "?#" : "/?#";
+  RATELIMIT_FUZZ_CHECK(o.user.find_first_of(past_host) == std::string::npos &&
+                           o.password.find_first_of(past_host) == std::string::npos,
+                       "a user or password holding '?', '#' or '/' (the userinfo ran past the "
+                       "host)");
 }
 
 }  // namespace

@@ -850,7 +850,7 @@ TEST(RedisUrl, HostileUrlsTable) {
       {"redis://u:p@h?multiplex=2", "h", 6379, "u", "p", 0, 2},
       {"redis://u:p?multiplex=2@h", "!"},
       {"redis://u:p@h?multiplex=2@e", "!"},
-      {"redis://u:p&multiplex=2@h", "!"},
+      {"redis://u:p&multiplex=2@h", "h", 6379, "u", "p&multiplex=2"},  // no '?': no query
       {"redis://u:multiplex=2@h", "h", 6379, "u", "multiplex=2"},
       {"redis://u:p%40@h", "h", 6379, "u", "p%40"},  // no percent-decoding outside zone ids
       {"redis://u:p@@h", "h", 6379, "u", "p@"},

@@ -642,7 +642,8 @@ TEST_F(Tls, EncryptedKeyIsRefusedWithoutPrompting) {
 // Verifies a URL with '@' in a TLS parameter's value is refused naming that,
 // with the password hidden, instead of being read as a userinfo ending at
 // that '@' (which connected to the host after it, sending the rest as a
-// password); a password holding '?' still parses.
+// password); a password holding '?' is refused the same way (it cannot be
+// told from such a URL), one holding '@' still parses.
 TEST(TlsUrl, AtSignInAQueryValueIsRefused) {
   const auto url_error = [](const std::string& url) -> std::string {
     try {
@@ -659,8 +660,11 @@ TEST(TlsUrl, AtSignInAQueryValueIsRefused) {
   EXPECT_EQ(what.find("s3cret"), std::string::npos) << what;
   what = url_error("redis://h?key=x@y");
   EXPECT_NE(what.find("'@' in a query value"), std::string::npos) << what;
-  const redis::options o = redis::parse_url("rediss://u:pa?ss=1&x@h:6380?verify=none");
-  EXPECT_EQ(o.password, "pa?ss=1&x");
+  what = url_error("rediss://u:s3?ss=1&x@h:6380?verify=none");
+  EXPECT_NE(what.find("has a '?' before its last '@'"), std::string::npos) << what;
+  EXPECT_EQ(what.find("s3"), std::string::npos) << what;
+  const redis::options o = redis::parse_url("rediss://u:pa@ss=1&x@h:6380?verify=none");
+  EXPECT_EQ(o.password, "pa@ss=1&x");
   EXPECT_EQ(o.host, "h");
 }
 
@@ -687,7 +691,7 @@ TEST(TlsUrl, ParametersAndErrors) {
   EXPECT_EQ(d.tls.verify, redis::tls_verify::full);
   EXPECT_EQ(d.port, 6379);
   EXPECT_FALSE(redis::parse_url("redis://h").tls.enabled);
-  EXPECT_EQ(redis::parse_url("rediss://:pa?ss@h?verify=none").password, "pa?ss");
+  EXPECT_EQ(redis::parse_url("rediss://:pa@ss@h?verify=none").password, "pa@ss");
 
   const auto url_error = [](const std::string& url) -> std::string {
     try {

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // Review of the Redis URL parsers (no server): a '?' inside a query value,
 // empty parameters beside multiplex= that left db= unapplied, a URL
-// ending in '?', empty credentials (in URLs and set in code), and a ','
-// before the last '@' of a URL listing several hosts.
+// ending in '?', empty credentials (in URLs and set in code), a ','
+// before the last '@' of a URL listing several hosts, a userinfo that
+// runs into the query, path or fragment, and query parameters given to a
+// form that does not take them.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
@@ -313,6 +315,214 @@ TEST(UrlReview, ReadSpinOnAClusterUrlIsRefusedByName) {
   EXPECT_NE(refusal("redis-cluster://a:7000?read_spin_us=1&read_spin_us=1").find("twice"),
             std::string::npos);
   EXPECT_EQ(redis::parse_cluster_url("redis-cluster://a:7000?multiplex=2").node.multiplex, 2u);
+}
+
+// Verifies that a userinfo running past the host is refused on every form:
+// it ends at the last '@' (unix://: the first "@/"), so an '@' in a query
+// value, a path or a fragment made the text before it a password and the
+// text after it the host. Only an '@' after the name of a known parameter
+// was caught: `redis://h?x=1@evil` connected to "evil" sending "h?x=1" as
+// the password, and `redis-sentinel://s/m?x=a@evil/m2` asked the sentinel
+// "evil" for master "m2". A user or password holding '?', '#' or (but in
+// unix://) '/' is refused too: it cannot be told from such a URL. The
+// message names the byte and the fields to set in code, and quotes neither
+// password nor secret query value.
+TEST(UrlReview, UserinfoRunningPastTheHostIsRefused) {
+  struct row {
+    std::string url;
+    std::string named;        // what the message must say
+    std::string set_in_code;  // the fields it names
+  };
+  const std::string last = "before its last '@', where its userinfo ends";
+  const std::string first = "before its first \"@/\", where its userinfo ends";
+  const std::string plain = "options::user and options::password";
+  const row rows[] = {
+      {"redis://h?x=1@evil", "'?' " + last, plain},
+      {"redis://h:6379?multiplex=2@evil:1", "'?' " + last, plain},
+      {"redis://h#frag@evil", "'#' " + last, plain},
+      {"redis://h/1@evil:6379/2", "'/' " + last, plain},
+      {"redis://u:s3/cret@h", "'/' " + last, plain},
+      {"redis://:s3#cret@h", "'#' " + last, plain},
+      {"redis://s3cret@h?x=a:b@c", "'?' " + last, plain},
+      {"rediss://h:6379?ca=/a@b", "'?' " + last,
+       "options::user, options::password and options::tls"},
+      {"rediss://u:s3cret@h?verify=full&ca=/etc/a@b/ca.crt", "'?' " + last,
+       "options::user, options::password and options::tls"},
+      {"rediss://u:s3?cret@h?verify=none", "'?' " + last,
+       "options::user, options::password and options::tls"},
+      {"unix://run/s.sock?x=@/evil", "'?' " + first, plain},
+      {"unix://?multiplex=2@/t/s", "'?' " + first, plain},
+      {"unix://:s3?cret@/t/s", "'?' " + first, plain},
+      {"unix://u:s3#cret@/t/s?db=1", "'#' " + first, plain},
+      {"redis-cluster://h:7000?x=1@evil:7000", "'?' " + last,
+       "cluster_options::node.user and node.password"},
+      {"redis-cluster://a/x@b", "'/' " + last, "cluster_options::node.user and node.password"},
+      {"redis-cluster://u:s3?cret@a:7000,b:7001", "'?' " + last,
+       "cluster_options::node.user and node.password"},
+      {"rediss-cluster://h:7000?sni=a@evil", "'?' " + last,
+       "cluster_options::node.user, node.password and node.tls"},
+      {"redis-sentinel://s1:26379/mymaster?sentinel_password=s3@cret", "'/' " + last,
+       "options::user, options::password and options::sentinel"},
+      {"redis-sentinel://s1/m?db=1&sentinel_password=s3@cret", "'/' " + last,
+       "options::user, options::password and options::sentinel"},
+      {"redis-sentinel://:s3?cret@s1/m", "'?' " + last,
+       "options::user, options::password and options::sentinel"},
+      {"redis-sentinel://s/m?x=s3@evil/m2", "'/' " + last,
+       "options::user, options::password and options::sentinel"},
+      {"redis-sentinel://s1/a@b/c", "'/' " + last,
+       "options::user, options::password and options::sentinel"},
+  };
+  for (const row& r : rows) {
+    SCOPED_TRACE(r.url);
+    const std::string why = refusal(r.url);
+    EXPECT_NE(why.find("has a " + r.named), std::string::npos) << why;
+    EXPECT_NE(why.find("set " + r.set_in_code + " in code"), std::string::npos) << why;
+    EXPECT_EQ(why.find("s3"), std::string::npos) << why;
+    EXPECT_EQ(why.find("cret"), std::string::npos) << why;
+  }
+  EXPECT_NE(refusal("redis://h?x=1@evil").find("an '@' in a query value"), std::string::npos);
+  // The redacted URL hides all of such a userinfo: its "user" part may be a
+  // password (no ':' in the real userinfo) or a query value.
+  EXPECT_NE(refusal("redis://s3cret@h?sni=a:b@c").find("\"redis://***@c\""), std::string::npos);
+}
+
+// Verifies that a password may still hold '@' (the userinfo ends at the
+// last '@') on every form, and '/' in a unix:// URL, whose userinfo ends at
+// the first "@/"; and that '&', '=' and ':' in a password are no query.
+TEST(UrlReview, PasswordsHoldingAnAtStillWork) {
+  const auto a = redis::parse_url("redis://u:p@ss@h:7000/2?multiplex=2");
+  EXPECT_EQ(a.user, "u");
+  EXPECT_EQ(a.password, "p@ss");
+  EXPECT_EQ(a.host, "h");
+  EXPECT_EQ(a.port, 7000);
+  EXPECT_EQ(a.database, 2);
+  EXPECT_EQ(a.multiplex, 2u);
+  const auto b = redis::parse_url("rediss://:p@ss@h?sni=x");
+  EXPECT_EQ(b.password, "p@ss");
+  EXPECT_EQ(b.host, "h");
+  EXPECT_EQ(b.tls.server_name, "x");
+  const auto c = redis::parse_url("unix://u:p@s/s@/t/s?db=3");
+  EXPECT_EQ(c.password, "p@s/s");
+  EXPECT_EQ(c.unix_socket, "/t/s");
+  EXPECT_EQ(c.database, 3);
+  const auto d = redis::parse_cluster_url("redis-cluster://u:p@ss@a:7000,b:7001?multiplex=2");
+  EXPECT_EQ(d.node.password, "p@ss");
+  ASSERT_EQ(d.seeds.size(), 2u);
+  EXPECT_EQ(d.seeds[0], (redis::node_address{"a", 7000}));
+  EXPECT_EQ(d.node.multiplex, 2u);
+  const auto e = redis::parse_cluster_url("rediss-cluster://:p@ss@a:7000?sni=x");
+  EXPECT_EQ(e.node.password, "p@ss");
+  EXPECT_EQ(e.node.tls.server_name, "x");
+  const auto f = redis::parse_url("redis-sentinel://:p@ss@s1,s2:26380/m?sentinel_password=sp");
+  EXPECT_EQ(f.password, "p@ss");
+  ASSERT_EQ(f.sentinel.sentinels.size(), 2u);
+  EXPECT_EQ(f.sentinel.sentinels[1].port, 26380);
+  EXPECT_EQ(f.sentinel.password, "sp");
+  const auto g = redis::parse_url("redis://u:p&multiplex=2=:x@h");
+  EXPECT_EQ(g.password, "p&multiplex=2=:x");
+  EXPECT_EQ(g.multiplex, 0u);
+}
+
+// Verifies that a query parameter given to a URL form that does not take it
+// is refused naming that parameter and where it belongs. Whatever was left
+// of a redis:// query once multiplex= and read_spin_us= were taken out used
+// to be refused with "has parameters after '?': TLS parameters need
+// rediss://" (`redis://h?read_spin_us=5&db=1` too), and on rediss:// with a
+// list of known names that left out multiplex and read_spin_us; a unix://
+// query without multiplex= went to the socket path (`unix:///t/s?sni=x&db=1`
+// connected to "/t/s?sni=x&db=1" on database 0).
+TEST(UrlReview, MisplacedQueryParametersAreNamed) {
+  struct row {
+    std::string url;
+    std::string named;  // what the message must say
+  };
+  const std::string db_path = "has parameter \"db\": a redis:// URL takes its database in the path";
+  const std::string unix_only = "(a unix:// URL takes only db=, multiplex= and read_spin_us=)";
+  const row rows[] = {
+      {"redis://h?read_spin_us=5&db=1", db_path},
+      {"redis://h?db=1&read_spin_us=5", db_path},
+      {"redis://h?multiplex=2&db=1", db_path},
+      {"redis://h/2?db=3", db_path},
+      {"rediss://h?sni=x&db=1",
+       "has parameter \"db\": a rediss:// URL takes its database in the path"},
+      {"redis://h?read_spin_us=5&sni=x",
+       "has TLS parameter \"sni\": TLS parameters need rediss://"},
+      {"redis://h?multiplex=2&verify=none",
+       "has TLS parameter \"verify\": TLS parameters need rediss://"},
+      {"redis-cluster://h:7000?multiplex=2&ca=/c",
+       "has TLS parameter \"ca\": TLS parameters need rediss-cluster://"},
+      {"redis-cluster://h:7000?db=1", "has parameter \"db\": a cluster has only database 0"},
+      {"rediss-cluster://h:7000?sni=x&db=0", "has parameter \"db\": a cluster has only database 0"},
+      {"redis://h?read_spin_us=5&sentinel_password=s3cret",
+       "has parameter \"sentinel_password\", which only a redis-sentinel:// URL takes"},
+      {"rediss-cluster://h:7000?multiplex=1&sentinel_user=u",
+       "has parameter \"sentinel_user\", which only a redis-sentinel:// URL takes"},
+      {"redis://h?read_spin_us=5&foo=1",
+       "has unknown parameter \"foo\" (known: multiplex, read_spin_us; with rediss:// also ca, "
+       "ca_dir, cert, key, sni, verify)"},
+      {"rediss://h?foo=1",
+       "has unknown parameter \"foo\" (known: ca, ca_dir, cert, key, sni, verify, multiplex, "
+       "read_spin_us)"},
+      {"redis-cluster://h:7000?foo=1",
+       "has unknown parameter \"foo\" (known: multiplex; with rediss-cluster:// also ca"},
+      {"rediss-cluster://h:7000?foo=1",
+       "has unknown parameter \"foo\" (known: ca, ca_dir, cert, key, sni, verify, multiplex)"},
+      {"redis-sentinel://s/m?multiplex=2&ca=/c",
+       "has TLS parameter \"ca\": a redis-sentinel:// URL takes none"},
+      {"unix:///t/s?read_spin_us=5&sni=x",
+       "has parameter \"sni\" beside multiplex= or read_spin_us= " + unix_only},
+      {"unix:///t/s?sni=x&db=1", "has parameter \"sni\" beside db= " + unix_only},
+      {"unix:///t/s?db=1&sni=x", "has parameter \"sni\" beside db= " + unix_only},
+      {"unix:///t/s?x=1&db=1", "has parameter \"x\" beside db= " + unix_only},
+      {"unix:///t/s?sni=x",
+       "has parameter \"sni\", which a unix:// URL does not take " + unix_only},
+      {"unix:///t/s?sentinel_password=s3cret",
+       "has parameter \"sentinel_password\", which a unix:// URL does not take"},
+      {"unix:///t/s?db=1&db=2", "gives parameter \"db\" twice"},
+      {"unix:///t/s?&db=1", "has an empty parameter beside db= (a stray '&')"},
+      {"unix:///t/s?db=1&", "has an empty parameter beside db= (a stray '&')"},
+  };
+  for (const row& r : rows) {
+    SCOPED_TRACE(r.url);
+    const std::string why = refusal(r.url);
+    EXPECT_NE(why.find(r.named), std::string::npos) << why;
+    EXPECT_EQ(why.find("has parameters after '?'"), std::string::npos) << why;
+    EXPECT_EQ(why.find("s3cret"), std::string::npos) << why;
+  }
+  // Every parameter a form takes goes with every other, in any order.
+  const auto a = redis::parse_url("redis://h/1?read_spin_us=5&multiplex=2");
+  EXPECT_EQ(a.database, 1);
+  EXPECT_EQ(a.read_spin.count(), 5);
+  EXPECT_EQ(a.multiplex, 2u);
+  const auto b = redis::parse_url("rediss://h/1?sni=x&read_spin_us=5&verify=chain&multiplex=2");
+  EXPECT_EQ(b.database, 1);
+  EXPECT_EQ(b.read_spin.count(), 5);
+  EXPECT_EQ(b.multiplex, 2u);
+  EXPECT_EQ(b.tls.server_name, "x");
+  EXPECT_EQ(b.tls.verify, redis::tls_verify::chain);
+  const auto c = redis::parse_url("unix:///t/s?read_spin_us=5&db=1&multiplex=3");
+  EXPECT_EQ(c.unix_socket, "/t/s");
+  EXPECT_EQ(c.database, 1);
+  EXPECT_EQ(c.read_spin.count(), 5);
+  EXPECT_EQ(c.multiplex, 3u);
+  const auto d = redis::parse_url("unix:///t/s?db=2");
+  EXPECT_EQ(d.unix_socket, "/t/s");
+  EXPECT_EQ(d.database, 2);
+  const auto e = redis::parse_url(
+      "redis-sentinel://s/m?read_spin_us=5&db=1&multiplex=2&sentinel_password=p&sentinel_user=u");
+  EXPECT_EQ(e.read_spin.count(), 5);
+  EXPECT_EQ(e.database, 1);
+  EXPECT_EQ(e.multiplex, 2u);
+  EXPECT_EQ(e.sentinel.user, "u");
+  EXPECT_EQ(e.sentinel.password, "p");
+  const auto f = redis::parse_cluster_url("rediss-cluster://h:7000?sni=x&multiplex=2&ca=/c");
+  EXPECT_EQ(f.node.multiplex, 2u);
+  EXPECT_EQ(f.node.tls.server_name, "x");
+  EXPECT_EQ(f.node.tls.ca_file, "/c");
+  // Without db=, multiplex=, read_spin_us= or another known NAME=, a unix://
+  // path may still hold '?'.
+  EXPECT_EQ(redis::parse_url("unix:///t/s?x=1").unix_socket, "/t/s?x=1");
+  EXPECT_EQ(redis::parse_url("unix:///t/s?sni").unix_socket, "/t/s?sni");
 }
 
 }  // namespace

@@ -49,9 +49,10 @@ TEST(SentinelUrl, SentinelsMasterAndBothCredentials) {
   EXPECT_TRUE(plain.password.empty());
   EXPECT_TRUE(plain.sentinel.password.empty());
   EXPECT_EQ(plain.database, 0);
-  // A master password may hold '?', '/' and '@' as in redis:// (last '@').
-  const auto odd = redis::parse_url("redis-sentinel://:p?w/x@y@h:1/m");
-  EXPECT_EQ(odd.password, "p?w/x@y");
+  // A master password may hold '@' as in redis:// (last '@'), but no '?',
+  // '/' or '#' (see UrlReview.UserinfoRunningPastTheHostIsRefused).
+  const auto odd = redis::parse_url("redis-sentinel://:p@w:x@y@h:1/m");
+  EXPECT_EQ(odd.password, "p@w:x@y");
   EXPECT_EQ(odd.sentinel.sentinels[0].port, 1);
   // No Sentinel in plain URLs.
   EXPECT_TRUE(redis::parse_url("redis://h").sentinel.master_name.empty());

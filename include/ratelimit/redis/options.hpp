@@ -197,9 +197,20 @@ namespace detail {
   return rest.find("@/");
 }
 
+/// The bytes a userinfo, as userinfo_end finds it, must not hold: '?' and
+/// '#', and '/' unless the URL is a `unix://` one. Each ends the host part
+/// of a URL (a query, a fragment, a path), so a userinfo holding one has
+/// run past the host: an '@' in a query value (`redis://h?ca=/a@b`) or in
+/// a path would end it there and connect to whatever follows.
+[[nodiscard]] constexpr std::string_view userinfo_delimiters(bool unix_path) noexcept {
+  return unix_path ? "?#" : "/?#";
+}
+
 /// `url` as error messages quote it, without its secrets: the password of
 /// its userinfo (all of a userinfo without ':', which parse_url reads as a
-/// password; the userinfo ends as userinfo_end says) and the value of every query
+/// password; the userinfo ends as userinfo_end says; all of a userinfo that
+/// holds one of userinfo_delimiters, which parse_url refuses, as its user
+/// part may then be a password or a query value) and the value of every query
 /// parameter (from '=' to the next '&' or the end) whose name is not one of
 /// the known, non-secret `db`, `sentinel_user`, `ca`, `ca_dir`, `cert`,
 /// `key`, `sni` and `verify`, so `sentinel_password`, and a misspelt one
@@ -209,18 +220,27 @@ namespace detail {
   std::size_t empty_password_at = std::string_view::npos;
   const auto scheme = url.find("://");
   std::size_t at = std::string_view::npos;
+  bool whole = false;  // hide the user part of the userinfo as well
   if (scheme != std::string_view::npos) {
     const std::string_view rest = url.substr(scheme + 3);
     const bool unix_path = url.starts_with("unix://");
     auto end = userinfo_end(rest, unix_path);
     // A relative unix path holding '@' (refused by parse_url): what is before
-    // its last '@' may be a password.
-    if (unix_path && end == std::string_view::npos && !rest.starts_with('/')) end = rest.rfind('@');
+    // its last '@' may be a password, and so may the part before a ':' in it.
+    if (unix_path && end == std::string_view::npos && !rest.starts_with('/')) {
+      end = rest.rfind('@');
+      whole = true;
+    }
     if (end != std::string_view::npos) at = scheme + 3 + end;
+    if (end != std::string_view::npos && rest.substr(0, end).find_first_of(userinfo_delimiters(
+                                             unix_path)) != std::string_view::npos) {
+      // Refused by parse_url: no real userinfo, so ':' need not follow the user.
+      whole = true;
+    }
   }
   if (scheme != std::string_view::npos && at != std::string_view::npos && at >= scheme + 3) {
     const std::string_view cred = url.substr(scheme + 3, at - scheme - 3);
-    const auto colon = cred.find(':');
+    const auto colon = whole ? std::string_view::npos : cred.find(':');
     const std::size_t from = scheme + 3 + (colon == std::string_view::npos ? 0 : colon + 1);
     if (from == at) empty_password_at = at;
     std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from),
@@ -413,10 +433,79 @@ inline void refuse_comma_in_userinfo(std::string_view cred, std::string_view url
               std::string(fields) + " in code");
 }
 
+/// Refuses a userinfo `cred` (of `url`, as userinfo_end found it) that holds
+/// one of userinfo_delimiters: it then runs past the host, into a query, a
+/// path or a fragment, whose '@' ended it. `redis://h?x=1@evil` would
+/// otherwise connect to `evil` sending `h?x=1` as the password, and
+/// `redis://h:6379?ca=/a@b` to `b`. URLs are not percent-decoded (`%3F`
+/// would be sent as those three bytes), so a user or password holding such a
+/// byte, and a query value holding '@', are set in code, in `fields`.
+/// @throws std::invalid_argument naming the byte (the URL redacted, no credential quoted)
+inline void refuse_delimiter_in_userinfo(std::string_view cred, std::string_view url,
+                                         bool unix_path, std::string_view fields) {
+  const auto bad = cred.find_first_of(userinfo_delimiters(unix_path));
+  if (bad == std::string_view::npos) return;
+  const std::string which = std::string("'") + cred[bad] + "'";
+  if (unix_path) {
+    bad_url(url, "has a " + which +
+                     " before its first \"@/\", where its userinfo ends (an '@' in a query value "
+                     "would end it there); a user or password holding '?' or '#' cannot be "
+                     "written in a unix:// URL (no percent-decoding: %3F stays three bytes), set " +
+                     std::string(fields) + " in code");
+  }
+  bad_url(url, "has a " + which +
+                   " before its last '@', where its userinfo ends (an '@' in a query value, a "
+                   "path or a fragment would make the text before it a password and the text "
+                   "after it the host); a user or password holding '/', '?' or '#' cannot be "
+                   "written in this URL (no percent-decoding: %3F stays three bytes), nor a query "
+                   "value holding '@': set " +
+                   std::string(fields) + " in code");
+}
+
+/// True for the names of the TLS parameters (apply_tls_query).
+[[nodiscard]] inline bool tls_parameter(std::string_view name) noexcept {
+  return name == "ca" || name == "ca_dir" || name == "cert" || name == "key" || name == "sni" ||
+         name == "verify";
+}
+
+/// Refuses parameter `name` of the query of a `redis://` or `rediss://` URL
+/// (with `cluster`, `redis-cluster://` or `rediss-cluster://`; `tls` for
+/// the rediss forms) that takes no such parameter, saying where it belongs:
+/// `db` in the path (a cluster has only database 0), a TLS parameter in the
+/// rediss form, `sentinel_user`/`sentinel_password` in `redis-sentinel://`.
+/// Called with what is left once multiplex= and read_spin_us= are taken.
+/// @throws std::invalid_argument naming the parameter (the URL redacted)
+[[noreturn]] inline void misplaced_parameter(std::string_view name, std::string_view url, bool tls,
+                                             bool cluster) {
+  const std::string quoted = "\"" + escaped_name(name) + "\"";
+  const std::string tls_scheme = cluster ? "rediss-cluster://" : "rediss://";
+  const std::string scheme = tls ? tls_scheme : cluster ? "redis-cluster://" : "redis://";
+  if (name == "db") {
+    if (cluster) bad_url(url, "has parameter \"db\": a cluster has only database 0");
+    bad_url(url, "has parameter \"db\": a " + scheme + " URL takes its database in the path (" +
+                     scheme + "HOST[:PORT]/DB; ?db= is for unix:// and redis-sentinel://)");
+  }
+  if (!tls && tls_parameter(name)) {
+    bad_url(url, "has TLS parameter " + quoted + ": TLS parameters need " + tls_scheme);
+  }
+  if (name == "sentinel_user" || name == "sentinel_password") {
+    bad_url(url, "has parameter " + quoted + ", which only a redis-sentinel:// URL takes");
+  }
+  const std::string tls_names = "ca, ca_dir, cert, key, sni, verify";
+  const std::string own = cluster ? "multiplex" : "multiplex, read_spin_us";
+  bad_url(url,
+          "has unknown parameter " + quoted + " (known: " +
+              (tls ? tls_names + ", " + own : own + "; with " + tls_scheme + " also " + tls_names) +
+              ")");
+}
+
 /// Applies the query `k=v&k=v` of a `rediss://` URL to `t`: ca, ca_dir, cert,
 /// key, sni, verify (full, chain or none). Each at most once, none empty.
+/// Another name is refused by misplaced_parameter (`cluster`: of a
+/// `rediss-cluster://` URL).
 /// @throws std::invalid_argument naming the bad parameter (and the URL, redacted)
-inline void apply_tls_query(tls_options& t, std::string_view query, std::string_view url) {
+inline void apply_tls_query(tls_options& t, std::string_view query, std::string_view url,
+                            bool cluster = false) {
   std::vector<std::string_view> seen;
   for (;;) {
     const auto amp = query.find('&');
@@ -457,8 +546,7 @@ inline void apply_tls_query(tls_options& t, std::string_view query, std::string_
         bad_url(url, "has verify=\"" + value + "\" (expected full, chain or none)");
       }
     } else {
-      bad_url(url, "has unknown parameter \"" + std::string(name) +
-                       "\" (known: ca, ca_dir, cert, key, sni, verify)");
+      misplaced_parameter(name, url, true, cluster);
     }
     if (amp == std::string_view::npos) break;
     query.remove_prefix(amp + 1);
@@ -506,8 +594,10 @@ inline void check_read_spin(std::chrono::microseconds spin) {
 /// the last `@`; what is left of the query stays in `rest`. With
 /// `read_spin`, takes `read_spin_us=N` (0..1000, at most once) as well
 /// and sets it there (untouched without the parameter).
-/// @param unix_path a `unix://` URL's rest: with multiplex= or read_spin_us=
-///   its query may hold nothing but `db=` (the '?' then starts a query, never a path's)
+/// @param unix_path a `unix://` URL's rest: with `db=`, multiplex= or
+///   read_spin_us= its query may hold nothing else, `db=` at most once, and
+///   no empty parameter (the '?' then starts a query, never a path's); a
+///   TLS or Sentinel parameter (`NAME=`) there is refused by name
 /// @return N, or 0 without the parameter
 /// @throws std::invalid_argument naming the bad value and the URL (redacted)
 [[nodiscard]] inline std::size_t take_multiplex_query(
@@ -515,27 +605,18 @@ inline void check_read_spin(std::chrono::microseconds spin) {
     std::chrono::microseconds* read_spin = nullptr) {
   const auto at = rest.rfind('@');
   const auto q = rest.find('?', at == std::string::npos ? 0 : at + 1);
-  if (q == std::string::npos) {
-    // `h:7000?multiplex=2@evil:7000` would otherwise read `h:7000?multiplex=2`
-    // as the userinfo and connect to `evil:7000`, sending it as a password.
-    if (at == std::string::npos) return 0;
-    const std::string_view cred = std::string_view(rest).substr(0, at);
-    for (const std::string_view name : {"multiplex", "read_spin_us"}) {
-      for (auto p = cred.find(name); p != std::string_view::npos; p = cred.find(name, p + 1)) {
-        if (p > 0 && (cred[p - 1] == '?' || cred[p - 1] == '&')) {
-          bad_url(url, "has an '@' in a query value");
-        }
-      }
-    }
-    return 0;
-  }
+  // The caller refused a userinfo holding '?' (refuse_delimiter_in_userinfo),
+  // so an '@' in a query value cannot hide the query in a userinfo here.
+  if (q == std::string::npos) return 0;
   std::string kept;
   bool others = false;  // parameters other than multiplex (empty ones too: refused later)
   std::size_t n = 0;
-  bool seen = false;          // multiplex=
-  bool seen_spin = false;     // read_spin_us= (only with `read_spin`)
-  bool not_db = false;        // a unix:// query holds a parameter other than db=
-  std::string_view not_unix;  // the name of the first such
+  bool seen = false;           // multiplex=
+  bool seen_spin = false;      // read_spin_us= (only with `read_spin`)
+  bool not_db = false;         // a unix:// query holds a parameter other than db=
+  std::string_view not_unix;   // the name of the first such
+  int db_items = 0;            // db= items of a unix:// query
+  std::string_view elsewhere;  // the first TLS or Sentinel parameter of a unix:// query
   std::string_view query = std::string_view(rest).substr(q + 1);
   for (;;) {
     const auto amp = query.find('&');
@@ -554,6 +635,12 @@ inline void check_read_spin(std::chrono::microseconds spin) {
           parse_url_int(item.substr(std::min(item.size(), std::size_t{13})), url, "read_spin_us", 0,
                         max_read_spin.count()));
     } else {
+      if (unix_path && item.starts_with("db=")) ++db_items;
+      if (const std::string_view name = item.substr(0, item.find('='));
+          unix_path && elsewhere.empty() && name.size() < item.size() &&
+          (tls_parameter(name) || name == "sentinel_user" || name == "sentinel_password")) {
+        elsewhere = name;
+      }
       if (unix_path && !item.empty() && !item.starts_with("db=") && !not_db) {
         not_db = true;
         not_unix = item.substr(0, item.find('='));
@@ -566,48 +653,54 @@ inline void check_read_spin(std::chrono::microseconds spin) {
     query.remove_prefix(amp + 1);
   }
   seen = seen || seen_spin;
-  if (seen && not_db) {
+  // With db= (unix://) the '?' starts a query too: `unix:///t/s?sni=x&db=1`
+  // would connect to the path "/t/s?sni=x&db=1" on database 0, and
+  // `unix:///t/s?db=1&sni=x` was refused as a bad database "1&sni=x".
+  const std::string_view beside = seen ? "multiplex= or read_spin_us=" : "db=";
+  if (unix_path && db_items > 1) bad_url(url, "gives parameter \"db\" twice");
+  if ((seen || db_items > 0) && not_db) {
     // `unix:///t/s?multiplex=2&x=1&db=1` would connect to "/t/s?x=1&db=1".
-    bad_url(url, "has parameter \"" + std::string(not_unix) +
-                     "\" beside multiplex= or read_spin_us= (a unix:// URL takes only db=, "
+    bad_url(url, "has parameter \"" + escaped_name(not_unix) + "\" beside " + std::string(beside) +
+                     " (a unix:// URL takes only db=, multiplex= and read_spin_us=)");
+  }
+  if (!elsewhere.empty()) {
+    // `unix:///t/s?sni=x` would connect to the path "/t/s?sni=x".
+    bad_url(url, "has parameter \"" + std::string(elsewhere) +
+                     "\", which a unix:// URL does not take (a unix:// URL takes only db=, "
                      "multiplex= and read_spin_us=)");
   }
   // With multiplex= the '?' surely starts a query: an empty parameter there
   // (`unix:///t/s?&multiplex=2&db=1`) would leave the rest read as a path.
-  if (seen && others &&
+  if ((seen || db_items > 0) && others &&
       (kept.empty() || kept.front() == '&' || kept.back() == '&' ||
        kept.find("&&") != std::string::npos)) {
-    bad_url(url, "has an empty parameter beside multiplex= or read_spin_us= (a stray '&')");
+    bad_url(url, "has an empty parameter beside " + std::string(beside) + " (a stray '&')");
   }
   rest = rest.substr(0, q) + (others ? "?" + kept : std::string());
   return n;
 }
 
 /// Splits the query (after the first `?` behind the userinfo) off `rest` and
-/// applies it to `t`; a query on a URL without TLS is refused.
-inline void take_tls_query(std::string_view& rest, tls_options& t, std::string_view url) {
+/// applies it to `t`; a query on a URL without TLS is refused, naming its
+/// first parameter and what it needs (misplaced_parameter; `cluster`: of a
+/// `redis-cluster://` or `rediss-cluster://` URL).
+inline void take_tls_query(std::string_view& rest, tls_options& t, std::string_view url,
+                           bool cluster = false) {
   const auto at = rest.rfind('@');
   const auto q = rest.find('?', at == std::string_view::npos ? 0 : at + 1);
-  if (q == std::string_view::npos) {
-    // `rediss://h?sni=a@b` would otherwise read `h?sni=a` as the userinfo and
-    // connect to `b`, sending it that as a password.
-    if (at == std::string_view::npos) return;
-    const std::string_view cred = rest.substr(0, at);
-    for (const std::string_view name :
-         {"ca=", "ca_dir=", "cert=", "key=", "sni=", "verify=", "multiplex=", "read_spin_us="}) {
-      for (auto p = cred.find(name); p != std::string_view::npos; p = cred.find(name, p + 1)) {
-        if (p > 0 && (cred[p - 1] == '?' || cred[p - 1] == '&')) {
-          bad_url(url, "has an '@' in a query value (set options::tls in code instead)");
-        }
-      }
-    }
-    return;
-  }
+  // The caller refused a userinfo holding '?' (refuse_delimiter_in_userinfo).
+  if (q == std::string_view::npos) return;
   if (rest.substr(q + 1).find_first_not_of('&') == std::string_view::npos) {
     bad_url(url, "has no parameter after '?'");
   }
-  if (!t.enabled) bad_url(url, "has parameters after '?': TLS parameters need rediss://");
-  apply_tls_query(t, rest.substr(q + 1), url);
+  if (!t.enabled) {
+    // `redis://h?read_spin_us=5&db=1` said "TLS parameters need rediss://".
+    std::string_view query = rest.substr(q + 1);
+    query.remove_prefix(query.find_first_not_of('&'));
+    const std::string_view item = query.substr(0, query.find('&'));
+    misplaced_parameter(item.substr(0, item.find('=')), url, false, cluster);
+  }
+  apply_tls_query(t, rest.substr(q + 1), url, cluster);
   rest = rest.substr(0, q);
 }
 
@@ -621,18 +714,12 @@ namespace detail {
 [[nodiscard]] inline options parse_sentinel_url(std::string_view url) {
   options o;
   std::string_view rest = url.substr(std::string_view("redis-sentinel://").size());
-  if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
+  if (const auto at = userinfo_end(rest, false); at != std::string_view::npos) {
     const std::string_view cred = rest.substr(0, at);
-    if (cred.find("sentinel_password=") != std::string_view::npos ||
-        cred.find("sentinel_user=") != std::string_view::npos ||
-        cred.find("?db=") != std::string_view::npos ||
-        cred.find("&db=") != std::string_view::npos ||
-        cred.find("?multiplex=") != std::string_view::npos ||
-        cred.find("&multiplex=") != std::string_view::npos ||
-        cred.find("?read_spin_us=") != std::string_view::npos ||
-        cred.find("&read_spin_us=") != std::string_view::npos) {
-      bad_url(url, "has an '@' in a query value (set options::sentinel in code instead)");
-    }
+    // `redis-sentinel://s/m?sentinel_password=p@ss` would be password
+    // `s/m?sentinel_password=p` and sentinel `ss`.
+    refuse_delimiter_in_userinfo(cred, url, false,
+                                 "options::user, options::password and options::sentinel");
     rest = rest.substr(at + 1);
     refuse_comma_in_userinfo(cred, url, "options::user and options::password");
     take_userinfo(cred, o, url);
@@ -729,8 +816,13 @@ namespace detail {
       once(seen_spin);
       o.read_spin = std::chrono::microseconds(
           parse_url_int(value, url, "read_spin_us", 0, max_read_spin.count()));
+    } else if (tls_parameter(key)) {
+      // It was "an unknown parameter", as if misspelt.
+      bad_url(url, "has TLS parameter \"" + std::string(key) +
+                       "\": a redis-sentinel:// URL takes none (set options::tls in code; it "
+                       "applies to the sentinels and the master)");
     } else {
-      bad_url(url, "has an unknown parameter \"" + std::string(key) +
+      bad_url(url, "has an unknown parameter \"" + escaped_name(key) +
                        "\" (known: db, sentinel_user, sentinel_password, multiplex, read_spin_us)");
     }
     if (amp == std::string_view::npos) break;
@@ -758,13 +850,16 @@ namespace detail {
 /// holding '@' is refused (`unix://pw@run/s.sock` is no password and path). PORT is 1..65535.
 /// No other percent-decoding. A userinfo must hold a password (`USER:@`,
 /// `:@` and a bare `@` are refused: they would connect without AUTH); leave
-/// the userinfo out for no AUTH. Error
+/// the userinfo out for no AUTH. The userinfo ends at the last '@' (in
+/// `unix://`, the first `@/`) and may hold '@', but no '?' or '#', nor,
+/// except in `unix://`, '/' (refuse_delimiter_in_userinfo): those end the
+/// host part, so such a userinfo has run into a query, path or fragment
+/// (`redis://h?x=1@evil` would connect to `evil`). A user or password
+/// holding them, and a query value holding '@', are set in code. Error
 /// messages quote the URL with its password replaced by `***`.
 /// `rediss://` is `redis://` over TLS (options::tls), with optional
 /// parameters `?ca=FILE&ca_dir=DIR&cert=FILE&key=FILE&sni=NAME&verify=full|chain|none`
-/// (values without `&` or `@`: a URL whose userinfo holds `?NAME=` or
-/// `&NAME=` for one of these names is refused as a query value with `@`);
-/// files are read when the store is made.
+/// (values without `&` or `@`, see above); files are read when the store is made.
 /// `redis://`, `rediss://` and `unix://` also take `?multiplex=N` (0..256,
 /// at most once; options::multiplex), alone or among the other parameters
 /// (an empty parameter, as in `?&multiplex=2` or a trailing `&`, is refused),
@@ -773,8 +868,13 @@ namespace detail {
 /// A '?' inside the value of a TLS or Sentinel parameter is refused (a second
 /// '?' is no separator: `?ca=F?multiplex=2` would name the file "F?multiplex=2"),
 /// and so is a `redis://`, `rediss://` or `redis-sentinel://` URL with no
-/// parameter after its '?'. Without `multiplex=`, a `unix://` path may hold '?';
-/// with it the '?' starts the query, which holds nothing else but `db=`.
+/// parameter after its '?'. A parameter the form does not take is refused by
+/// name, saying where it belongs (misplaced_parameter: `?db=` on redis://, a
+/// TLS parameter without rediss://, a Sentinel one outside redis-sentinel://).
+/// A `unix://` path may hold '?', except where what follows holds `db=`,
+/// `multiplex=` or `read_spin_us=`: the '?' then starts the query, which
+/// holds nothing else (`db=` once, no empty parameter); a TLS or Sentinel
+/// parameter (`NAME=`) after it is refused by name.
 ///
 /// Sentinel (ratelimit/redis/sentinel.hpp):
 /// `redis-sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER_NAME[?PARAMS]`
@@ -782,10 +882,10 @@ namespace detail {
 /// userinfo is for the master (as in redis://), PARAMS are `&`-separated
 /// `db=DB`, `sentinel_user=USER`, `sentinel_password=PASSWORD` (AUTH at the
 /// sentinels), `multiplex=N` and `read_spin_us=N`, each at most once, none empty;
-/// `sentinel_user` only with `sentinel_password`. The query starts at the first '?' after
-/// the last '@', so a query value cannot hold '@' (set options::sentinel in
-/// code for such a password). The userinfo ends at the last '@' and must not
-/// hold ',' (a sentinel written with an '@' of its own would otherwise become
+/// `sentinel_user` only with `sentinel_password`. The userinfo follows the
+/// rule of redis:// above, so a query value cannot hold '@' (set
+/// options::sentinel in code for such a password), and must not hold ','
+/// either (a sentinel written with an '@' of its own would otherwise become
 /// part of the password): set options::user/password in code for a
 /// credential holding ','.
 /// @throws std::invalid_argument quoting the URL and the bad part
@@ -804,6 +904,12 @@ namespace detail {
     unix_path = true;
   } else {
     detail::bad_url(url, "must start with redis://, rediss://, unix:// or redis-sentinel://");
+  }
+  if (const auto at = detail::userinfo_end(rest, unix_path); at != std::string_view::npos) {
+    detail::refuse_delimiter_in_userinfo(rest.substr(0, at), url, unix_path,
+                                         o.tls.enabled
+                                             ? "options::user, options::password and options::tls"
+                                             : "options::user and options::password");
   }
   std::string without_multiplex(rest);  // rest without `multiplex=N`; rest views it
   o.multiplex = detail::take_multiplex_query(without_multiplex, url, unix_path, &o.read_spin);

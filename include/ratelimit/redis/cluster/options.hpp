@@ -49,8 +49,9 @@ namespace detail {}  // namespace detail
 /// `rediss-cluster://` is the same over TLS, with the parameters of a
 /// `rediss://` URL (see parse_url) after `?` as well, applied to every node.
 /// `multiplex=N` (0..256) sets options::multiplex of every node. The
-/// userinfo follows parse_url's rule: an empty password (`@`, `:@`,
-/// `USER:@`) is refused. The userinfo ends at the last '@' and must not hold
+/// userinfo follows parse_url's rules: an empty password (`@`, `:@`,
+/// `USER:@`) is refused, and so is a '/', '?' or '#' in it (a query value
+/// holding '@' would end it). The userinfo ends at the last '@' and must not hold
 /// ',': `redis-cluster://a:7000,:@b` (a seed given an '@' of its own) would
 /// otherwise read user `a`, password `7000,:` and the one seed `b`. Nothing
 /// is percent-decoded, so a user or password holding ',' is set in code
@@ -66,6 +67,14 @@ namespace detail {}  // namespace detail
                                 "\" must start with redis-cluster:// or rediss-cluster://");
   }
   std::string after_scheme(url.substr(tls ? tls_scheme.size() : scheme.size()));
+  if (const auto at = detail::userinfo_end(after_scheme, false); at != std::string::npos) {
+    // `redis-cluster://h:7000?multiplex=2@evil:7000` would be password
+    // `7000?multiplex=2` and the one seed `evil:7000`.
+    detail::refuse_delimiter_in_userinfo(
+        std::string_view(after_scheme).substr(0, at), url, false,
+        tls ? "cluster_options::node.user, node.password and node.tls"
+            : "cluster_options::node.user and node.password");
+  }
   cluster_options o;
   // read_spin_us= is read only to be refused by name: the cluster store
   // never spins, and left in the query it was reported as a TLS parameter
@@ -79,7 +88,7 @@ namespace detail {}  // namespace detail
   }
   std::string_view rest = after_scheme;
   o.node.tls.enabled = tls;
-  detail::take_tls_query(rest, o.node.tls, url);
+  detail::take_tls_query(rest, o.node.tls, url, true);
   if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
     detail::refuse_comma_in_userinfo(rest.substr(0, at), url,
                                      "cluster_options::node.user and node.password");
