@@ -10,11 +10,13 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "ratelimit/concepts.hpp"
 #include "ratelimit/decision.hpp"
+#include "ratelimit/detail/inline_step.hpp"
 #include "ratelimit/policy/fixed_window.hpp"
 #include "ratelimit/policy/gcra.hpp"
 #include "ratelimit/policy/sliding_window_counter.hpp"
@@ -174,6 +176,86 @@ TEST(MemoryStore, ResetForgetsOnlyThatKey) {
 
   store.reset(cfg, "never-seen");  // forgetting an unknown key is a no-op
   EXPECT_EQ(store.size(), 2u);
+}
+
+/// A user's policy derived from a library one: the fixed window with every
+/// request counting twice. It inherits fixed_window's state, `idle` and its
+/// member template `step_as`, which is not its `step`.
+struct double_cost_window : ratelimit::fixed_window {
+  static constexpr std::string_view name = "double_cost_window";
+  struct config : ratelimit::fixed_window::config {
+    using policy_type = double_cost_window;
+    using ratelimit::fixed_window::config::config;
+  };
+  static decision step(const config& cfg, state& s, timestamp now, units cost) noexcept {
+    return ratelimit::fixed_window::step(cfg, s, now, 2 * cost);
+  }
+};
+static_assert(ratelimit::policy<double_cost_window>);
+
+/// A user's policy with a member template `step_as` of its own meaning
+/// (`step_as<true>` records, `step_as<false>` only decides): `limit`
+/// requests per key, ever.
+struct own_step_as {
+  static constexpr std::string_view name = "own_step_as";
+  struct config {
+    using policy_type = own_step_as;
+    [[nodiscard]] units limit() const noexcept { return 3; }
+  };
+  struct state {
+    units used = 0;
+    friend bool operator==(const state&, const state&) = default;
+  };
+  template <bool Record>
+  static decision step_as(const config& cfg, state& s, timestamp, units cost) noexcept {
+    decision d;
+    d.limit = cfg.limit();
+    d.allowed = s.used + cost <= cfg.limit();
+    if (d.allowed && Record) s.used += cost;
+    d.remaining = cfg.limit() - s.used;
+    return d;
+  }
+  static decision step(const config& cfg, state& s, timestamp now, units cost) noexcept {
+    return step_as<true>(cfg, s, now, cost);
+  }
+  static bool idle(const config&, const state& s, timestamp) noexcept { return s.used == 0; }
+};
+static_assert(ratelimit::policy<own_step_as>);
+
+// Verifies that a check on a held key calls the policy's own `step` when it
+// is not one of the library's policies, also when it has a `step_as`, its
+// own or inherited from a library policy: the store steps a library
+// policy through its `step_as<false>` (the same function, inlined), and
+// called the inherited fixed_window::step_as here, counting each request
+// once instead of twice, or a user's step_as<false>, which records nothing.
+TEST(MemoryStore, HeldKeysAreSteppedByTheUsersOwnStep) {
+  {
+    const double_cost_window::config cfg{ratelimit::rate{5, 1s}};
+    memory_store<double_cost_window> store;
+    EXPECT_EQ(store.apply(cfg, "k", 1s, 1, access::consume).remaining, 3);
+    EXPECT_EQ(store.apply(cfg, "k", 1s, 1, access::consume).remaining, 1);
+    EXPECT_EQ(store.state_of("k").count, 4);
+    EXPECT_FALSE(store.apply(cfg, "k", 1s, 1, access::consume).allowed);
+    EXPECT_EQ(store.apply(cfg, "k", 1s, 1, access::peek).remaining, 1);
+    EXPECT_EQ(store.state_of("k").count, 4);
+  }
+  {
+    const own_step_as::config cfg;
+    memory_store<own_step_as> store;
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_TRUE(store.apply(cfg, "k", 1s, 1, access::consume).allowed) << "request " << i;
+    }
+    EXPECT_EQ(store.state_of("k").used, 3);
+    EXPECT_FALSE(store.apply(cfg, "k", 1s, 1, access::consume).allowed);
+  }
+  // The library's policies, and only they, are stepped through step_as.
+  static_assert(ratelimit::detail::step_is_step_as<ratelimit::fixed_window>);
+  static_assert(ratelimit::detail::step_is_step_as<ratelimit::sliding_window_log>);
+  static_assert(ratelimit::detail::step_is_step_as<ratelimit::sliding_window_counter>);
+  static_assert(ratelimit::detail::step_is_step_as<ratelimit::token_bucket>);
+  static_assert(ratelimit::detail::step_is_step_as<ratelimit::gcra>);
+  static_assert(!ratelimit::detail::step_is_step_as<double_cost_window>);
+  static_assert(!ratelimit::detail::step_is_step_as<own_step_as>);
 }
 
 TEST(MemoryStore, RejectedRequestOnNewKeyStoresNothing) {

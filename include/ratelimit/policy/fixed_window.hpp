@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "ratelimit/decision.hpp"
+#include "ratelimit/detail/inline_step.hpp"
 #include "ratelimit/detail/limiter_name.hpp"
 #include "ratelimit/rate.hpp"
 
@@ -121,5 +122,11 @@ struct fixed_window {
     return s.count == 0 || detail::floor_div(now.count(), cfg.period_us()) > s.window;
   }
 };
+
+namespace detail {
+/// `fixed_window::step` is its `step_as<false>`, which a store may call instead.
+template <>
+inline constexpr bool step_is_step_as<fixed_window> = true;
+}  // namespace detail
 
 }  // namespace ratelimit

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "ratelimit/decision.hpp"
+#include "ratelimit/detail/inline_step.hpp"
 #include "ratelimit/policy/token_bucket.hpp"
 #include "ratelimit/rate.hpp"
 
@@ -121,5 +122,11 @@ struct gcra {
     return s.tat <= now.count();
   }
 };
+
+namespace detail {
+/// `gcra::step` is its `step_as<false>`, which a store may call instead.
+template <>
+inline constexpr bool step_is_step_as<gcra> = true;
+}  // namespace detail
 
 }  // namespace ratelimit

@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "ratelimit/decision.hpp"
+#include "ratelimit/detail/inline_step.hpp"
 #include "ratelimit/policy/fixed_window.hpp"
 #include "ratelimit/rate.hpp"
 
@@ -161,5 +162,11 @@ struct sliding_window_counter {
     return k >= s.window + 2 || (k == s.window + 1 && s.current == 0);
   }
 };
+
+namespace detail {
+/// `sliding_window_counter::step` is its `step_as<false>`, which a store may call instead.
+template <>
+inline constexpr bool step_is_step_as<sliding_window_counter> = true;
+}  // namespace detail
 
 }  // namespace ratelimit

@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "ratelimit/decision.hpp"
+#include "ratelimit/detail/inline_step.hpp"
 #include "ratelimit/policy/fixed_window.hpp"
 #include "ratelimit/rate.hpp"
 
@@ -338,5 +339,11 @@ struct sliding_window_log {
     return s.empty() || s.back().ts <= now.count() - cfg.period_us();
   }
 };
+
+namespace detail {
+/// `sliding_window_log::step` is its `step_as<false>`, which a store may call instead.
+template <>
+inline constexpr bool step_is_step_as<sliding_window_log> = true;
+}  // namespace detail
 
 }  // namespace ratelimit

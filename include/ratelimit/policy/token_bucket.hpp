@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "ratelimit/decision.hpp"
+#include "ratelimit/detail/inline_step.hpp"
 #include "ratelimit/detail/limiter_name.hpp"
 #include "ratelimit/rate.hpp"
 
@@ -164,5 +165,11 @@ struct token_bucket {
            now.count() - s.last >= detail::ceil_div(s.deficit, cfg.ticks_per_us());
   }
 };
+
+namespace detail {
+/// `token_bucket::step` is its `step_as<false>`, which a store may call instead.
+template <>
+inline constexpr bool step_is_step_as<token_bucket> = true;
+}  // namespace detail
 
 }  // namespace ratelimit

@@ -24,6 +24,7 @@
 #include "ratelimit/concepts.hpp"
 #include "ratelimit/decision.hpp"
 #include "ratelimit/detail/forced_step.hpp"
+#include "ratelimit/detail/inline_step.hpp"
 #include "ratelimit/detail/siphash.hpp"
 #include "ratelimit/detail/spin_lock.hpp"
 
@@ -303,7 +304,7 @@ class memory_store {
     static node* create(std::uint64_t h, std::string_view key, state_type&& st) {
       void* mem = ::operator new(sizeof(node) + key.size());
       node* n = ::new (mem) node{nullptr, static_cast<std::uint32_t>(h),
-                                   static_cast<std::uint32_t>(key.size()), std::move(st)};
+                                 static_cast<std::uint32_t>(key.size()), std::move(st)};
       std::memcpy(static_cast<char*>(mem) + sizeof(node), key.data(), key.size());
       return n;
     }
@@ -904,8 +905,10 @@ class memory_store {
     // inline: GCC left fixed_window::step out of line, and the call (the
     // decision written to memory and read back) cost 14% of a check in
     // `benchmarks/core/ab/run.sh` (the sliding log 13%, GCRA through the
-    // default clock 9%; the others were inlined already).
-    if constexpr (requires { P::template step_as<false>(cfg, held, now, cost); }) {
+    // default clock 9%; the others were inlined already). Only those
+    // policies: any other, one derived from them included (which inherits
+    // their `step_as`), gets its own `step` called.
+    if constexpr (detail::step_is_step_as<P>) {
       return P::template step_as<false>(cfg, held, now, cost);
     } else {
       return P::step(cfg, held, now, cost);
