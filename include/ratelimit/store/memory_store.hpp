@@ -302,7 +302,9 @@ class memory_store {
     }
 
     static node* create(std::uint64_t h, std::string_view key, state_type&& st) {
-      void* mem = ::operator new(sizeof(node) + key.size());
+      void* mem = over_aligned
+                      ? ::operator new(sizeof(node) + key.size(), std::align_val_t{alignof(node)})
+                      : ::operator new(sizeof(node) + key.size());
       node* n = ::new (mem) node{nullptr, static_cast<std::uint32_t>(h),
                                  static_cast<std::uint32_t>(key.size()), std::move(st)};
       std::memcpy(static_cast<char*>(mem) + sizeof(node), key.data(), key.size());
@@ -310,8 +312,17 @@ class memory_store {
     }
     static void destroy(node* n) noexcept {
       n->~node();
-      ::operator delete(static_cast<void*>(n));
+      if constexpr (over_aligned) {
+        ::operator delete(static_cast<void*>(n), std::align_val_t{alignof(node)});
+      } else {
+        ::operator delete(static_cast<void*>(n));
+      }
     }
+
+    /// A state aligned beyond what plain `operator new` gives (a policy's
+    /// `alignas(32)` or `alignas(64)` state): such nodes take the aligned
+    /// `operator new`. The key's bytes need no alignment.
+    static constexpr bool over_aligned = alignof(state_type) > __STDCPP_DEFAULT_NEW_ALIGNMENT__;
   };
 
   /// A bucket: the head of its chain of nodes, whose lowest bit is the

@@ -1,0 +1,152 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests of memory_store's nodes: states of any alignment (1 to 128 bytes)
+// and keys of 1 to 512 bytes beside them. Meant to run under
+// AddressSanitizer and UBSan too.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ratelimit/concepts.hpp"
+#include "ratelimit/decision.hpp"
+#include "ratelimit/policy/fixed_window.hpp"
+#include "ratelimit/rate.hpp"
+#include "ratelimit/store/memory_store.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using ratelimit::access;
+using ratelimit::decision;
+using ratelimit::memory_store;
+using ratelimit::memory_store_options;
+using ratelimit::timestamp;
+using ratelimit::units;
+
+/// A user's policy whose state is a one-byte count aligned to `Align`:
+/// `limit` requests per key, all forgotten (the key idle) in the second
+/// half of every 2000 us.
+template <std::size_t Align>
+struct aligned_counter {
+  static constexpr std::string_view name = "aligned_counter";
+  struct config {
+    using policy_type = aligned_counter;
+    [[nodiscard]] units limit() const noexcept { return 3; }
+  };
+  struct alignas(Align) state {
+    std::uint8_t count = 0;
+    friend bool operator==(const state&, const state&) = default;
+  };
+  [[nodiscard]] static bool forgotten(timestamp now) noexcept { return now.count() % 2000 >= 1000; }
+  static decision step(const config& cfg, state& s, timestamp now, units cost) noexcept {
+    if (forgotten(now)) s = state{};
+    decision d;
+    d.limit = cfg.limit();
+    d.allowed = s.count + cost <= cfg.limit();
+    if (d.allowed) s.count = static_cast<std::uint8_t>(s.count + cost);
+    d.remaining = cfg.limit() - s.count;
+    return d;
+  }
+  static bool idle(const config&, const state& s, timestamp now) noexcept {
+    return s.count == 0 || forgotten(now);
+  }
+};
+static_assert(alignof(aligned_counter<1>::state) == 1 && sizeof(aligned_counter<1>::state) == 1);
+static_assert(alignof(aligned_counter<64>::state) == 64);
+
+template <class P>
+class MemoryStoreNodeAlignment : public ::testing::Test {};
+using alignments = ::testing::Types<aligned_counter<1>, aligned_counter<4>, aligned_counter<8>,
+                                    aligned_counter<16>, aligned_counter<32>, aligned_counter<64>,
+                                    aligned_counter<128>>;
+TYPED_TEST_SUITE(MemoryStoreNodeAlignment, alignments);
+
+/// Keys of 1 to 24 bytes and of 100, 511 and 512, each length in variants
+/// that differ only in the first, a middle or the last byte (what the two
+/// overlapping 8-byte loads of a 8- to 16-byte key compare), with zero bytes.
+std::vector<std::string> keys_of_every_length() {
+  std::vector<std::string> keys;
+  std::vector<std::size_t> lengths;
+  for (std::size_t n = 1; n <= 24; ++n) lengths.push_back(n);
+  for (const std::size_t n : {std::size_t{100}, std::size_t{511}, std::size_t{512}})
+    lengths.push_back(n);
+  for (const std::size_t n : lengths) {
+    for (int variant = 0; variant < 40; ++variant) {
+      std::string k(n, '\0');
+      for (std::size_t i = 0; i < n; ++i) k[i] = static_cast<char>('a' + (i * 7) % 26);
+      const auto byte = static_cast<char>(variant);
+      switch (variant % 4) {
+        case 0: k.front() = byte; break;
+        case 1: k.back() = byte; break;
+        case 2: k[n / 2] = byte; break;
+        default: {
+          const std::size_t at = (n - 1) * static_cast<std::size_t>(variant % 3) / 2;
+          k[at] = static_cast<char>(0x80 + variant);
+          break;
+        }
+      }
+      keys.push_back(std::move(k));
+    }
+  }
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  return keys;
+}
+
+// Verifies that a node's state is aligned as its type requires (a state
+// aligned to 32, 64 or 128 bytes was placed at 16 by plain operator new,
+// undefined behaviour that UBSan reports), whatever the key beside it, and
+// that every key is told from the others through growth, sweeps, shrinks
+// and resets.
+TYPED_TEST(MemoryStoreNodeAlignment, StatesAreAlignedAndKeysToldApart) {
+  using P = TypeParam;
+  using state = typename P::state;
+  const typename P::config cfg;
+  memory_store<P> store(memory_store_options{.shards = 2});
+  const std::vector<std::string> keys = keys_of_every_length();
+  ASSERT_GT(keys.size(), 900U);
+  const auto aligned = [&](std::string_view key) {
+    return store.inspect(key, [](const state* s) {
+      return s != nullptr && reinterpret_cast<std::uintptr_t>(s) % alignof(state) == 0;
+    });
+  };
+  // Twice: the second time into the tables the first sweep shrank.
+  for (std::int64_t base = 0; base <= 2000; base += 2000) {
+    for (const std::string& k : keys) {
+      EXPECT_TRUE(store.apply(cfg, k, timestamp{base + 1}, 1, access::consume).allowed);
+    }
+    ASSERT_EQ(store.size(), keys.size());
+    for (const std::string& k : keys) {
+      EXPECT_TRUE(aligned(k)) << "key of " << k.size() << " bytes";
+      EXPECT_EQ(store.state_of(k).count, 1) << "key of " << k.size() << " bytes";
+      EXPECT_EQ(store.apply(cfg, k, timestamp{base + 2}, 2, access::consume).remaining, 0);
+      EXPECT_FALSE(store.apply(cfg, k, timestamp{base + 3}, 1, access::consume).allowed);
+    }
+    // Prefixes and extensions of held keys that are not keys are not held.
+    std::size_t strangers = 0;
+    for (const std::string& k : keys) {
+      for (const std::string& other : {k.substr(0, k.size() - 1), k + k.back()}) {
+        if (std::binary_search(keys.begin(), keys.end(), other)) continue;
+        ++strangers;
+        EXPECT_FALSE(store.inspect(other, [](const state* s) { return s != nullptr; }))
+            << "key of " << other.size() << " bytes";
+      }
+    }
+    EXPECT_GT(strangers, keys.size());
+    // Every other key reset: the rest keep their counts.
+    for (std::size_t i = 0; i < keys.size(); i += 2) store.reset(cfg, keys[i]);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      EXPECT_EQ(store.state_of(keys[i]).count, i % 2 == 0 ? 0 : 3) << "key " << i;
+    }
+    // All idle: the sweep frees every node and shrinks the tables.
+    EXPECT_EQ(store.sweep(cfg, timestamp{base + 1000}), keys.size() / 2);
+    EXPECT_EQ(store.size(), 0U);
+  }
+}
+
+}  // namespace
