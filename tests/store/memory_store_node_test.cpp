@@ -1,15 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests of memory_store's nodes: states of any alignment (1 to 128 bytes)
-// and keys of 1 to 512 bytes beside them. Meant to run under
-// AddressSanitizer and UBSan too.
+// Tests of memory_store's nodes: states of any alignment (1 to 128 bytes),
+// keys of 1 to 512 bytes beside them, and the low 32 bits of the key's hash
+// that a node keeps (keys sharing them, made-up hashes given to
+// apply_hashed). Meant to run under AddressSanitizer and UBSan too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ratelimit/concepts.hpp"
@@ -146,6 +149,96 @@ TYPED_TEST(MemoryStoreNodeAlignment, StatesAreAlignedAndKeysToldApart) {
     // All idle: the sweep frees every node and shrinks the tables.
     EXPECT_EQ(store.sweep(cfg, timestamp{base + 1000}), keys.size() / 2);
     EXPECT_EQ(store.size(), 0U);
+  }
+}
+
+// ------------------------------------------------- the hash a node keeps
+
+/// The hash key under which each pair below shares the low 32 bits of its
+/// keys' hashes (found by a search over 2 million keys; the test checks it).
+constexpr std::uint64_t k0 = 0x5eed;
+constexpr std::uint64_t k1 = 0xc0ffee;
+/// 12-byte keys (compared with two 8-byte loads) and short ones (memcmp).
+const std::vector<std::pair<std::string, std::string>> low32_pairs = {
+    {"+15551051929", "+15551125900"},
+    {"u11594", "u36909"},
+};
+
+memory_store_options fixed_hash(std::size_t shards) {
+  return memory_store_options{.shards = shards, .hash_key = {{k0, k1}}};
+}
+
+// Verifies that two keys whose hashes share their low 32 bits (so one
+// bucket of a one-shard store, and equal hashes in their nodes) keep their
+// own states: counted, peeked, reset and looked up by hash apart.
+TEST(MemoryStoreNodeHash, KeysSharingTheLow32BitsOfTheirHashAreToldApart) {
+  const ratelimit::fixed_window::config cfg{ratelimit::rate{2, 1s}};
+  for (const auto& [a, b] : low32_pairs) {
+    memory_store<ratelimit::fixed_window> store(fixed_hash(1));
+    const std::uint64_t ha = store.key_hash(a);
+    const std::uint64_t hb = store.key_hash(b);
+    ASSERT_EQ(static_cast<std::uint32_t>(ha), static_cast<std::uint32_t>(hb)) << a << " " << b;
+    ASSERT_NE(ha, hb);
+
+    EXPECT_EQ(store.apply(cfg, a, timestamp{1}, 1, access::consume).remaining, 1);
+    EXPECT_EQ(store.state_of(b).count, 0);
+    EXPECT_EQ(store.apply(cfg, b, timestamp{1}, 1, access::peek).remaining, 1);
+    EXPECT_EQ(store.size(), 1U);
+    EXPECT_EQ(store.apply(cfg, b, timestamp{1}, 1, access::consume).remaining, 1);
+    EXPECT_EQ(store.size(), 2U);
+    EXPECT_EQ(store.apply(cfg, a, timestamp{1}, 1, access::consume).remaining, 0);
+    EXPECT_EQ(store.state_of(a).count, 2);
+    EXPECT_EQ(store.state_of(b).count, 1);
+    // The other key's hash (the same low 32 bits) decides the key given.
+    EXPECT_EQ(store.apply_hashed(cfg, b, ha, timestamp{1}, 1, access::consume).remaining, 0);
+    EXPECT_FALSE(store.apply_hashed(cfg, a, hb, timestamp{1}, 1, access::consume).allowed);
+    EXPECT_EQ(store.state_of(a).count, 2);
+    EXPECT_EQ(store.state_of(b).count, 2);
+    EXPECT_EQ(store.longest_chain(), 2U);  // one bucket holds both
+    store.reset(cfg, b);
+    EXPECT_EQ(store.state_of(a).count, 2);
+    EXPECT_EQ(store.state_of(b).count, 0);
+    EXPECT_EQ(store.size(), 1U);
+    EXPECT_EQ(store.longest_chain(), 1U);
+  }
+}
+
+// Verifies that apply_hashed given a made-up hash that has the key's low
+// 32 bits (what its node keeps) and other high bits (which pick the shard)
+// decides as apply, on keys held and not, with many shards and one: it
+// looks in another shard, or in the key's own, and finds the key's node or
+// nothing, never another key's state.
+TEST(MemoryStoreNodeHash, ApplyHashedWithTheKeysLow32BitsDecidesAsApply) {
+  const ratelimit::fixed_window::config cfg{ratelimit::rate{3, 1s}};
+  std::vector<std::string> keys;
+  for (const auto& [a, b] : low32_pairs) {
+    keys.push_back(a);
+    keys.push_back(b);
+  }
+  for (int i = 0; i < 40; ++i) keys.push_back("key" + std::to_string(i));
+  for (const std::size_t shards : {std::size_t{1}, std::size_t{64}, std::size_t{4096}}) {
+    memory_store<ratelimit::fixed_window> hashed(fixed_hash(shards));
+    memory_store<ratelimit::fixed_window> plain(fixed_hash(shards));
+    std::mt19937_64 rng(shards);
+    for (int i = 0; i < 3000; ++i) {
+      const std::string& key = keys[rng() % keys.size()];
+      const timestamp t{static_cast<std::int64_t>(i) * 20'000};
+      const std::uint64_t own = hashed.key_hash(key);
+      std::uint64_t h = own;
+      switch (rng() % 3) {
+        case 0: h = (rng() << 32) | (own & 0xffff'ffffU); break;  // other high bits
+        case 1: h = own ^ (std::uint64_t{1} << (32 + rng() % 32)); break;
+        default: h = hashed.key_hash(keys[rng() % keys.size()]); break;
+      }
+      const access how = rng() % 4 == 0 ? access::peek : access::consume;
+      const decision x = hashed.apply_hashed(cfg, key, h, t, 1, how);
+      const decision y = plain.apply(cfg, key, t, 1, how);
+      ASSERT_EQ(x, y) << "shards " << shards << " step " << i << " key " << key;
+      ASSERT_EQ(hashed.size(), plain.size()) << "shards " << shards << " step " << i;
+    }
+    for (const std::string& key : keys) {
+      EXPECT_EQ(hashed.state_of(key), plain.state_of(key)) << key;
+    }
   }
 }
 

@@ -169,10 +169,13 @@ class memory_store {
   }
 
   /// `apply` with `h`, the key's hash, computed before (`key_hash`). Any
-  /// `h` is safe: the key is found only in a node holding its very bytes
-  /// and this store's hash of them, so a hash of another key, from another
-  /// store or made up finds nothing, and the check is then made as `apply`
-  /// makes it (hashing the key): the same decision, one hash later.
+  /// `h` is safe: a key is held only in the shard and bucket its own hash
+  /// picks, and found only in a node holding its very bytes (and the low 32
+  /// bits of its hash, all a node keeps), so a hash of another key, from
+  /// another store or made up finds either nothing, and the check is then
+  /// made as `apply` makes it (hashing the key): the same decision, one
+  /// hash later; or the key's own node, when `h` shares the low 32 bits and
+  /// the shard of the key's hash.
   decision apply_hashed(const config_type& cfg, std::string_view key, std::uint64_t h,
                         timestamp now, units cost, access a) {
     {
