@@ -525,4 +525,50 @@ TEST(UrlReview, MisplacedQueryParametersAreNamed) {
   EXPECT_EQ(redis::parse_url("unix:///t/s?sni").unix_socket, "/t/s?sni");
 }
 
+// Verifies that an '@' after the '?' of a unix:// URL no longer hides its
+// query: the query was searched from the last '@' (a unix:// userinfo ends
+// at the first "@/"), so `unix:///t/s?multiplex=2&x=a@b` connected to the
+// path "/t/s?multiplex=2&x=a@b" with multiplex 0, `unix:///t/s?x=@&db=1` to
+// "/t/s?x=@&db=1" on database 0, and `unix:///t/s?sni=x@y` took no TLS
+// parameter without a word. And that the first '?' starts the query when
+// the text after it holds a known NAME=, after '&' or a second '?':
+// `unix:///t/a?b?db=2` connected to the path "/t/a?b" on database 2.
+TEST(UrlReview, UnixQueryAfterAnAtOrASecondQuestionMark) {
+  struct row {
+    std::string url;
+    std::string named;  // what the message must say
+  };
+  const std::string unix_only = "(a unix:// URL takes only db=, multiplex= and read_spin_us=)";
+  const std::string second = "has a second '?' in its query";
+  const row rows[] = {
+      {"unix:///t/s?multiplex=2&x=a@b",
+       "has parameter \"x\" beside multiplex= or read_spin_us= " + unix_only},
+      {"unix://:pw@/t/s?multiplex=2&x=a@b",
+       "has parameter \"x\" beside multiplex= or read_spin_us= " + unix_only},
+      {"unix:///t/s?read_spin_us=5&q=@", "has parameter \"q\" beside multiplex="},
+      {"unix:///t/s?x=@&db=1", "has parameter \"x\" beside db= " + unix_only},
+      {"unix:///t/s?multiplex=2@", "bad multiplex \"2@\""},
+      {"unix:///t/s?db=1@x", "bad database \"1@x\""},
+      {"unix:///t/s?sni=x@y", "has parameter \"sni\", which a unix:// URL does not take"},
+      {"unix:///t/a?b?db=2", second},
+      {"unix:///t/a?b@c?db=2", second},
+      {"unix:///t/a?x=1?multiplex=2", second},
+      {"unix:///t/a?db=1?x", second},
+  };
+  for (const row& r : rows) {
+    SCOPED_TRACE(r.url);
+    const std::string why = refusal(r.url);
+    EXPECT_NE(why.find(r.named), std::string::npos) << why;
+  }
+  // A path may still hold '?' and '@' when no known NAME= follows the '?'.
+  EXPECT_EQ(redis::parse_url("unix:///t/s?x=a@b").unix_socket, "/t/s?x=a@b");
+  EXPECT_EQ(redis::parse_url("unix:///t/a@b?c").unix_socket, "/t/a@b?c");
+  EXPECT_EQ(redis::parse_url("unix:///t/s?multiplexer=1").unix_socket, "/t/s?multiplexer=1");
+  const auto a = redis::parse_url("unix://u:p@/t/a@b?db=2&multiplex=3");
+  EXPECT_EQ(a.unix_socket, "/t/a@b");
+  EXPECT_EQ(a.password, "p");
+  EXPECT_EQ(a.database, 2);
+  EXPECT_EQ(a.multiplex, 3u);
+}
+
 }  // namespace

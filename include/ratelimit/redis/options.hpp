@@ -589,25 +589,64 @@ inline void check_read_spin(std::chrono::microseconds spin) {
   }
 }
 
+/// True when the text after the first '?' of a `unix://` URL (past its
+/// userinfo) is a query rather than the rest of a socket path: one of its
+/// items, split at '&' and '?', starts with `db=`, `multiplex=`,
+/// `read_spin_us=`, a TLS or a Sentinel parameter's `NAME=`, or is
+/// `multiplex` or `read_spin_us` alone.
+[[nodiscard]] inline bool unix_query_named(std::string_view query) noexcept {
+  for (;;) {
+    const auto end = query.find_first_of("&?");
+    const std::string_view item = query.substr(0, end);
+    const auto eq = item.find('=');
+    const std::string_view name = item.substr(0, eq);
+    if (eq != std::string_view::npos &&
+        (name == "db" || name == "multiplex" || name == "read_spin_us" || tls_parameter(name) ||
+         name == "sentinel_user" || name == "sentinel_password")) {
+      return true;
+    }
+    if (item == "multiplex" || item == "read_spin_us") return true;
+    if (end == std::string_view::npos) return false;
+    query.remove_prefix(end + 1);
+  }
+}
+
 /// Takes `multiplex=N` (0..max_multiplex_connections, at most once) out
-/// of the query of a URL (redis://, rediss://, their cluster forms), the query starting at the first `?` after
-/// the last `@`; what is left of the query stays in `rest`. With
-/// `read_spin`, takes `read_spin_us=N` (0..1000, at most once) as well
-/// and sets it there (untouched without the parameter).
-/// @param unix_path a `unix://` URL's rest: with `db=`, multiplex= or
-///   read_spin_us= its query may hold nothing else, `db=` at most once, and
-///   no empty parameter (the '?' then starts a query, never a path's); a
-///   TLS or Sentinel parameter (`NAME=`) there is refused by name
+/// of the query of a URL (redis://, rediss://, their cluster forms), the
+/// query starting at the first `?` after the userinfo; what is left of the
+/// query stays in `rest`. With `read_spin`, takes `read_spin_us=N`
+/// (0..1000, at most once) as well and sets it there (untouched without the
+/// parameter).
+/// @param unix_path a `unix://` URL's rest: the text after its first '?'
+///   is a query only when unix_query_named says so (else it is part of the
+///   socket path, left as is); the query then holds no second '?', with
+///   `db=`, multiplex= or read_spin_us= nothing else, `db=` at most once,
+///   and no empty parameter; a TLS or Sentinel parameter (`NAME=`) there is
+///   refused by name
 /// @return N, or 0 without the parameter
 /// @throws std::invalid_argument naming the bad value and the URL (redacted)
 [[nodiscard]] inline std::size_t take_multiplex_query(
     std::string& rest, std::string_view url, bool unix_path = false,
     std::chrono::microseconds* read_spin = nullptr) {
-  const auto at = rest.rfind('@');
-  const auto q = rest.find('?', at == std::string::npos ? 0 : at + 1);
   // The caller refused a userinfo holding '?' (refuse_delimiter_in_userinfo),
-  // so an '@' in a query value cannot hide the query in a userinfo here.
+  // so an '@' in a query value cannot hide the query in a userinfo here. A
+  // unix:// userinfo ends at the first "@/", and its path may hold '@':
+  // searched from the last '@', `unix:///t/s?multiplex=2&x=a@b` connected
+  // to the path "/t/s?multiplex=2&x=a@b" with multiplex 0.
+  const auto at = unix_path ? userinfo_end(rest, true) : rest.rfind('@');
+  const auto q = rest.find('?', at == std::string::npos ? 0 : at + 1);
   if (q == std::string::npos) return 0;
+  if (unix_path) {
+    const std::string_view after = std::string_view(rest).substr(q + 1);
+    if (!unix_query_named(after)) return 0;  // a socket path holding '?'
+    if (after.find('?') != std::string_view::npos) {
+      // `unix:///t/a?b?db=2` connected to the path "/t/a?b" on database 2.
+      bad_url(url,
+              "has a second '?' in its query (in a unix:// URL whose text after the first '?' "
+              "holds a parameter's NAME=, such as db= or multiplex=, that '?' starts the "
+              "query, and '&' separates its parameters)");
+    }
+  }
   std::string kept;
   bool others = false;  // parameters other than multiplex (empty ones too: refused later)
   std::size_t n = 0;
@@ -871,10 +910,12 @@ namespace detail {
 /// parameter after its '?'. A parameter the form does not take is refused by
 /// name, saying where it belongs (misplaced_parameter: `?db=` on redis://, a
 /// TLS parameter without rediss://, a Sentinel one outside redis-sentinel://).
-/// A `unix://` path may hold '?', except where what follows holds `db=`,
-/// `multiplex=` or `read_spin_us=`: the '?' then starts the query, which
-/// holds nothing else (`db=` once, no empty parameter); a TLS or Sentinel
-/// parameter (`NAME=`) after it is refused by name.
+/// A `unix://` path may hold '?' (and '@'), except where the text after the
+/// first '?' past the userinfo holds, at its start or after a '&' or '?',
+/// `db=`, `multiplex=`, `read_spin_us=` or a TLS or Sentinel `NAME=`: that
+/// '?' then starts the query, which holds no second '?' and nothing but
+/// those three (`db=` once, no empty parameter); a TLS or Sentinel
+/// parameter there is refused by name.
 ///
 /// Sentinel (ratelimit/redis/sentinel.hpp):
 /// `redis-sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER_NAME[?PARAMS]`
