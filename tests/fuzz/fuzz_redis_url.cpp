@@ -49,6 +49,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // Anything but std::invalid_argument escapes and is reported as a crash.
   try {
     const rr::options o = rr::parse_url(url);
+    RATELIMIT_FUZZ_CHECK(url.find('#') == std::string_view::npos,
+                         "a URL holding '#' accepted (a fragment taken into a field)");
     RATELIMIT_FUZZ_CHECK(o.database >= 0, "negative database");
     check_credentials(o, url);
     if (o.unix_socket.empty()) {
@@ -82,6 +84,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   try {
     const rr::cluster_options o = rr::parse_cluster_url(url);
+    RATELIMIT_FUZZ_CHECK(url.find('#') == std::string_view::npos,
+                         "a cluster URL holding '#' accepted (a fragment taken into a field)");
     RATELIMIT_FUZZ_CHECK(!o.seeds.empty(), "a cluster URL without seeds");
     RATELIMIT_FUZZ_CHECK(o.seeds.size() <= size, "more seeds than URL bytes");
     for (const rr::node_address& n : o.seeds) {

@@ -571,4 +571,46 @@ TEST(UrlReview, UnixQueryAfterAnAtOrASecondQuestionMark) {
   EXPECT_EQ(a.multiplex, 3u);
 }
 
+// Verifies that a '#' anywhere in a Redis URL is refused by name on every
+// form: a fragment means nothing here, and it was taken as part of whatever
+// held it (`redis://h#x` connected to the host "h#x", `rediss://h?sni=a#b`
+// named the server "a#b", `redis-sentinel://s/m#x` asked for master "m#x",
+// `?sentinel_password=ab#cd` sent "ab#cd"). A '#' in the userinfo keeps its
+// own message (UserinfoRunningPastTheHostIsRefused). No value after the
+// '#' is quoted when it is secret.
+TEST(UrlReview, FragmentIsRefusedOnEveryForm) {
+  struct row {
+    std::string url;
+    std::string set_in_code;  // the fields the message names
+  };
+  const row rows[] = {
+      {"redis://h#x", "options::host"},
+      {"redis://h:6379#x", "options::host"},
+      {"redis://h/1#x", "options::host"},
+      {"redis://u:p@h#", "options::host"},
+      {"redis://h?multiplex=2#x", "options::host"},
+      {"rediss://h?sni=a#b", "options::host and options::tls"},
+      {"rediss://h?ca=/a#b&sni=y", "options::host and options::tls"},
+      {"unix:///t/s#x", "options::unix_socket"},
+      {"unix:///t/s?db=1#x", "options::unix_socket"},
+      {"unix://u:p@/t/s#x", "options::unix_socket"},
+      {"redis-cluster://h#x", "cluster_options::seeds"},
+      {"redis-cluster://a:7000,b#x:7001", "cluster_options::seeds"},
+      {"rediss-cluster://a:7000?sni=a#b", "cluster_options::seeds and node.tls"},
+      {"redis-sentinel://s/m#x", "options::sentinel"},
+      {"redis-sentinel://s#x/m", "options::sentinel"},
+      {"redis-sentinel://s/m?db=1#x", "options::sentinel"},
+      {"redis-sentinel://s/m?sentinel_password=s3#cret", "options::sentinel"},
+      {"redis-sentinel://u:s3cret@s/m?sentinel_user=u&sentinel_password=s3cret#",
+       "options::sentinel"},
+  };
+  for (const row& r : rows) {
+    SCOPED_TRACE(r.url);
+    const std::string why = refusal(r.url);
+    EXPECT_NE(why.find("has a '#': a URL fragment means nothing here"), std::string::npos) << why;
+    EXPECT_NE(why.find("set " + r.set_in_code + " in code"), std::string::npos) << why;
+    EXPECT_EQ(why.find("s3"), std::string::npos) << why;
+  }
+}
+
 }  // namespace

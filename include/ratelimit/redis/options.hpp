@@ -462,6 +462,24 @@ inline void refuse_delimiter_in_userinfo(std::string_view cred, std::string_view
                    std::string(fields) + " in code");
 }
 
+/// Refuses a '#' in `rest` (`url` after its `scheme://`; called once the
+/// userinfo passed refuse_delimiter_in_userinfo): it would start a fragment,
+/// which means nothing in a Redis URL, and was taken as part of whatever
+/// held it, `redis://h#x` connecting to the host "h#x",
+/// `redis-sentinel://s/m#x` asking for master "m#x" and `?sni=a#b` naming
+/// the server "a#b". Nothing is percent-decoded (`%23` stays three bytes),
+/// so a host, socket path, master name or parameter value holding '#' is set
+/// in code, in `fields`.
+/// @throws std::invalid_argument saying so (the URL redacted, no value quoted)
+inline void refuse_fragment(std::string_view rest, std::string_view url, std::string_view fields) {
+  if (rest.find('#') == std::string_view::npos) return;
+  bad_url(url,
+          "has a '#': a URL fragment means nothing here, and a host, socket path, master name "
+          "or parameter value holding '#' cannot be written in a Redis URL (no "
+          "percent-decoding: %23 stays three bytes); set " +
+              std::string(fields) + " in code");
+}
+
 /// True for the names of the TLS parameters (apply_tls_query).
 [[nodiscard]] inline bool tls_parameter(std::string_view name) noexcept {
   return name == "ca" || name == "ca_dir" || name == "cert" || name == "key" || name == "sni" ||
@@ -753,12 +771,16 @@ namespace detail {
 [[nodiscard]] inline options parse_sentinel_url(std::string_view url) {
   options o;
   std::string_view rest = url.substr(std::string_view("redis-sentinel://").size());
-  if (const auto at = userinfo_end(rest, false); at != std::string_view::npos) {
-    const std::string_view cred = rest.substr(0, at);
+  const auto at = userinfo_end(rest, false);
+  if (at != std::string_view::npos) {
     // `redis-sentinel://s/m?sentinel_password=p@ss` would be password
     // `s/m?sentinel_password=p` and sentinel `ss`.
-    refuse_delimiter_in_userinfo(cred, url, false,
+    refuse_delimiter_in_userinfo(rest.substr(0, at), url, false,
                                  "options::user, options::password and options::sentinel");
+  }
+  refuse_fragment(rest, url, "options::sentinel");
+  if (at != std::string_view::npos) {
+    const std::string_view cred = rest.substr(0, at);
     rest = rest.substr(at + 1);
     refuse_comma_in_userinfo(cred, url, "options::user and options::password");
     take_userinfo(cred, o, url);
@@ -894,7 +916,10 @@ namespace detail {
 /// except in `unix://`, '/' (refuse_delimiter_in_userinfo): those end the
 /// host part, so such a userinfo has run into a query, path or fragment
 /// (`redis://h?x=1@evil` would connect to `evil`). A user or password
-/// holding them, and a query value holding '@', are set in code. Error
+/// holding them, and a query value holding '@', are set in code. A '#'
+/// anywhere in a URL of any form is refused (refuse_fragment): a fragment
+/// means nothing here, and `redis://h#x` connected to the host "h#x"; a
+/// host, path, master name or value holding '#' is set in code. Error
 /// messages quote the URL with its password replaced by `***`.
 /// `rediss://` is `redis://` over TLS (options::tls), with optional
 /// parameters `?ca=FILE&ca_dir=DIR&cert=FILE&key=FILE&sni=NAME&verify=full|chain|none`
@@ -952,6 +977,10 @@ namespace detail {
                                              ? "options::user, options::password and options::tls"
                                              : "options::user and options::password");
   }
+  detail::refuse_fragment(rest, url,
+                          o.tls.enabled ? "options::host and options::tls"
+                          : unix_path   ? "options::unix_socket"
+                                        : "options::host");
   std::string without_multiplex(rest);  // rest without `multiplex=N`; rest views it
   o.multiplex = detail::take_multiplex_query(without_multiplex, url, unix_path, &o.read_spin);
   rest = without_multiplex;
