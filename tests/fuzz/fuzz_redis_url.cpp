@@ -15,6 +15,15 @@ namespace {
 
 namespace rr = ratelimit::redis;
 
+/// A message quoting a URL escapes its control bytes (no forged log lines).
+bool escaped(std::string_view message) {
+  for (const char ch : message) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c >= 0x7f) return false;
+  }
+  return true;
+}
+
 bool valid_port(int port) {
   return port >= 1 && port <= 65535;
 }
@@ -53,6 +62,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                          "a URL holding '#' accepted (a fragment taken into a field)");
     RATELIMIT_FUZZ_CHECK(o.database >= 0, "negative database");
     check_credentials(o, url);
+    // Connect errors quote the host or path: no control byte in either.
+    RATELIMIT_FUZZ_CHECK(
+        !rr::detail::has_control_byte(o.unix_socket) && !rr::detail::has_control_byte(o.host, true),
+        "a socket path or host holding a control byte");
     if (o.unix_socket.empty()) {
       RATELIMIT_FUZZ_CHECK(!o.host.empty(), "accepted a TCP URL without a host");
       RATELIMIT_FUZZ_CHECK(whole_host(o.host), "text after an IPv6 literal left in the host");
@@ -80,6 +93,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const std::invalid_argument& e) {
     RATELIMIT_FUZZ_CHECK(std::string_view(e.what()).starts_with("ratelimit: "),
                          "a rejection without the library's prefix");
+    RATELIMIT_FUZZ_CHECK(escaped(e.what()), "a rejection quoting a control or non-ASCII byte");
   }
 
   try {
@@ -102,6 +116,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const std::invalid_argument& e) {
     RATELIMIT_FUZZ_CHECK(std::string_view(e.what()).starts_with("ratelimit: "),
                          "a rejection without the library's prefix");
+    RATELIMIT_FUZZ_CHECK(escaped(e.what()), "a rejection quoting a control or non-ASCII byte");
   }
   return 0;
 }

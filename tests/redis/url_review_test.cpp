@@ -7,6 +7,7 @@
 // form that does not take them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -18,6 +19,7 @@
 namespace {
 
 using namespace ratelimit;
+using namespace std::string_literals;
 
 /// The message parse_url (or parse_cluster_url) refuses `url` with; "" when accepted.
 std::string refusal(const std::string& url) {
@@ -611,6 +613,85 @@ TEST(UrlReview, FragmentIsRefusedOnEveryForm) {
     EXPECT_NE(why.find("set " + r.set_in_code + " in code"), std::string::npos) << why;
     EXPECT_EQ(why.find("s3"), std::string::npos) << why;
   }
+}
+
+/// True when `s` holds a byte below 0x20 or at or above 0x7f.
+bool has_raw_control(const std::string& s) {
+  return std::any_of(s.begin(), s.end(), [](char ch) {
+    const auto c = static_cast<unsigned char>(ch);
+    return c < 0x20 || c >= 0x7f;
+  });
+}
+
+// Verifies that no message quotes a control byte of a URL as is: URLs went
+// into exception messages (which services log) with their CR, LF and other
+// bytes below 0x20 or 0x7f unescaped, in the URL itself (redacted_url), in
+// a bad port, database or multiplex value, a parameter name or verify value
+// (apply_tls_query), a sentinel or cluster node, a master name holding '/'
+// and an IPv6 literal: a URL could forge log lines. Each such byte now reads
+// \xNN, as detail::printable writes it.
+TEST(UrlReview, ControlBytesInMessagesAreEscaped) {
+  struct row {
+    std::string url;
+    std::string shown;  // what the message must hold
+  };
+  const row rows[] = {
+      {"redis://h:\r\nX-Forged: 1"s, "\"redis://h:\\x0d\\x0aX-Forged: 1\""},
+      {"redis://h:\r\n"s, "bad port \"\\x0d\\x0a\""},
+      {"redis://h/\n1"s, "bad database \"\\x0a1\""},
+      {"redis://h?multiplex=\x1b[2J"s, "bad multiplex \"\\x1b[2J\""},
+      {"redis://h?x\r\n=1"s, "\"redis://h?x\\x0d\\x0a=***\""},
+      {"rediss://h?ca=/c&x\r\n"s, "has parameter \"x\\x0d\\x0a\" without a value"},
+      {"rediss://h?sni=a\rb"s, "\"rediss://h?sni=a\\x0db\" has a control byte"},
+      {"rediss://h?sni=a&sni=\r"s, "\"rediss://h?sni=a&sni=\\x0d\" gives parameter \"sni\" twice"},
+      {"rediss://h?x\n=a?b"s, "the value of parameter \"x\\x0a\""},
+      {"rediss://h?verify=\xff"s, "has verify=\"\\xff\""},
+      {"rediss://h?verify=\r\n"s, "a control byte in the value of parameter \"verify\""},
+      {"rediss://h?ca=/c\r\n"s, "\"rediss://h?ca=/c\\x0d\\x0a\" has a control byte"},
+      {"redis://h\0x:1"s, "\"redis://h\\x00x:1\" has a host holding a space or a control byte"},
+      {"redis://h x"s, "has a host holding a space or a control byte"},
+      {"redis://h\xc3\xa9:x"s, "\"redis://h\\xc3\\xa9:x\""},
+      {"redis://[::1\r]:1"s, "\"redis://[::1\\x0d]:1\" has a host holding"},
+      {"redis://[::1\r:1"s, "\"redis://[::1\\x0d:1\" opens [ without closing ]"},
+      {"redis://[h\r]:1"s, "holds \"[h\\x0d]\", which is no IPv6 address"},
+      {"unix:///t/s\n"s, "\"unix:///t/s\\x0a\" has a socket path holding a control byte"},
+      {"redis://[::1]\r\n"s, "has \"\\x0d\\x0a\" after the IPv6 address"},
+      {"redis-cluster://a:7000,b\r\n:x"s, "bad node \"b\\x0d\\x0a:x\""},
+      {"rediss-cluster://a:7000?verify=\n"s, "control byte in the value of parameter \"verify\""},
+      {"redis-cluster://a:7000,b\r\n"s, "bad node \"b\\x0d\\x0a\""},
+      {"redis-sentinel://s\r\n:x/m"s, "has a bad sentinel \"s\\x0d\\x0a:x\""},
+      {"redis-sentinel://s\r\n/m"s, "has a bad sentinel \"s\\x0d\\x0a\""},
+      {"redis-sentinel://s/m/\r\n"s, "in MASTER_NAME \"m/\\x0d\\x0a\""},
+      {"redis-sentinel://s/m?db=1&x\r\n=1"s, "has an unknown parameter \"x\\x0d\\x0a\""},
+      {"redis-sentinel://s/m?x\n=a?b"s, "the value of parameter \"x\\x0a\""},
+      {"redis-sentinel://s/m\r\n"s, "master name \"m\\x0d\\x0a\""},
+      {"unix:///t/s?db=\r"s, "bad database \"\\x0d\""},
+      {"unix:///t/s?multiplex=1&x\r=1"s, "has parameter \"x\\x0d\" beside multiplex="},
+      {"http://\r\n"s, "\"http://\\x0d\\x0a\" must start with"},
+      {"redis-cluster\r\n://h"s, "\"redis-cluster\\x0d\\x0a://h\" must start with"},
+  };
+  for (const row& r : rows) {
+    SCOPED_TRACE(redis::detail::escaped_name(r.url));
+    std::string why;
+    try {
+      if (r.url.starts_with("redis-cluster") || r.url.starts_with("rediss-cluster")) {
+        (void)redis::parse_cluster_url(r.url);
+      } else {
+        (void)redis::parse_url(r.url);
+      }
+    } catch (const std::invalid_argument& e) {
+      why = e.what();
+    }
+    EXPECT_FALSE(why.empty());
+    EXPECT_FALSE(has_raw_control(why)) << redis::detail::escaped_name(why);
+    EXPECT_NE(why.find(r.shown), std::string::npos) << why;
+  }
+  // redacted_url itself (also used by examples to log a store's URL): every
+  // shown byte escaped, secrets still hidden.
+  EXPECT_EQ(redis::detail::redacted_url("redis://u\r:p\n@h\x01:1?db=\x7f"s),
+            "redis://u\\x0d:***@h\\x01:1?db=\\x7f");
+  EXPECT_EQ(redis::detail::redacted_url("redis://\"h\\\""), "redis://\\x22h\\x5c\\x22");
+  EXPECT_EQ(redis::detail::redacted_url("redis://u:@h"), "redis://u:***@h");
 }
 
 }  // namespace

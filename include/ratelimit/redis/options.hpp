@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ratelimit/decision.hpp"
+#include "ratelimit/detail/printable.hpp"
 
 namespace ratelimit::redis {
 
@@ -206,7 +207,16 @@ namespace detail {
   return unix_path ? "?#" : "/?#";
 }
 
-/// `url` as error messages quote it, without its secrets: the password of
+/// `s` as a message quotes a name or a part of a URL: printable ASCII as
+/// is, every other byte, `"` and `\\` as `\\xNN` (detail::printable, not
+/// cut short), so no CR, LF or other control byte of a URL reaches a log
+/// line through an exception message.
+[[nodiscard]] inline std::string escaped_name(std::string_view s) {
+  return ratelimit::detail::printable(s, std::string_view::npos);
+}
+
+/// `url` as error messages quote it, without its secrets and with every
+/// byte escaped as escaped_name does: the password of
 /// its userinfo (all of a userinfo without ':', which parse_url reads as a
 /// password; the userinfo ends as userinfo_end says; all of a userinfo that
 /// holds one of userinfo_delimiters, which parse_url refuses, as its user
@@ -264,13 +274,14 @@ namespace detail {
   }
   std::string out;
   out.reserve(url.size() + 3);
-  for (std::size_t i = 0; i < url.size(); ++i) {
+  std::size_t shown_from = 0;  // start of the shown run being collected
+  for (std::size_t i = 0; i <= url.size(); ++i) {
+    if (i < url.size() && hide[i] == 0 && i != empty_password_at) continue;
+    out += escaped_name(url.substr(shown_from, i - shown_from));
+    if (i == url.size()) break;
     if (i == empty_password_at) out += "***";
-    if (hide[i] != 0) {
-      if (i == 0 || hide[i - 1] == 0) out += "***";
-    } else {
-      out += url[i];
-    }
+    if (hide[i] != 0 && (i == 0 || hide[i - 1] == 0)) out += "***";
+    shown_from = hide[i] != 0 ? i + 1 : i;
   }
   return out;
 }
@@ -289,7 +300,7 @@ namespace detail {
     v = v * 10 + (c - '0');
   }
   if (!ok || v < lo || v > hi) {
-    throw std::invalid_argument("ratelimit: bad " + std::string(what) + " \"" + std::string(s) +
+    throw std::invalid_argument("ratelimit: bad " + std::string(what) + " \"" + escaped_name(s) +
                                 "\" in redis URL \"" + redacted_url(url) + "\" (expected " +
                                 std::to_string(lo) + ".." + std::to_string(hi) + ")");
   }
@@ -347,32 +358,13 @@ namespace detail {
   return out;
 }
 
-/// `s` as a message quotes a name: `"` and `\\` escaped, CR, LF and tab as
-/// `\\r`, `\\n`, `\\t`, every other byte outside printable ASCII as `\\xNN`.
-[[nodiscard]] inline std::string escaped_name(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (const char c : s) {
-    const auto b = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (b < 0x20 || b >= 0x7f) {
-      constexpr char hex[] = "0123456789abcdef";
-      out += "\\x";
-      out += hex[b >> 4];
-      out += hex[b & 15];
-    } else {
-      out += c;
-    }
-  }
-  return out;
+/// True when `s` holds a control byte (0x00-0x1f, 0x7f), or with `space`
+/// a space as well.
+[[nodiscard]] inline bool has_control_byte(std::string_view s, bool space = false) noexcept {
+  return std::any_of(s.begin(), s.end(), [space](char ch) {
+    const auto c = static_cast<unsigned char>(ch);
+    return c < 0x20 || c == 0x7f || (space && c == ' ');
+  });
 }
 
 /// Why a Sentinel master name cannot be used, "" when it can: it must hold
@@ -531,16 +523,21 @@ inline void apply_tls_query(tls_options& t, std::string_view query, std::string_
     const auto eq = item.find('=');
     const std::string_view name = item.substr(0, eq);
     if (eq == std::string_view::npos || eq + 1 == item.size()) {
-      bad_url(url, "has parameter \"" + std::string(name) + "\" without a value (NAME=VALUE)");
+      bad_url(url, "has parameter \"" + escaped_name(name) + "\" without a value (NAME=VALUE)");
     }
     if (std::find(seen.begin(), seen.end(), name) != seen.end()) {
-      bad_url(url, "gives parameter \"" + std::string(name) + "\" twice");
+      bad_url(url, "gives parameter \"" + escaped_name(name) + "\" twice");
     }
     seen.push_back(name);
     const std::string value(item.substr(eq + 1));
+    if (has_control_byte(value) && tls_parameter(name)) {
+      // Quoted as is by the messages of a store that cannot read the file.
+      bad_url(url, "has a control byte in the value of parameter \"" + escaped_name(name) +
+                       "\" (set options::tls in code for such a value)");
+    }
     if (value.find('?') != std::string::npos) {
       // `?ca=/x?multiplex=2` would read the file "/x?multiplex=2".
-      bad_url(url, "has a '?' in the value of parameter \"" + std::string(name) +
+      bad_url(url, "has a '?' in the value of parameter \"" + escaped_name(name) +
                        "\" (parameters are separated by '&')");
     }
     if (name == "ca") {
@@ -561,7 +558,7 @@ inline void apply_tls_query(tls_options& t, std::string_view query, std::string_
       } else if (value == "none") {
         t.verify = tls_verify::none;
       } else {
-        bad_url(url, "has verify=\"" + value + "\" (expected full, chain or none)");
+        bad_url(url, "has verify=\"" + escaped_name(value) + "\" (expected full, chain or none)");
       }
     } else {
       misplaced_parameter(name, url, true, cluster);
@@ -798,7 +795,7 @@ namespace detail {
   if (name.empty()) bad_url(url, "has an empty MASTER_NAME");
   if (name.find('/') != std::string_view::npos) {
     bad_url(url,
-            "has a '/' in MASTER_NAME \"" + std::string(name) + "\" (use ?db=N for a database)");
+            "has a '/' in MASTER_NAME \"" + escaped_name(name) + "\" (use ?db=N for a database)");
   }
   if (const std::string why = bad_master_name(name); !why.empty()) {
     bad_url(url, "has master name " + why);
@@ -813,12 +810,12 @@ namespace detail {
     try {
       one = parse_url("redis://" + std::string(part));
     } catch (const std::invalid_argument&) {
-      bad_url(url, "has a bad sentinel \"" + std::string(part) + "\"");
+      bad_url(url, "has a bad sentinel \"" + escaped_name(part) + "\"");
     }
     const bool has_port = part.starts_with('[') ? part.find("]:") != std::string_view::npos
                                                 : part.find(':') != std::string_view::npos;
     if (one.database != 0 || part.find('/') != std::string_view::npos) {
-      bad_url(url, "has a bad sentinel \"" + std::string(part) + "\"");
+      bad_url(url, "has a bad sentinel \"" + escaped_name(part) + "\"");
     }
     o.sentinel.sentinels.push_back(sentinel_address{one.host, has_port ? one.port : 26379});
     if (comma == std::string_view::npos) break;
@@ -841,11 +838,11 @@ namespace detail {
                                                                 : item.substr(eq + 1);
     if (item.empty()) bad_url(url, "has an empty parameter (a stray '&')");
     if (eq == std::string_view::npos) {
-      bad_url(url, "has no '=' after parameter \"" + std::string(key) + "\"");
+      bad_url(url, "has no '=' after parameter \"" + escaped_name(key) + "\"");
     }
     if (value.find('?') != std::string_view::npos) {
       // `?sentinel_user=u?db=2` would hide the database in the user name.
-      bad_url(url, "has a '?' in the value of parameter \"" + std::string(key) +
+      bad_url(url, "has a '?' in the value of parameter \"" + escaped_name(key) +
                        "\" (parameters are separated by '&'; set options::sentinel in code for "
                        "such a value)");
     }
@@ -919,8 +916,11 @@ namespace detail {
 /// holding them, and a query value holding '@', are set in code. A '#'
 /// anywhere in a URL of any form is refused (refuse_fragment): a fragment
 /// means nothing here, and `redis://h#x` connected to the host "h#x"; a
-/// host, path, master name or value holding '#' is set in code. Error
-/// messages quote the URL with its password replaced by `***`.
+/// host, path, master name or value holding '#' is set in code; so is a
+/// host holding a space or a control byte (0x00-0x1f, 0x7f), and a socket
+/// path or TLS parameter value holding a control byte. Error messages quote
+/// the URL with its password replaced by `***`, every byte outside
+/// printable ASCII (and `"`, `\`) escaped as `\xNN` (detail::printable).
 /// `rediss://` is `redis://` over TLS (options::tls), with optional
 /// parameters `?ca=FILE&ca_dir=DIR&cert=FILE&key=FILE&sni=NAME&verify=full|chain|none`
 /// (values without `&` or `@`, see above); files are read when the store is made.
@@ -1004,6 +1004,12 @@ namespace detail {
                       "has a relative socket path holding '@' (a userinfo ends at the first "
                       "\"@/\": write an absolute path)");
     }
+    if (detail::has_control_byte(rest)) {
+      // Every connect error quotes the path: no CR or LF into a log line.
+      detail::bad_url(url,
+                      "has a socket path holding a control byte (set options::unix_socket in "
+                      "code for such a path)");
+    }
     o.unix_socket = std::string(rest);
     return o;
   }
@@ -1021,12 +1027,13 @@ namespace detail {
     if (close == std::string_view::npos) detail::bad_url(url, "opens [ without closing ]");
     host = rest.substr(1, close - 1);
     if (host.find(':') == std::string_view::npos || host.find('[') != std::string_view::npos) {
-      detail::bad_url(url, "holds \"[" + std::string(host) + "]\", which is no IPv6 address");
+      detail::bad_url(url,
+                      "holds \"[" + detail::escaped_name(host) + "]\", which is no IPv6 address");
     }
     const std::string_view after = rest.substr(close + 1);
     if (!after.empty()) {
       if (after.front() != ':') {
-        detail::bad_url(url, "has \"" + std::string(after) + "\" after the IPv6 address");
+        detail::bad_url(url, "has \"" + detail::escaped_name(after) + "\" after the IPv6 address");
       }
       port = after.substr(1);
       has_port = true;
@@ -1046,6 +1053,10 @@ namespace detail {
   }
   if (has_port) o.port = detail::parse_url_int(port, url, "port", 1, 65535);
   if (host.empty()) detail::bad_url(url, "has no host");
+  if (detail::has_control_byte(host, true)) {
+    // No host name holds one, and every connect error quotes the host.
+    detail::bad_url(url, "has a host holding a space or a control byte");
+  }
   o.host = rest.starts_with('[') ? detail::ipv6_with_zone(host, url) : std::string(host);
   return o;
 }
