@@ -641,7 +641,7 @@ TEST(UrlReview, ControlBytesInMessagesAreEscaped) {
       {"redis://h/\n1"s, "bad database \"\\x0a1\""},
       {"redis://h?multiplex=\x1b[2J"s, "bad multiplex \"\\x1b[2J\""},
       {"redis://h?x\r\n=1"s, "\"redis://h?x\\x0d\\x0a=***\""},
-      {"rediss://h?ca=/c&x\r\n"s, "has parameter \"x\\x0d\\x0a\" without a value"},
+      {"rediss://h?ca=/c&x\r\n"s, "\"rediss://h?ca=/c&***\" has a parameter without '='"},
       {"rediss://h?sni=a\rb"s, "\"rediss://h?sni=a\\x0db\" has a control byte"},
       {"rediss://h?sni=a&sni=\r"s, "\"rediss://h?sni=a&sni=\\x0d\" gives parameter \"sni\" twice"},
       {"rediss://h?x\n=a?b"s, "the value of parameter \"x\\x0a\""},
@@ -692,6 +692,86 @@ TEST(UrlReview, ControlBytesInMessagesAreEscaped) {
             "redis://u\\x0d:***@h\\x01:1?db=\\x7f");
   EXPECT_EQ(redis::detail::redacted_url("redis://\"h\\\""), "redis://\\x22h\\x5c\\x22");
   EXPECT_EQ(redis::detail::redacted_url("redis://u:@h"), "redis://u:***@h");
+}
+
+// Verifies that redacted_url shows the value of every non-secret parameter
+// the parsers take: `multiplex` and `read_spin_us` read `***`, so a message
+// about a bad multiplex= hid the value it complained about. Every secret
+// stays hidden: the password, `sentinel_password`, an unknown (maybe
+// misspelt) parameter's value.
+TEST(UrlReview, RedactedUrlShowsEveryNonSecretParameter) {
+  EXPECT_EQ(redis::detail::redacted_url("redis://u:s3cret@h/2?multiplex=300&read_spin_us=5"),
+            "redis://u:***@h/2?multiplex=300&read_spin_us=5");
+  EXPECT_EQ(redis::detail::redacted_url("rediss://h?ca=/c&ca_dir=/d&cert=/e&key=/k&sni=s&"
+                                        "verify=none&multiplex=1&read_spin_us=2&pasword=s3cret"),
+            "rediss://h?ca=/c&ca_dir=/d&cert=/e&key=/k&sni=s&verify=none&multiplex=1&"
+            "read_spin_us=2&pasword=***");
+  EXPECT_EQ(redis::detail::redacted_url("redis-sentinel://:s3cret@s/m?db=1&sentinel_user=u&"
+                                        "sentinel_password=s3cret&multiplex=2&read_spin_us=3&"
+                                        "sentinel_pasword=s3cret"),
+            "redis-sentinel://:***@s/m?db=1&sentinel_user=u&sentinel_password=***&multiplex=2&"
+            "read_spin_us=3&sentinel_pasword=***");
+  EXPECT_EQ(redis::detail::redacted_url("unix:///t/s?db=1&multiplex=2&read_spin_us=3"),
+            "unix:///t/s?db=1&multiplex=2&read_spin_us=3");
+  // The messages that used to hide the value they named.
+  EXPECT_NE(
+      refusal("redis://h?multiplex=300&read_spin_us=5")
+          .find("bad multiplex \"300\" in redis URL \"redis://h?multiplex=300&read_spin_us=5\""),
+      std::string::npos);
+  EXPECT_NE(
+      refusal("redis-cluster://a:7000?multiplex=x").find("\"redis-cluster://a:7000?multiplex=x\""),
+      std::string::npos);
+  EXPECT_NE(refusal("redis-sentinel://s/m?read_spin_us=2000&sentinel_password=s3cret")
+                .find("\"redis-sentinel://s/m?read_spin_us=2000&sentinel_password=***\""),
+            std::string::npos);
+}
+
+// Verifies that a query item without '=' that is no known parameter name is
+// neither quoted nor shown: it may be the end of a value holding '&'
+// (`?sentinel_password=p&ss` said "has no '=' after parameter "ss"") or a
+// secret whose '=' was mistyped (`?sentinel_password:s3cret` was quoted
+// whole, in the URL and as a parameter name). Nor does a bad port, database
+// or node quote what follows a '&' in it (`redis://h/1&sentinel_password=x`
+// quoted the database "1&sentinel_password=x").
+TEST(UrlReview, SecretsAfterAnAmpersandOrAMistypedEqualsAreNotQuoted) {
+  struct row {
+    std::string url;
+    std::string named;  // what the message must say
+  };
+  const std::string unnamed = "has a parameter without '=' (NAME=VALUE; not quoted";
+  const row rows[] = {
+      {"redis-sentinel://s/m?sentinel_password=p&s3cret",
+       "\"redis-sentinel://s/m?sentinel_password=***&***\" " + unnamed},
+      {"redis-sentinel://s/m?sentinel_password:s3cret", "\"redis-sentinel://s/m?***\" " + unnamed},
+      {"redis-sentinel://s/m?db=1&s3cret", unnamed},
+      {"redis://h?password:s3cret", "\"redis://h?***\" " + unnamed},
+      {"redis://h?multiplex=2&s3cret", unnamed},
+      {"rediss://h?ca=/x&s3cret", "\"rediss://h?ca=/x&***\" " + unnamed},
+      {"rediss://h?s3cret&sni=x", unnamed},
+      {"rediss-cluster://h:7000?sni=x&s3cret", unnamed},
+      {"redis-cluster://h:7000?s3cret", unnamed},
+      {"unix:///t/s?db=1&s3cret", "\"unix:///t/s?db=1&***\" " + unnamed},
+      {"unix:///t/s?multiplex=1&s3cret", unnamed},
+      {"redis://h/1&sentinel_password=s3cret", "bad database \"1&...\""},
+      {"redis://h:1&sentinel_password=s3cret", "bad port \"1&...\""},
+      {"redis://[::1]x&p=s3cret", "has \"x&...\" after the IPv6 address"},
+      {"redis-sentinel://s:1&p=s3cret/m", "has a bad sentinel \"s:1&...\""},
+      {"redis-cluster://a:1&p=s3cret", "bad node \"a:1&...\""},
+  };
+  for (const row& r : rows) {
+    SCOPED_TRACE(r.url);
+    const std::string why = refusal(r.url);
+    EXPECT_NE(why.find(r.named), std::string::npos) << why;
+    EXPECT_EQ(why.find("s3"), std::string::npos) << why;
+  }
+  // A known name without '=' is still named.
+  EXPECT_NE(refusal("rediss://h?sni").find("has parameter \"sni\" without a value"),
+            std::string::npos);
+  EXPECT_NE(refusal("redis://h?sni").find("has TLS parameter \"sni\""), std::string::npos);
+  EXPECT_NE(refusal("redis-sentinel://s/m?db").find("has no '=' after parameter \"db\""),
+            std::string::npos);
+  EXPECT_NE(refusal("redis-sentinel://s/m?db").find("\"redis-sentinel://s/m?db\""),
+            std::string::npos);
 }
 
 }  // namespace

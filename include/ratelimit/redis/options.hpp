@@ -215,16 +215,32 @@ namespace detail {
   return ratelimit::detail::printable(s, std::string_view::npos);
 }
 
+/// True for the name of every query parameter a Redis URL form takes.
+[[nodiscard]] inline bool known_parameter(std::string_view name) noexcept {
+  return name == "db" || name == "multiplex" || name == "read_spin_us" || name == "ca" ||
+         name == "ca_dir" || name == "cert" || name == "key" || name == "sni" || name == "verify" ||
+         name == "sentinel_user" || name == "sentinel_password";
+}
+
+/// True for the known parameters whose values are no secret, which
+/// redacted_url shows: all but `sentinel_password`.
+[[nodiscard]] inline bool shown_parameter(std::string_view name) noexcept {
+  return known_parameter(name) && name != "sentinel_password";
+}
+
 /// `url` as error messages quote it, without its secrets and with every
 /// byte escaped as escaped_name does: the password of
 /// its userinfo (all of a userinfo without ':', which parse_url reads as a
 /// password; the userinfo ends as userinfo_end says; all of a userinfo that
 /// holds one of userinfo_delimiters, which parse_url refuses, as its user
-/// part may then be a password or a query value) and the value of every query
+/// part may then be a password or a query value), the value of every query
 /// parameter (from '=' to the next '&' or the end) whose name is not one of
-/// the known, non-secret `db`, `sentinel_user`, `ca`, `ca_dir`, `cert`,
-/// `key`, `sni` and `verify`, so `sentinel_password`, and a misspelt one
-/// (`sentinel_pasword=`), too. Each hidden stretch reads `***`.
+/// shown_parameter's known, non-secret ones, so `sentinel_password`, and a
+/// misspelt one (`sentinel_pasword=`), too, and all of an item of the query
+/// (after the first '?' behind the userinfo) without '=' that is no known
+/// parameter name: it may be the end of a value holding '&'
+/// (`?sentinel_password=p&ss`) or a secret whose '=' was mistyped
+/// (`?sentinel_password:s3cret`). Each hidden stretch reads `***`.
 [[nodiscard]] inline std::string redacted_url(std::string_view url) {
   std::vector<char> hide(url.size() + 1, 0);
   std::size_t empty_password_at = std::string_view::npos;
@@ -256,17 +272,22 @@ namespace detail {
     std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from),
               hide.begin() + static_cast<std::ptrdiff_t>(at), 1);
   }
-  constexpr std::string_view shown_keys[] = {"db",   "sentinel_user", "ca",  "ca_dir",
-                                             "cert", "key",           "sni", "verify"};
+  const std::size_t query = url.find('?', at != std::string_view::npos       ? at + 1
+                                          : scheme != std::string_view::npos ? scheme + 3
+                                                                             : 0);
   for (std::size_t i = 0; i < url.size(); ++i) {
     if (url[i] != '?' && url[i] != '&') continue;
     const std::size_t end = std::min(url.find('&', i + 1), url.size());
     const std::string_view item = url.substr(i + 1, end - i - 1);
     const auto eq = item.find('=');
-    if (eq == std::string_view::npos || std::find(std::begin(shown_keys), std::end(shown_keys),
-                                                  item.substr(0, eq)) != std::end(shown_keys)) {
+    if (eq == std::string_view::npos) {
+      if (i >= query && !known_parameter(item)) {
+        std::fill(hide.begin() + static_cast<std::ptrdiff_t>(i + 1),
+                  hide.begin() + static_cast<std::ptrdiff_t>(end), 1);
+      }
       continue;
     }
+    if (shown_parameter(item.substr(0, eq))) continue;
     const std::size_t from = i + 1 + eq + 1;
     if (from == end) continue;
     std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from),
@@ -286,6 +307,16 @@ namespace detail {
   return out;
 }
 
+/// A part `s` of a URL's host, port or path as a message quotes it:
+/// escaped_name of the text before its first '&', then `&...` when cut,
+/// since what follows may be `NAME=SECRET`, which redacted_url hides
+/// (`redis://h/1&sentinel_password=s3cret` quoted the database
+/// "1&sentinel_password=s3cret").
+[[nodiscard]] inline std::string quoted_part(std::string_view s) {
+  const auto amp = s.find('&');
+  return escaped_name(s.substr(0, amp)) + (amp == std::string_view::npos ? "" : "&...");
+}
+
 /// The decimal number `s` (digits only), which must lie in lo..hi.
 /// @throws std::invalid_argument naming `s` and the URL
 [[nodiscard]] inline int parse_url_int(std::string_view s, std::string_view url, const char* what,
@@ -300,7 +331,7 @@ namespace detail {
     v = v * 10 + (c - '0');
   }
   if (!ok || v < lo || v > hi) {
-    throw std::invalid_argument("ratelimit: bad " + std::string(what) + " \"" + escaped_name(s) +
+    throw std::invalid_argument("ratelimit: bad " + std::string(what) + " \"" + quoted_part(s) +
                                 "\" in redis URL \"" + redacted_url(url) + "\" (expected " +
                                 std::to_string(lo) + ".." + std::to_string(hi) + ")");
   }
@@ -472,6 +503,19 @@ inline void refuse_fragment(std::string_view rest, std::string_view url, std::st
               std::string(fields) + " in code");
 }
 
+/// Refuses the query item `item` of `url` when it holds no '=' and is no
+/// known parameter name, without quoting it: it may be the end of a value
+/// holding '&' (`?sentinel_password=p&ss`) or a secret whose '=' was
+/// mistyped (`?sentinel_password:s3cret`), and used to be quoted as a
+/// parameter name (redacted_url hides it too).
+/// @throws std::invalid_argument saying so
+inline void refuse_unnamed_item(std::string_view item, std::string_view url) {
+  if (item.empty() || item.find('=') != std::string_view::npos || known_parameter(item)) return;
+  bad_url(url,
+          "has a parameter without '=' (NAME=VALUE; not quoted, as it may be the end of a value "
+          "holding '&', which cannot be written in a URL, or a secret with a mistyped '=')");
+}
+
 /// True for the names of the TLS parameters (apply_tls_query).
 [[nodiscard]] inline bool tls_parameter(std::string_view name) noexcept {
   return name == "ca" || name == "ca_dir" || name == "cert" || name == "key" || name == "sni" ||
@@ -522,6 +566,7 @@ inline void apply_tls_query(tls_options& t, std::string_view query, std::string_
     const std::string_view item = query.substr(0, amp);
     const auto eq = item.find('=');
     const std::string_view name = item.substr(0, eq);
+    refuse_unnamed_item(item, url);
     if (eq == std::string_view::npos || eq + 1 == item.size()) {
       bad_url(url, "has parameter \"" + escaped_name(name) + "\" without a value (NAME=VALUE)");
     }
@@ -668,7 +713,7 @@ inline void check_read_spin(std::chrono::microseconds spin) {
   bool seen = false;           // multiplex=
   bool seen_spin = false;      // read_spin_us= (only with `read_spin`)
   bool not_db = false;         // a unix:// query holds a parameter other than db=
-  std::string_view not_unix;   // the name of the first such
+  std::string_view not_unix;   // the first such item
   int db_items = 0;            // db= items of a unix:// query
   std::string_view elsewhere;  // the first TLS or Sentinel parameter of a unix:// query
   std::string_view query = std::string_view(rest).substr(q + 1);
@@ -697,7 +742,7 @@ inline void check_read_spin(std::chrono::microseconds spin) {
       }
       if (unix_path && !item.empty() && !item.starts_with("db=") && !not_db) {
         not_db = true;
-        not_unix = item.substr(0, item.find('='));
+        not_unix = item;
       }
       if (others) kept += '&';
       kept += item;
@@ -714,7 +759,9 @@ inline void check_read_spin(std::chrono::microseconds spin) {
   if (unix_path && db_items > 1) bad_url(url, "gives parameter \"db\" twice");
   if ((seen || db_items > 0) && not_db) {
     // `unix:///t/s?multiplex=2&x=1&db=1` would connect to "/t/s?x=1&db=1".
-    bad_url(url, "has parameter \"" + escaped_name(not_unix) + "\" beside " + std::string(beside) +
+    refuse_unnamed_item(not_unix, url);
+    bad_url(url, "has parameter \"" + escaped_name(not_unix.substr(0, not_unix.find('='))) +
+                     "\" beside " + std::string(beside) +
                      " (a unix:// URL takes only db=, multiplex= and read_spin_us=)");
   }
   if (!elsewhere.empty()) {
@@ -752,6 +799,7 @@ inline void take_tls_query(std::string_view& rest, tls_options& t, std::string_v
     std::string_view query = rest.substr(q + 1);
     query.remove_prefix(query.find_first_not_of('&'));
     const std::string_view item = query.substr(0, query.find('&'));
+    refuse_unnamed_item(item, url);
     misplaced_parameter(item.substr(0, item.find('=')), url, false, cluster);
   }
   apply_tls_query(t, rest.substr(q + 1), url, cluster);
@@ -810,12 +858,12 @@ namespace detail {
     try {
       one = parse_url("redis://" + std::string(part));
     } catch (const std::invalid_argument&) {
-      bad_url(url, "has a bad sentinel \"" + escaped_name(part) + "\"");
+      bad_url(url, "has a bad sentinel \"" + quoted_part(part) + "\"");
     }
     const bool has_port = part.starts_with('[') ? part.find("]:") != std::string_view::npos
                                                 : part.find(':') != std::string_view::npos;
     if (one.database != 0 || part.find('/') != std::string_view::npos) {
-      bad_url(url, "has a bad sentinel \"" + escaped_name(part) + "\"");
+      bad_url(url, "has a bad sentinel \"" + quoted_part(part) + "\"");
     }
     o.sentinel.sentinels.push_back(sentinel_address{one.host, has_port ? one.port : 26379});
     if (comma == std::string_view::npos) break;
@@ -838,6 +886,7 @@ namespace detail {
                                                                 : item.substr(eq + 1);
     if (item.empty()) bad_url(url, "has an empty parameter (a stray '&')");
     if (eq == std::string_view::npos) {
+      refuse_unnamed_item(item, url);
       bad_url(url, "has no '=' after parameter \"" + escaped_name(key) + "\"");
     }
     if (value.find('?') != std::string_view::npos) {
@@ -1033,7 +1082,7 @@ namespace detail {
     const std::string_view after = rest.substr(close + 1);
     if (!after.empty()) {
       if (after.front() != ':') {
-        detail::bad_url(url, "has \"" + detail::escaped_name(after) + "\" after the IPv6 address");
+        detail::bad_url(url, "has \"" + detail::quoted_part(after) + "\" after the IPv6 address");
       }
       port = after.substr(1);
       has_port = true;

@@ -109,7 +109,7 @@ namespace detail {}  // namespace detail
     try {
       one = parse_url("redis://" + std::string(part));
     } catch (const std::invalid_argument&) {
-      throw std::invalid_argument("ratelimit: bad node \"" + detail::escaped_name(part) +
+      throw std::invalid_argument("ratelimit: bad node \"" + detail::quoted_part(part) +
                                   "\" in redis cluster URL \"" + detail::redacted_url(url) + "\"");
     }
     o.seeds.push_back(node_address{one.host, one.port});
