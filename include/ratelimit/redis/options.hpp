@@ -972,7 +972,8 @@ namespace detail {
 /// printable ASCII (and `"`, `\`) escaped as `\xNN` (detail::printable).
 /// `rediss://` is `redis://` over TLS (options::tls), with optional
 /// parameters `?ca=FILE&ca_dir=DIR&cert=FILE&key=FILE&sni=NAME&verify=full|chain|none`
-/// (values without `&` or `@`, see above); files are read when the store is made.
+/// (values without `&`, `@`, `?`, `#` or a control byte, see above); files are read
+/// when the store is made.
 /// `redis://`, `rediss://` and `unix://` also take `?multiplex=N` (0..256,
 /// at most once; options::multiplex), alone or among the other parameters
 /// (an empty parameter, as in `?&multiplex=2` or a trailing `&`, is refused),
