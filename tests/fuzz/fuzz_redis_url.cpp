@@ -15,6 +15,15 @@ namespace {
 
 namespace rr = ratelimit::redis;
 
+/// A message quoting a URL escapes its control bytes (no forged log lines).
+bool escaped(std::string_view message) {
+  for (const char ch : message) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c >= 0x7f) return false;
+  }
+  return true;
+}
+
 bool valid_port(int port) {
   return port >= 1 && port <= 65535;
 }
@@ -49,8 +58,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // Anything but std::invalid_argument escapes and is reported as a crash.
   try {
     const rr::options o = rr::parse_url(url);
+    RATELIMIT_FUZZ_CHECK(url.find('#') == std::string_view::npos,
+                         "a URL holding '#' accepted (a fragment taken into a field)");
     RATELIMIT_FUZZ_CHECK(o.database >= 0, "negative database");
     check_credentials(o, url);
+    // Connect errors quote the host or path: no control byte in either.
+    RATELIMIT_FUZZ_CHECK(
+        !rr::detail::has_control_byte(o.unix_socket) && !rr::detail::has_control_byte(o.host, true),
+        "a socket path or host holding a control byte");
     if (o.unix_socket.empty()) {
       RATELIMIT_FUZZ_CHECK(!o.host.empty(), "accepted a TCP URL without a host");
       RATELIMIT_FUZZ_CHECK(whole_host(o.host), "text after an IPv6 literal left in the host");
@@ -78,10 +93,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const std::invalid_argument& e) {
     RATELIMIT_FUZZ_CHECK(std::string_view(e.what()).starts_with("ratelimit: "),
                          "a rejection without the library's prefix");
+    RATELIMIT_FUZZ_CHECK(escaped(e.what()), "a rejection quoting a control or non-ASCII byte");
   }
 
   try {
     const rr::cluster_options o = rr::parse_cluster_url(url);
+    RATELIMIT_FUZZ_CHECK(url.find('#') == std::string_view::npos,
+                         "a cluster URL holding '#' accepted (a fragment taken into a field)");
     RATELIMIT_FUZZ_CHECK(!o.seeds.empty(), "a cluster URL without seeds");
     RATELIMIT_FUZZ_CHECK(o.seeds.size() <= size, "more seeds than URL bytes");
     for (const rr::node_address& n : o.seeds) {
@@ -98,6 +116,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const std::invalid_argument& e) {
     RATELIMIT_FUZZ_CHECK(std::string_view(e.what()).starts_with("ratelimit: "),
                          "a rejection without the library's prefix");
+    RATELIMIT_FUZZ_CHECK(escaped(e.what()), "a rejection quoting a control or non-ASCII byte");
   }
   return 0;
 }

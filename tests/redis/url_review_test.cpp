@@ -7,6 +7,7 @@
 // form that does not take them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -18,6 +19,7 @@
 namespace {
 
 using namespace ratelimit;
+using namespace std::string_literals;
 
 /// The message parse_url (or parse_cluster_url) refuses `url` with; "" when accepted.
 std::string refusal(const std::string& url) {
@@ -523,6 +525,253 @@ TEST(UrlReview, MisplacedQueryParametersAreNamed) {
   // path may still hold '?'.
   EXPECT_EQ(redis::parse_url("unix:///t/s?x=1").unix_socket, "/t/s?x=1");
   EXPECT_EQ(redis::parse_url("unix:///t/s?sni").unix_socket, "/t/s?sni");
+}
+
+// Verifies that an '@' after the '?' of a unix:// URL no longer hides its
+// query: the query was searched from the last '@' (a unix:// userinfo ends
+// at the first "@/"), so `unix:///t/s?multiplex=2&x=a@b` connected to the
+// path "/t/s?multiplex=2&x=a@b" with multiplex 0, `unix:///t/s?x=@&db=1` to
+// "/t/s?x=@&db=1" on database 0, and `unix:///t/s?sni=x@y` took no TLS
+// parameter without a word. And that the first '?' starts the query when
+// the text after it holds a known NAME=, after '&' or a second '?':
+// `unix:///t/a?b?db=2` connected to the path "/t/a?b" on database 2.
+TEST(UrlReview, UnixQueryAfterAnAtOrASecondQuestionMark) {
+  struct row {
+    std::string url;
+    std::string named;  // what the message must say
+  };
+  const std::string unix_only = "(a unix:// URL takes only db=, multiplex= and read_spin_us=)";
+  const std::string second = "has a second '?' in its query";
+  const row rows[] = {
+      {"unix:///t/s?multiplex=2&x=a@b",
+       "has parameter \"x\" beside multiplex= or read_spin_us= " + unix_only},
+      {"unix://:pw@/t/s?multiplex=2&x=a@b",
+       "has parameter \"x\" beside multiplex= or read_spin_us= " + unix_only},
+      {"unix:///t/s?read_spin_us=5&q=@", "has parameter \"q\" beside multiplex="},
+      {"unix:///t/s?x=@&db=1", "has parameter \"x\" beside db= " + unix_only},
+      {"unix:///t/s?multiplex=2@", "bad multiplex \"2@\""},
+      {"unix:///t/s?db=1@x", "bad database \"1@x\""},
+      {"unix:///t/s?sni=x@y", "has parameter \"sni\", which a unix:// URL does not take"},
+      {"unix:///t/a?b?db=2", second},
+      {"unix:///t/a?b@c?db=2", second},
+      {"unix:///t/a?x=1?multiplex=2", second},
+      {"unix:///t/a?db=1?x", second},
+  };
+  for (const row& r : rows) {
+    SCOPED_TRACE(r.url);
+    const std::string why = refusal(r.url);
+    EXPECT_NE(why.find(r.named), std::string::npos) << why;
+  }
+  // A path may still hold '?' and '@' when no known NAME= follows the '?'.
+  EXPECT_EQ(redis::parse_url("unix:///t/s?x=a@b").unix_socket, "/t/s?x=a@b");
+  EXPECT_EQ(redis::parse_url("unix:///t/a@b?c").unix_socket, "/t/a@b?c");
+  EXPECT_EQ(redis::parse_url("unix:///t/s?multiplexer=1").unix_socket, "/t/s?multiplexer=1");
+  const auto a = redis::parse_url("unix://u:p@/t/a@b?db=2&multiplex=3");
+  EXPECT_EQ(a.unix_socket, "/t/a@b");
+  EXPECT_EQ(a.password, "p");
+  EXPECT_EQ(a.database, 2);
+  EXPECT_EQ(a.multiplex, 3u);
+}
+
+// Verifies that a '#' anywhere in a Redis URL is refused by name on every
+// form: a fragment means nothing here, and it was taken as part of whatever
+// held it (`redis://h#x` connected to the host "h#x", `rediss://h?sni=a#b`
+// named the server "a#b", `redis-sentinel://s/m#x` asked for master "m#x",
+// `?sentinel_password=ab#cd` sent "ab#cd"). A '#' in the userinfo keeps its
+// own message (UserinfoRunningPastTheHostIsRefused). No value after the
+// '#' is quoted when it is secret.
+TEST(UrlReview, FragmentIsRefusedOnEveryForm) {
+  struct row {
+    std::string url;
+    std::string set_in_code;  // the fields the message names
+  };
+  const row rows[] = {
+      {"redis://h#x", "options::host"},
+      {"redis://h:6379#x", "options::host"},
+      {"redis://h/1#x", "options::host"},
+      {"redis://u:p@h#", "options::host"},
+      {"redis://h?multiplex=2#x", "options::host"},
+      {"rediss://h?sni=a#b", "options::host and options::tls"},
+      {"rediss://h?ca=/a#b&sni=y", "options::host and options::tls"},
+      {"unix:///t/s#x", "options::unix_socket"},
+      {"unix:///t/s?db=1#x", "options::unix_socket"},
+      {"unix://u:p@/t/s#x", "options::unix_socket"},
+      {"redis-cluster://h#x", "cluster_options::seeds"},
+      {"redis-cluster://a:7000,b#x:7001", "cluster_options::seeds"},
+      {"rediss-cluster://a:7000?sni=a#b", "cluster_options::seeds and node.tls"},
+      {"redis-sentinel://s/m#x", "options::sentinel"},
+      {"redis-sentinel://s#x/m", "options::sentinel"},
+      {"redis-sentinel://s/m?db=1#x", "options::sentinel"},
+      {"redis-sentinel://s/m?sentinel_password=s3#cret", "options::sentinel"},
+      {"redis-sentinel://u:s3cret@s/m?sentinel_user=u&sentinel_password=s3cret#",
+       "options::sentinel"},
+  };
+  for (const row& r : rows) {
+    SCOPED_TRACE(r.url);
+    const std::string why = refusal(r.url);
+    EXPECT_NE(why.find("has a '#': a URL fragment means nothing here"), std::string::npos) << why;
+    EXPECT_NE(why.find("set " + r.set_in_code + " in code"), std::string::npos) << why;
+    EXPECT_EQ(why.find("s3"), std::string::npos) << why;
+  }
+}
+
+/// True when `s` holds a byte below 0x20 or at or above 0x7f.
+bool has_raw_control(const std::string& s) {
+  return std::any_of(s.begin(), s.end(), [](char ch) {
+    const auto c = static_cast<unsigned char>(ch);
+    return c < 0x20 || c >= 0x7f;
+  });
+}
+
+// Verifies that no message quotes a control byte of a URL as is: URLs went
+// into exception messages (which services log) with their CR, LF and other
+// bytes below 0x20 or 0x7f unescaped, in the URL itself (redacted_url), in
+// a bad port, database or multiplex value, a parameter name or verify value
+// (apply_tls_query), a sentinel or cluster node, a master name holding '/'
+// and an IPv6 literal: a URL could forge log lines. Each such byte now reads
+// \xNN, as detail::printable writes it.
+TEST(UrlReview, ControlBytesInMessagesAreEscaped) {
+  struct row {
+    std::string url;
+    std::string shown;  // what the message must hold
+  };
+  const row rows[] = {
+      {"redis://h:\r\nX-Forged: 1"s, "\"redis://h:\\x0d\\x0aX-Forged: 1\""},
+      {"redis://h:\r\n"s, "bad port \"\\x0d\\x0a\""},
+      {"redis://h/\n1"s, "bad database \"\\x0a1\""},
+      {"redis://h?multiplex=\x1b[2J"s, "bad multiplex \"\\x1b[2J\""},
+      {"redis://h?x\r\n=1"s, "\"redis://h?x\\x0d\\x0a=***\""},
+      {"rediss://h?ca=/c&x\r\n"s, "\"rediss://h?ca=/c&***\" has a parameter without '='"},
+      {"rediss://h?sni=a\rb"s, "\"rediss://h?sni=a\\x0db\" has a control byte"},
+      {"rediss://h?sni=a&sni=\r"s, "\"rediss://h?sni=a&sni=\\x0d\" gives parameter \"sni\" twice"},
+      {"rediss://h?x\n=a?b"s, "the value of parameter \"x\\x0a\""},
+      {"rediss://h?verify=\xff"s, "has verify=\"\\xff\""},
+      {"rediss://h?verify=\r\n"s, "a control byte in the value of parameter \"verify\""},
+      {"rediss://h?ca=/c\r\n"s, "\"rediss://h?ca=/c\\x0d\\x0a\" has a control byte"},
+      {"redis://h\0x:1"s, "\"redis://h\\x00x:1\" has a host holding a space or a control byte"},
+      {"redis://h x"s, "has a host holding a space or a control byte"},
+      {"redis://h\xc3\xa9:x"s, "\"redis://h\\xc3\\xa9:x\""},
+      {"redis://[::1\r]:1"s, "\"redis://[::1\\x0d]:1\" has a host holding"},
+      {"redis://[::1\r:1"s, "\"redis://[::1\\x0d:1\" opens [ without closing ]"},
+      {"redis://[h\r]:1"s, "holds \"[h\\x0d]\", which is no IPv6 address"},
+      {"unix:///t/s\n"s, "\"unix:///t/s\\x0a\" has a socket path holding a control byte"},
+      {"redis://[::1]\r\n"s, "has \"\\x0d\\x0a\" after the IPv6 address"},
+      {"redis-cluster://a:7000,b\r\n:x"s, "bad node \"b\\x0d\\x0a:x\""},
+      {"rediss-cluster://a:7000?verify=\n"s, "control byte in the value of parameter \"verify\""},
+      {"redis-cluster://a:7000,b\r\n"s, "bad node \"b\\x0d\\x0a\""},
+      {"redis-sentinel://s\r\n:x/m"s, "has a bad sentinel \"s\\x0d\\x0a:x\""},
+      {"redis-sentinel://s\r\n/m"s, "has a bad sentinel \"s\\x0d\\x0a\""},
+      {"redis-sentinel://s/m/\r\n"s, "in MASTER_NAME \"m/\\x0d\\x0a\""},
+      {"redis-sentinel://s/m?db=1&x\r\n=1"s, "has an unknown parameter \"x\\x0d\\x0a\""},
+      {"redis-sentinel://s/m?x\n=a?b"s, "the value of parameter \"x\\x0a\""},
+      {"redis-sentinel://s/m\r\n"s, "master name \"m\\x0d\\x0a\""},
+      {"unix:///t/s?db=\r"s, "bad database \"\\x0d\""},
+      {"unix:///t/s?multiplex=1&x\r=1"s, "has parameter \"x\\x0d\" beside multiplex="},
+      {"http://\r\n"s, "\"http://\\x0d\\x0a\" must start with"},
+      {"redis-cluster\r\n://h"s, "\"redis-cluster\\x0d\\x0a://h\" must start with"},
+  };
+  for (const row& r : rows) {
+    SCOPED_TRACE(redis::detail::escaped_name(r.url));
+    std::string why;
+    try {
+      if (r.url.starts_with("redis-cluster") || r.url.starts_with("rediss-cluster")) {
+        (void)redis::parse_cluster_url(r.url);
+      } else {
+        (void)redis::parse_url(r.url);
+      }
+    } catch (const std::invalid_argument& e) {
+      why = e.what();
+    }
+    EXPECT_FALSE(why.empty());
+    EXPECT_FALSE(has_raw_control(why)) << redis::detail::escaped_name(why);
+    EXPECT_NE(why.find(r.shown), std::string::npos) << why;
+  }
+  // redacted_url itself (also used by examples to log a store's URL): every
+  // shown byte escaped, secrets still hidden.
+  EXPECT_EQ(redis::detail::redacted_url("redis://u\r:p\n@h\x01:1?db=\x7f"s),
+            "redis://u\\x0d:***@h\\x01:1?db=\\x7f");
+  EXPECT_EQ(redis::detail::redacted_url("redis://\"h\\\""), "redis://\\x22h\\x5c\\x22");
+  EXPECT_EQ(redis::detail::redacted_url("redis://u:@h"), "redis://u:***@h");
+}
+
+// Verifies that redacted_url shows the value of every non-secret parameter
+// the parsers take: `multiplex` and `read_spin_us` read `***`, so a message
+// about a bad multiplex= hid the value it complained about. Every secret
+// stays hidden: the password, `sentinel_password`, an unknown (maybe
+// misspelt) parameter's value.
+TEST(UrlReview, RedactedUrlShowsEveryNonSecretParameter) {
+  EXPECT_EQ(redis::detail::redacted_url("redis://u:s3cret@h/2?multiplex=300&read_spin_us=5"),
+            "redis://u:***@h/2?multiplex=300&read_spin_us=5");
+  EXPECT_EQ(redis::detail::redacted_url("rediss://h?ca=/c&ca_dir=/d&cert=/e&key=/k&sni=s&"
+                                        "verify=none&multiplex=1&read_spin_us=2&pasword=s3cret"),
+            "rediss://h?ca=/c&ca_dir=/d&cert=/e&key=/k&sni=s&verify=none&multiplex=1&"
+            "read_spin_us=2&pasword=***");
+  EXPECT_EQ(redis::detail::redacted_url("redis-sentinel://:s3cret@s/m?db=1&sentinel_user=u&"
+                                        "sentinel_password=s3cret&multiplex=2&read_spin_us=3&"
+                                        "sentinel_pasword=s3cret"),
+            "redis-sentinel://:***@s/m?db=1&sentinel_user=u&sentinel_password=***&multiplex=2&"
+            "read_spin_us=3&sentinel_pasword=***");
+  EXPECT_EQ(redis::detail::redacted_url("unix:///t/s?db=1&multiplex=2&read_spin_us=3"),
+            "unix:///t/s?db=1&multiplex=2&read_spin_us=3");
+  // The messages that used to hide the value they named.
+  EXPECT_NE(
+      refusal("redis://h?multiplex=300&read_spin_us=5")
+          .find("bad multiplex \"300\" in redis URL \"redis://h?multiplex=300&read_spin_us=5\""),
+      std::string::npos);
+  EXPECT_NE(
+      refusal("redis-cluster://a:7000?multiplex=x").find("\"redis-cluster://a:7000?multiplex=x\""),
+      std::string::npos);
+  EXPECT_NE(refusal("redis-sentinel://s/m?read_spin_us=2000&sentinel_password=s3cret")
+                .find("\"redis-sentinel://s/m?read_spin_us=2000&sentinel_password=***\""),
+            std::string::npos);
+}
+
+// Verifies that a query item without '=' that is no known parameter name is
+// neither quoted nor shown: it may be the end of a value holding '&'
+// (`?sentinel_password=p&ss` said "has no '=' after parameter "ss"") or a
+// secret whose '=' was mistyped (`?sentinel_password:s3cret` was quoted
+// whole, in the URL and as a parameter name). Nor does a bad port, database
+// or node quote what follows a '&' in it (`redis://h/1&sentinel_password=x`
+// quoted the database "1&sentinel_password=x").
+TEST(UrlReview, SecretsAfterAnAmpersandOrAMistypedEqualsAreNotQuoted) {
+  struct row {
+    std::string url;
+    std::string named;  // what the message must say
+  };
+  const std::string unnamed = "has a parameter without '=' (NAME=VALUE; not quoted";
+  const row rows[] = {
+      {"redis-sentinel://s/m?sentinel_password=p&s3cret",
+       "\"redis-sentinel://s/m?sentinel_password=***&***\" " + unnamed},
+      {"redis-sentinel://s/m?sentinel_password:s3cret", "\"redis-sentinel://s/m?***\" " + unnamed},
+      {"redis-sentinel://s/m?db=1&s3cret", unnamed},
+      {"redis://h?password:s3cret", "\"redis://h?***\" " + unnamed},
+      {"redis://h?multiplex=2&s3cret", unnamed},
+      {"rediss://h?ca=/x&s3cret", "\"rediss://h?ca=/x&***\" " + unnamed},
+      {"rediss://h?s3cret&sni=x", unnamed},
+      {"rediss-cluster://h:7000?sni=x&s3cret", unnamed},
+      {"redis-cluster://h:7000?s3cret", unnamed},
+      {"unix:///t/s?db=1&s3cret", "\"unix:///t/s?db=1&***\" " + unnamed},
+      {"unix:///t/s?multiplex=1&s3cret", unnamed},
+      {"redis://h/1&sentinel_password=s3cret", "bad database \"1&...\""},
+      {"redis://h:1&sentinel_password=s3cret", "bad port \"1&...\""},
+      {"redis://[::1]x&p=s3cret", "has \"x&...\" after the IPv6 address"},
+      {"redis-sentinel://s:1&p=s3cret/m", "has a bad sentinel \"s:1&...\""},
+      {"redis-cluster://a:1&p=s3cret", "bad node \"a:1&...\""},
+  };
+  for (const row& r : rows) {
+    SCOPED_TRACE(r.url);
+    const std::string why = refusal(r.url);
+    EXPECT_NE(why.find(r.named), std::string::npos) << why;
+    EXPECT_EQ(why.find("s3"), std::string::npos) << why;
+  }
+  // A known name without '=' is still named.
+  EXPECT_NE(refusal("rediss://h?sni").find("has parameter \"sni\" without a value"),
+            std::string::npos);
+  EXPECT_NE(refusal("redis://h?sni").find("has TLS parameter \"sni\""), std::string::npos);
+  EXPECT_NE(refusal("redis-sentinel://s/m?db").find("has no '=' after parameter \"db\""),
+            std::string::npos);
+  EXPECT_NE(refusal("redis-sentinel://s/m?db").find("\"redis-sentinel://s/m?db\""),
+            std::string::npos);
 }
 
 }  // namespace

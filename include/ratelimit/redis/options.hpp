@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ratelimit/decision.hpp"
+#include "ratelimit/detail/printable.hpp"
 
 namespace ratelimit::redis {
 
@@ -206,15 +207,40 @@ namespace detail {
   return unix_path ? "?#" : "/?#";
 }
 
-/// `url` as error messages quote it, without its secrets: the password of
+/// `s` as a message quotes a name or a part of a URL: printable ASCII as
+/// is, every other byte, `"` and `\\` as `\\xNN` (detail::printable, not
+/// cut short), so no CR, LF or other control byte of a URL reaches a log
+/// line through an exception message.
+[[nodiscard]] inline std::string escaped_name(std::string_view s) {
+  return ratelimit::detail::printable(s, std::string_view::npos);
+}
+
+/// True for the name of every query parameter a Redis URL form takes.
+[[nodiscard]] inline bool known_parameter(std::string_view name) noexcept {
+  return name == "db" || name == "multiplex" || name == "read_spin_us" || name == "ca" ||
+         name == "ca_dir" || name == "cert" || name == "key" || name == "sni" || name == "verify" ||
+         name == "sentinel_user" || name == "sentinel_password";
+}
+
+/// True for the known parameters whose values are no secret, which
+/// redacted_url shows: all but `sentinel_password`.
+[[nodiscard]] inline bool shown_parameter(std::string_view name) noexcept {
+  return known_parameter(name) && name != "sentinel_password";
+}
+
+/// `url` as error messages quote it, without its secrets and with every
+/// byte escaped as escaped_name does: the password of
 /// its userinfo (all of a userinfo without ':', which parse_url reads as a
 /// password; the userinfo ends as userinfo_end says; all of a userinfo that
 /// holds one of userinfo_delimiters, which parse_url refuses, as its user
-/// part may then be a password or a query value) and the value of every query
+/// part may then be a password or a query value), the value of every query
 /// parameter (from '=' to the next '&' or the end) whose name is not one of
-/// the known, non-secret `db`, `sentinel_user`, `ca`, `ca_dir`, `cert`,
-/// `key`, `sni` and `verify`, so `sentinel_password`, and a misspelt one
-/// (`sentinel_pasword=`), too. Each hidden stretch reads `***`.
+/// shown_parameter's known, non-secret ones, so `sentinel_password`, and a
+/// misspelt one (`sentinel_pasword=`), too, and all of an item of the query
+/// (after the first '?' behind the userinfo) without '=' that is no known
+/// parameter name: it may be the end of a value holding '&'
+/// (`?sentinel_password=p&ss`) or a secret whose '=' was mistyped
+/// (`?sentinel_password:s3cret`). Each hidden stretch reads `***`.
 [[nodiscard]] inline std::string redacted_url(std::string_view url) {
   std::vector<char> hide(url.size() + 1, 0);
   std::size_t empty_password_at = std::string_view::npos;
@@ -246,17 +272,22 @@ namespace detail {
     std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from),
               hide.begin() + static_cast<std::ptrdiff_t>(at), 1);
   }
-  constexpr std::string_view shown_keys[] = {"db",   "sentinel_user", "ca",  "ca_dir",
-                                             "cert", "key",           "sni", "verify"};
+  const std::size_t query = url.find('?', at != std::string_view::npos       ? at + 1
+                                          : scheme != std::string_view::npos ? scheme + 3
+                                                                             : 0);
   for (std::size_t i = 0; i < url.size(); ++i) {
     if (url[i] != '?' && url[i] != '&') continue;
     const std::size_t end = std::min(url.find('&', i + 1), url.size());
     const std::string_view item = url.substr(i + 1, end - i - 1);
     const auto eq = item.find('=');
-    if (eq == std::string_view::npos || std::find(std::begin(shown_keys), std::end(shown_keys),
-                                                  item.substr(0, eq)) != std::end(shown_keys)) {
+    if (eq == std::string_view::npos) {
+      if (i >= query && !known_parameter(item)) {
+        std::fill(hide.begin() + static_cast<std::ptrdiff_t>(i + 1),
+                  hide.begin() + static_cast<std::ptrdiff_t>(end), 1);
+      }
       continue;
     }
+    if (shown_parameter(item.substr(0, eq))) continue;
     const std::size_t from = i + 1 + eq + 1;
     if (from == end) continue;
     std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from),
@@ -264,15 +295,26 @@ namespace detail {
   }
   std::string out;
   out.reserve(url.size() + 3);
-  for (std::size_t i = 0; i < url.size(); ++i) {
+  std::size_t shown_from = 0;  // start of the shown run being collected
+  for (std::size_t i = 0; i <= url.size(); ++i) {
+    if (i < url.size() && hide[i] == 0 && i != empty_password_at) continue;
+    out += escaped_name(url.substr(shown_from, i - shown_from));
+    if (i == url.size()) break;
     if (i == empty_password_at) out += "***";
-    if (hide[i] != 0) {
-      if (i == 0 || hide[i - 1] == 0) out += "***";
-    } else {
-      out += url[i];
-    }
+    if (hide[i] != 0 && (i == 0 || hide[i - 1] == 0)) out += "***";
+    shown_from = hide[i] != 0 ? i + 1 : i;
   }
   return out;
+}
+
+/// A part `s` of a URL's host, port or path as a message quotes it:
+/// escaped_name of the text before its first '&', then `&...` when cut,
+/// since what follows may be `NAME=SECRET`, which redacted_url hides
+/// (`redis://h/1&sentinel_password=s3cret` quoted the database
+/// "1&sentinel_password=s3cret").
+[[nodiscard]] inline std::string quoted_part(std::string_view s) {
+  const auto amp = s.find('&');
+  return escaped_name(s.substr(0, amp)) + (amp == std::string_view::npos ? "" : "&...");
 }
 
 /// The decimal number `s` (digits only), which must lie in lo..hi.
@@ -289,7 +331,7 @@ namespace detail {
     v = v * 10 + (c - '0');
   }
   if (!ok || v < lo || v > hi) {
-    throw std::invalid_argument("ratelimit: bad " + std::string(what) + " \"" + std::string(s) +
+    throw std::invalid_argument("ratelimit: bad " + std::string(what) + " \"" + quoted_part(s) +
                                 "\" in redis URL \"" + redacted_url(url) + "\" (expected " +
                                 std::to_string(lo) + ".." + std::to_string(hi) + ")");
   }
@@ -347,32 +389,13 @@ namespace detail {
   return out;
 }
 
-/// `s` as a message quotes a name: `"` and `\\` escaped, CR, LF and tab as
-/// `\\r`, `\\n`, `\\t`, every other byte outside printable ASCII as `\\xNN`.
-[[nodiscard]] inline std::string escaped_name(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (const char c : s) {
-    const auto b = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (b < 0x20 || b >= 0x7f) {
-      constexpr char hex[] = "0123456789abcdef";
-      out += "\\x";
-      out += hex[b >> 4];
-      out += hex[b & 15];
-    } else {
-      out += c;
-    }
-  }
-  return out;
+/// True when `s` holds a control byte (0x00-0x1f, 0x7f), or with `space`
+/// a space as well.
+[[nodiscard]] inline bool has_control_byte(std::string_view s, bool space = false) noexcept {
+  return std::any_of(s.begin(), s.end(), [space](char ch) {
+    const auto c = static_cast<unsigned char>(ch);
+    return c < 0x20 || c == 0x7f || (space && c == ' ');
+  });
 }
 
 /// Why a Sentinel master name cannot be used, "" when it can: it must hold
@@ -462,6 +485,37 @@ inline void refuse_delimiter_in_userinfo(std::string_view cred, std::string_view
                    std::string(fields) + " in code");
 }
 
+/// Refuses a '#' in `rest` (`url` after its `scheme://`; called once the
+/// userinfo passed refuse_delimiter_in_userinfo): it would start a fragment,
+/// which means nothing in a Redis URL, and was taken as part of whatever
+/// held it, `redis://h#x` connecting to the host "h#x",
+/// `redis-sentinel://s/m#x` asking for master "m#x" and `?sni=a#b` naming
+/// the server "a#b". Nothing is percent-decoded (`%23` stays three bytes),
+/// so a host, socket path, master name or parameter value holding '#' is set
+/// in code, in `fields`.
+/// @throws std::invalid_argument saying so (the URL redacted, no value quoted)
+inline void refuse_fragment(std::string_view rest, std::string_view url, std::string_view fields) {
+  if (rest.find('#') == std::string_view::npos) return;
+  bad_url(url,
+          "has a '#': a URL fragment means nothing here, and a host, socket path, master name "
+          "or parameter value holding '#' cannot be written in a Redis URL (no "
+          "percent-decoding: %23 stays three bytes); set " +
+              std::string(fields) + " in code");
+}
+
+/// Refuses the query item `item` of `url` when it holds no '=' and is no
+/// known parameter name, without quoting it: it may be the end of a value
+/// holding '&' (`?sentinel_password=p&ss`) or a secret whose '=' was
+/// mistyped (`?sentinel_password:s3cret`), and used to be quoted as a
+/// parameter name (redacted_url hides it too).
+/// @throws std::invalid_argument saying so
+inline void refuse_unnamed_item(std::string_view item, std::string_view url) {
+  if (item.empty() || item.find('=') != std::string_view::npos || known_parameter(item)) return;
+  bad_url(url,
+          "has a parameter without '=' (NAME=VALUE; not quoted, as it may be the end of a value "
+          "holding '&', which cannot be written in a URL, or a secret with a mistyped '=')");
+}
+
 /// True for the names of the TLS parameters (apply_tls_query).
 [[nodiscard]] inline bool tls_parameter(std::string_view name) noexcept {
   return name == "ca" || name == "ca_dir" || name == "cert" || name == "key" || name == "sni" ||
@@ -512,17 +566,23 @@ inline void apply_tls_query(tls_options& t, std::string_view query, std::string_
     const std::string_view item = query.substr(0, amp);
     const auto eq = item.find('=');
     const std::string_view name = item.substr(0, eq);
+    refuse_unnamed_item(item, url);
     if (eq == std::string_view::npos || eq + 1 == item.size()) {
-      bad_url(url, "has parameter \"" + std::string(name) + "\" without a value (NAME=VALUE)");
+      bad_url(url, "has parameter \"" + escaped_name(name) + "\" without a value (NAME=VALUE)");
     }
     if (std::find(seen.begin(), seen.end(), name) != seen.end()) {
-      bad_url(url, "gives parameter \"" + std::string(name) + "\" twice");
+      bad_url(url, "gives parameter \"" + escaped_name(name) + "\" twice");
     }
     seen.push_back(name);
     const std::string value(item.substr(eq + 1));
+    if (has_control_byte(value) && tls_parameter(name)) {
+      // Quoted as is by the messages of a store that cannot read the file.
+      bad_url(url, "has a control byte in the value of parameter \"" + escaped_name(name) +
+                       "\" (set options::tls in code for such a value)");
+    }
     if (value.find('?') != std::string::npos) {
       // `?ca=/x?multiplex=2` would read the file "/x?multiplex=2".
-      bad_url(url, "has a '?' in the value of parameter \"" + std::string(name) +
+      bad_url(url, "has a '?' in the value of parameter \"" + escaped_name(name) +
                        "\" (parameters are separated by '&')");
     }
     if (name == "ca") {
@@ -543,7 +603,7 @@ inline void apply_tls_query(tls_options& t, std::string_view query, std::string_
       } else if (value == "none") {
         t.verify = tls_verify::none;
       } else {
-        bad_url(url, "has verify=\"" + value + "\" (expected full, chain or none)");
+        bad_url(url, "has verify=\"" + escaped_name(value) + "\" (expected full, chain or none)");
       }
     } else {
       misplaced_parameter(name, url, true, cluster);
@@ -589,32 +649,71 @@ inline void check_read_spin(std::chrono::microseconds spin) {
   }
 }
 
+/// True when the text after the first '?' of a `unix://` URL (past its
+/// userinfo) is a query rather than the rest of a socket path: one of its
+/// items, split at '&' and '?', starts with `db=`, `multiplex=`,
+/// `read_spin_us=`, a TLS or a Sentinel parameter's `NAME=`, or is
+/// `multiplex` or `read_spin_us` alone.
+[[nodiscard]] inline bool unix_query_named(std::string_view query) noexcept {
+  for (;;) {
+    const auto end = query.find_first_of("&?");
+    const std::string_view item = query.substr(0, end);
+    const auto eq = item.find('=');
+    const std::string_view name = item.substr(0, eq);
+    if (eq != std::string_view::npos &&
+        (name == "db" || name == "multiplex" || name == "read_spin_us" || tls_parameter(name) ||
+         name == "sentinel_user" || name == "sentinel_password")) {
+      return true;
+    }
+    if (item == "multiplex" || item == "read_spin_us") return true;
+    if (end == std::string_view::npos) return false;
+    query.remove_prefix(end + 1);
+  }
+}
+
 /// Takes `multiplex=N` (0..max_multiplex_connections, at most once) out
-/// of the query of a URL (redis://, rediss://, their cluster forms), the query starting at the first `?` after
-/// the last `@`; what is left of the query stays in `rest`. With
-/// `read_spin`, takes `read_spin_us=N` (0..1000, at most once) as well
-/// and sets it there (untouched without the parameter).
-/// @param unix_path a `unix://` URL's rest: with `db=`, multiplex= or
-///   read_spin_us= its query may hold nothing else, `db=` at most once, and
-///   no empty parameter (the '?' then starts a query, never a path's); a
-///   TLS or Sentinel parameter (`NAME=`) there is refused by name
+/// of the query of a URL (redis://, rediss://, their cluster forms), the
+/// query starting at the first `?` after the userinfo; what is left of the
+/// query stays in `rest`. With `read_spin`, takes `read_spin_us=N`
+/// (0..1000, at most once) as well and sets it there (untouched without the
+/// parameter).
+/// @param unix_path a `unix://` URL's rest: the text after its first '?'
+///   is a query only when unix_query_named says so (else it is part of the
+///   socket path, left as is); the query then holds no second '?', with
+///   `db=`, multiplex= or read_spin_us= nothing else, `db=` at most once,
+///   and no empty parameter; a TLS or Sentinel parameter (`NAME=`) there is
+///   refused by name
 /// @return N, or 0 without the parameter
 /// @throws std::invalid_argument naming the bad value and the URL (redacted)
 [[nodiscard]] inline std::size_t take_multiplex_query(
     std::string& rest, std::string_view url, bool unix_path = false,
     std::chrono::microseconds* read_spin = nullptr) {
-  const auto at = rest.rfind('@');
-  const auto q = rest.find('?', at == std::string::npos ? 0 : at + 1);
   // The caller refused a userinfo holding '?' (refuse_delimiter_in_userinfo),
-  // so an '@' in a query value cannot hide the query in a userinfo here.
+  // so an '@' in a query value cannot hide the query in a userinfo here. A
+  // unix:// userinfo ends at the first "@/", and its path may hold '@':
+  // searched from the last '@', `unix:///t/s?multiplex=2&x=a@b` connected
+  // to the path "/t/s?multiplex=2&x=a@b" with multiplex 0.
+  const auto at = unix_path ? userinfo_end(rest, true) : rest.rfind('@');
+  const auto q = rest.find('?', at == std::string::npos ? 0 : at + 1);
   if (q == std::string::npos) return 0;
+  if (unix_path) {
+    const std::string_view after = std::string_view(rest).substr(q + 1);
+    if (!unix_query_named(after)) return 0;  // a socket path holding '?'
+    if (after.find('?') != std::string_view::npos) {
+      // `unix:///t/a?b?db=2` connected to the path "/t/a?b" on database 2.
+      bad_url(url,
+              "has a second '?' in its query (in a unix:// URL whose text after the first '?' "
+              "holds a parameter's NAME=, such as db= or multiplex=, that '?' starts the "
+              "query, and '&' separates its parameters)");
+    }
+  }
   std::string kept;
   bool others = false;  // parameters other than multiplex (empty ones too: refused later)
   std::size_t n = 0;
   bool seen = false;           // multiplex=
   bool seen_spin = false;      // read_spin_us= (only with `read_spin`)
   bool not_db = false;         // a unix:// query holds a parameter other than db=
-  std::string_view not_unix;   // the name of the first such
+  std::string_view not_unix;   // the first such item
   int db_items = 0;            // db= items of a unix:// query
   std::string_view elsewhere;  // the first TLS or Sentinel parameter of a unix:// query
   std::string_view query = std::string_view(rest).substr(q + 1);
@@ -643,7 +742,7 @@ inline void check_read_spin(std::chrono::microseconds spin) {
       }
       if (unix_path && !item.empty() && !item.starts_with("db=") && !not_db) {
         not_db = true;
-        not_unix = item.substr(0, item.find('='));
+        not_unix = item;
       }
       if (others) kept += '&';
       kept += item;
@@ -660,7 +759,9 @@ inline void check_read_spin(std::chrono::microseconds spin) {
   if (unix_path && db_items > 1) bad_url(url, "gives parameter \"db\" twice");
   if ((seen || db_items > 0) && not_db) {
     // `unix:///t/s?multiplex=2&x=1&db=1` would connect to "/t/s?x=1&db=1".
-    bad_url(url, "has parameter \"" + escaped_name(not_unix) + "\" beside " + std::string(beside) +
+    refuse_unnamed_item(not_unix, url);
+    bad_url(url, "has parameter \"" + escaped_name(not_unix.substr(0, not_unix.find('='))) +
+                     "\" beside " + std::string(beside) +
                      " (a unix:// URL takes only db=, multiplex= and read_spin_us=)");
   }
   if (!elsewhere.empty()) {
@@ -698,6 +799,7 @@ inline void take_tls_query(std::string_view& rest, tls_options& t, std::string_v
     std::string_view query = rest.substr(q + 1);
     query.remove_prefix(query.find_first_not_of('&'));
     const std::string_view item = query.substr(0, query.find('&'));
+    refuse_unnamed_item(item, url);
     misplaced_parameter(item.substr(0, item.find('=')), url, false, cluster);
   }
   apply_tls_query(t, rest.substr(q + 1), url, cluster);
@@ -714,12 +816,16 @@ namespace detail {
 [[nodiscard]] inline options parse_sentinel_url(std::string_view url) {
   options o;
   std::string_view rest = url.substr(std::string_view("redis-sentinel://").size());
-  if (const auto at = userinfo_end(rest, false); at != std::string_view::npos) {
-    const std::string_view cred = rest.substr(0, at);
+  const auto at = userinfo_end(rest, false);
+  if (at != std::string_view::npos) {
     // `redis-sentinel://s/m?sentinel_password=p@ss` would be password
     // `s/m?sentinel_password=p` and sentinel `ss`.
-    refuse_delimiter_in_userinfo(cred, url, false,
+    refuse_delimiter_in_userinfo(rest.substr(0, at), url, false,
                                  "options::user, options::password and options::sentinel");
+  }
+  refuse_fragment(rest, url, "options::sentinel");
+  if (at != std::string_view::npos) {
+    const std::string_view cred = rest.substr(0, at);
     rest = rest.substr(at + 1);
     refuse_comma_in_userinfo(cred, url, "options::user and options::password");
     take_userinfo(cred, o, url);
@@ -737,7 +843,7 @@ namespace detail {
   if (name.empty()) bad_url(url, "has an empty MASTER_NAME");
   if (name.find('/') != std::string_view::npos) {
     bad_url(url,
-            "has a '/' in MASTER_NAME \"" + std::string(name) + "\" (use ?db=N for a database)");
+            "has a '/' in MASTER_NAME \"" + escaped_name(name) + "\" (use ?db=N for a database)");
   }
   if (const std::string why = bad_master_name(name); !why.empty()) {
     bad_url(url, "has master name " + why);
@@ -752,12 +858,12 @@ namespace detail {
     try {
       one = parse_url("redis://" + std::string(part));
     } catch (const std::invalid_argument&) {
-      bad_url(url, "has a bad sentinel \"" + std::string(part) + "\"");
+      bad_url(url, "has a bad sentinel \"" + quoted_part(part) + "\"");
     }
     const bool has_port = part.starts_with('[') ? part.find("]:") != std::string_view::npos
                                                 : part.find(':') != std::string_view::npos;
     if (one.database != 0 || part.find('/') != std::string_view::npos) {
-      bad_url(url, "has a bad sentinel \"" + std::string(part) + "\"");
+      bad_url(url, "has a bad sentinel \"" + quoted_part(part) + "\"");
     }
     o.sentinel.sentinels.push_back(sentinel_address{one.host, has_port ? one.port : 26379});
     if (comma == std::string_view::npos) break;
@@ -780,11 +886,12 @@ namespace detail {
                                                                 : item.substr(eq + 1);
     if (item.empty()) bad_url(url, "has an empty parameter (a stray '&')");
     if (eq == std::string_view::npos) {
-      bad_url(url, "has no '=' after parameter \"" + std::string(key) + "\"");
+      refuse_unnamed_item(item, url);
+      bad_url(url, "has no '=' after parameter \"" + escaped_name(key) + "\"");
     }
     if (value.find('?') != std::string_view::npos) {
       // `?sentinel_user=u?db=2` would hide the database in the user name.
-      bad_url(url, "has a '?' in the value of parameter \"" + std::string(key) +
+      bad_url(url, "has a '?' in the value of parameter \"" + escaped_name(key) +
                        "\" (parameters are separated by '&'; set options::sentinel in code for "
                        "such a value)");
     }
@@ -855,11 +962,18 @@ namespace detail {
 /// except in `unix://`, '/' (refuse_delimiter_in_userinfo): those end the
 /// host part, so such a userinfo has run into a query, path or fragment
 /// (`redis://h?x=1@evil` would connect to `evil`). A user or password
-/// holding them, and a query value holding '@', are set in code. Error
-/// messages quote the URL with its password replaced by `***`.
+/// holding them, and a query value holding '@', are set in code. A '#'
+/// anywhere in a URL of any form is refused (refuse_fragment): a fragment
+/// means nothing here, and `redis://h#x` connected to the host "h#x"; a
+/// host, path, master name or value holding '#' is set in code; so is a
+/// host holding a space or a control byte (0x00-0x1f, 0x7f), and a socket
+/// path or TLS parameter value holding a control byte. Error messages quote
+/// the URL with its password replaced by `***`, every byte outside
+/// printable ASCII (and `"`, `\`) escaped as `\xNN` (detail::printable).
 /// `rediss://` is `redis://` over TLS (options::tls), with optional
 /// parameters `?ca=FILE&ca_dir=DIR&cert=FILE&key=FILE&sni=NAME&verify=full|chain|none`
-/// (values without `&` or `@`, see above); files are read when the store is made.
+/// (values without `&`, `@`, `?`, `#` or a control byte, see above); files are read
+/// when the store is made.
 /// `redis://`, `rediss://` and `unix://` also take `?multiplex=N` (0..256,
 /// at most once; options::multiplex), alone or among the other parameters
 /// (an empty parameter, as in `?&multiplex=2` or a trailing `&`, is refused),
@@ -871,10 +985,12 @@ namespace detail {
 /// parameter after its '?'. A parameter the form does not take is refused by
 /// name, saying where it belongs (misplaced_parameter: `?db=` on redis://, a
 /// TLS parameter without rediss://, a Sentinel one outside redis-sentinel://).
-/// A `unix://` path may hold '?', except where what follows holds `db=`,
-/// `multiplex=` or `read_spin_us=`: the '?' then starts the query, which
-/// holds nothing else (`db=` once, no empty parameter); a TLS or Sentinel
-/// parameter (`NAME=`) after it is refused by name.
+/// A `unix://` path may hold '?' (and '@'), except where the text after the
+/// first '?' past the userinfo holds, at its start or after a '&' or '?',
+/// `db=`, `multiplex=`, `read_spin_us=` or a TLS or Sentinel `NAME=`: that
+/// '?' then starts the query, which holds no second '?' and nothing but
+/// those three (`db=` once, no empty parameter); a TLS or Sentinel
+/// parameter there is refused by name.
 ///
 /// Sentinel (ratelimit/redis/sentinel.hpp):
 /// `redis-sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER_NAME[?PARAMS]`
@@ -911,6 +1027,10 @@ namespace detail {
                                              ? "options::user, options::password and options::tls"
                                              : "options::user and options::password");
   }
+  detail::refuse_fragment(rest, url,
+                          o.tls.enabled ? "options::host and options::tls"
+                          : unix_path   ? "options::unix_socket"
+                                        : "options::host");
   std::string without_multiplex(rest);  // rest without `multiplex=N`; rest views it
   o.multiplex = detail::take_multiplex_query(without_multiplex, url, unix_path, &o.read_spin);
   rest = without_multiplex;
@@ -934,6 +1054,12 @@ namespace detail {
                       "has a relative socket path holding '@' (a userinfo ends at the first "
                       "\"@/\": write an absolute path)");
     }
+    if (detail::has_control_byte(rest)) {
+      // Every connect error quotes the path: no CR or LF into a log line.
+      detail::bad_url(url,
+                      "has a socket path holding a control byte (set options::unix_socket in "
+                      "code for such a path)");
+    }
     o.unix_socket = std::string(rest);
     return o;
   }
@@ -951,12 +1077,13 @@ namespace detail {
     if (close == std::string_view::npos) detail::bad_url(url, "opens [ without closing ]");
     host = rest.substr(1, close - 1);
     if (host.find(':') == std::string_view::npos || host.find('[') != std::string_view::npos) {
-      detail::bad_url(url, "holds \"[" + std::string(host) + "]\", which is no IPv6 address");
+      detail::bad_url(url,
+                      "holds \"[" + detail::escaped_name(host) + "]\", which is no IPv6 address");
     }
     const std::string_view after = rest.substr(close + 1);
     if (!after.empty()) {
       if (after.front() != ':') {
-        detail::bad_url(url, "has \"" + std::string(after) + "\" after the IPv6 address");
+        detail::bad_url(url, "has \"" + detail::quoted_part(after) + "\" after the IPv6 address");
       }
       port = after.substr(1);
       has_port = true;
@@ -976,6 +1103,10 @@ namespace detail {
   }
   if (has_port) o.port = detail::parse_url_int(port, url, "port", 1, 65535);
   if (host.empty()) detail::bad_url(url, "has no host");
+  if (detail::has_control_byte(host, true)) {
+    // No host name holds one, and every connect error quotes the host.
+    detail::bad_url(url, "has a host holding a space or a control byte");
+  }
   o.host = rest.starts_with('[') ? detail::ipv6_with_zone(host, url) : std::string(host);
   return o;
 }

@@ -56,7 +56,8 @@ namespace detail {}  // namespace detail
 /// otherwise read user `a`, password `7000,:` and the one seed `b`. Nothing
 /// is percent-decoded, so a user or password holding ',' is set in code
 /// (cluster_options::node.user/password). `read_spin_us=` is refused by
-/// name (the cluster store never spins).
+/// name (the cluster store never spins), and so is a '#' anywhere (as in
+/// parse_url: `redis-cluster://h#x` made "h#x" a seed).
 /// @throws std::invalid_argument quoting the URL
 [[nodiscard]] inline cluster_options parse_cluster_url(std::string_view url) {
   constexpr std::string_view scheme = "redis-cluster://";
@@ -75,6 +76,8 @@ namespace detail {}  // namespace detail
         tls ? "cluster_options::node.user, node.password and node.tls"
             : "cluster_options::node.user and node.password");
   }
+  detail::refuse_fragment(after_scheme, url,
+                          tls ? "cluster_options::seeds and node.tls" : "cluster_options::seeds");
   cluster_options o;
   // read_spin_us= is read only to be refused by name: the cluster store
   // never spins, and left in the query it was reported as a TLS parameter
@@ -106,7 +109,7 @@ namespace detail {}  // namespace detail
     try {
       one = parse_url("redis://" + std::string(part));
     } catch (const std::invalid_argument&) {
-      throw std::invalid_argument("ratelimit: bad node \"" + std::string(part) +
+      throw std::invalid_argument("ratelimit: bad node \"" + detail::quoted_part(part) +
                                   "\" in redis cluster URL \"" + detail::redacted_url(url) + "\"");
     }
     o.seeds.push_back(node_address{one.host, one.port});
