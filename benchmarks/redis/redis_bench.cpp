@@ -15,10 +15,14 @@
 #include <cstring>
 #include <exception>
 #include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <semaphore>
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "phone_keys.hpp"
@@ -88,12 +92,14 @@ redis::redis_store& mux_store(std::size_t conns, bool lead = false) {
     o.multiplex_lead = l;
     return redis::redis_store(o);
   };
-  static redis::redis_store one = make(1, false);
-  static redis::redis_store two = make(2, false);
-  static redis::redis_store one_lead = make(1, true);
-  static redis::redis_store two_lead = make(2, true);
-  if (lead) return conns == 1 ? one_lead : two_lead;
-  return conns == 1 ? one : two;
+  // One store per (connections, lead), made on first use and kept: the
+  // benchmark's threads share it.
+  static std::mutex m;
+  static std::map<std::pair<std::size_t, bool>, std::unique_ptr<redis::redis_store>> stores;
+  const std::lock_guard<std::mutex> lock(m);
+  auto& s = stores[{conns, lead}];
+  if (s == nullptr) s = std::make_unique<redis::redis_store>(make(conns, lead));
+  return *s;
 }
 
 // Blocking single checks from N threads through the multiplexer (arg:
@@ -221,6 +227,8 @@ BENCHMARK(BM_Gcra_RedisStore_MuxLead)
     ->ArgName("conns")
     ->Arg(1)
     ->Arg(2)
+    ->Arg(4)
+    ->Arg(8)
     ->ThreadRange(1, 16)
     ->UseRealTime();
 BENCHMARK(BM_Gcra_RedisStore_Async256)->ArgName("conns")->Arg(1)->Arg(2)->UseRealTime();
