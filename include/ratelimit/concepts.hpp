@@ -77,7 +77,10 @@ concept policy = requires(const typename P::config& cfg, typename P::state& s,
 /// the policy's own (`allowed` false when it rejects), with `counted` true and
 /// `remaining`, `retry_after` and `reset_after` measured on the recorded state.
 /// Every policy of the library models it; a store asked to force a policy
-/// that does not throws std::invalid_argument.
+/// that does not throws std::invalid_argument. A policy derived from one of
+/// the library's that gives its own `step` inherits the base's `force`
+/// unless it gives its own too: forced checks then decide by the base's
+/// rule. Give both, or neither.
 template <class P>
 concept forcible_policy = policy<P> && requires(const typename P::config& cfg, typename P::state& s,
                                                 timestamp now, units cost) {

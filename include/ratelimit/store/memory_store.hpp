@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>  // std::lock_guard
 #include <new>
@@ -19,6 +20,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include "ratelimit/concepts.hpp"
@@ -117,7 +119,8 @@ class memory_store {
   ~memory_store() = default;
 
   /// Applies P to `key` at `now` with `cost` as one atomic step.
-  /// @param key  validated by the caller (1..512 bytes)
+  /// @param key  validated by the caller (1..512 bytes); one of 2^32 bytes
+  ///             or more, which a node cannot hold, throws std::length_error
   /// @param now  microseconds since the clock's epoch
   /// @param cost validated by the caller (>= 1)
   /// @param a    consume (record), peek (decide only) or force (record as
@@ -125,7 +128,7 @@ class memory_store {
   /// @throws std::bad_alloc with the store unchanged (see the class comment)
   decision apply(const config_type& cfg, std::string_view key, timestamp now, units cost,
                  access a) {
-    const std::uint64_t h = hash(key);
+    const std::uint64_t h = checked_hash(key);
     shard& sh = shard_for(h);
     return apply_in_shard(cfg, h, sh, sh.prefetch(h), key, now, cost, a);
   }
@@ -143,7 +146,7 @@ class memory_store {
   template <class ReadNow>
   decision apply_reading(const config_type& cfg, std::string_view key, ReadNow&& read_now,
                          units cost, access a) {
-    const std::uint64_t h = hash(key);
+    const std::uint64_t h = checked_hash(key);
     shard& sh = shard_for(h);
     const typename shard::probe start = sh.prefetch(h);
     return apply_in_shard(cfg, h, sh, start, key, read_now(), cost, a);
@@ -163,7 +166,7 @@ class memory_store {
   /// @throws std::bad_alloc with the store unchanged; `h` is set even then
   decision apply_keeping_hash(const config_type& cfg, std::string_view key, std::uint64_t& h,
                               timestamp now, units cost, access a) {
-    h = hash(key);
+    h = checked_hash(key);
     shard& sh = shard_for(h);
     return apply_in_shard(cfg, h, sh, sh.prefetch(h), key, now, cost, a);
   }
@@ -304,21 +307,39 @@ class memory_store {
       return v;
     }
 
+    /// `key` is shorter than 2^32 bytes (checked_hash). @throws
+    ///   std::bad_alloc, or whatever moving the state throws; nothing is
+    ///   allocated then.
     static node* create(std::uint64_t h, std::string_view key, state_type&& st) {
       void* mem = over_aligned
                       ? ::operator new(sizeof(node) + key.size(), std::align_val_t{alignof(node)})
                       : ::operator new(sizeof(node) + key.size());
-      node* n = ::new (mem) node{nullptr, static_cast<std::uint32_t>(h),
-                                 static_cast<std::uint32_t>(key.size()), std::move(st)};
+      node* n;
+      if constexpr (std::is_nothrow_move_constructible_v<state_type>) {
+        n = ::new (mem) node{nullptr, static_cast<std::uint32_t>(h),
+                             static_cast<std::uint32_t>(key.size()), std::move(st)};
+      } else {
+        try {
+          n = ::new (mem) node{nullptr, static_cast<std::uint32_t>(h),
+                               static_cast<std::uint32_t>(key.size()), std::move(st)};
+        } catch (...) {
+          release(mem);
+          throw;
+        }
+      }
       std::memcpy(static_cast<char*>(mem) + sizeof(node), key.data(), key.size());
       return n;
     }
     static void destroy(node* n) noexcept {
       n->~node();
+      release(n);
+    }
+    /// Frees a node's memory (its node destroyed or never made).
+    static void release(void* mem) noexcept {
       if constexpr (over_aligned) {
-        ::operator delete(static_cast<void*>(n), std::align_val_t{alignof(node)});
+        ::operator delete(mem, std::align_val_t{alignof(node)});
       } else {
-        ::operator delete(static_cast<void*>(n));
+        ::operator delete(mem);
       }
     }
 
@@ -808,6 +829,21 @@ class memory_store {
   /// make every check on them cost a walk of that chain under its lock.
   [[nodiscard]] std::uint64_t hash(std::string_view key) const noexcept {
     return detail::siphash13(seed_, key);
+  }
+
+  /// `hash(key)` for a check that may insert `key`, refusing a key a node
+  /// cannot hold: a node keeps its key's size in 32 bits, and a longer key,
+  /// its size cut, would never match its own node again (every check a new
+  /// node: no limit, unbounded memory). Callers pass at most 512 bytes; the
+  /// test costs one compare.
+  [[nodiscard]] std::uint64_t checked_hash(std::string_view key) const {
+    if (key.size() > std::numeric_limits<std::uint32_t>::max()) [[unlikely]]
+      throw_key_too_long(key.size());
+    return hash(key);
+  }
+  [[noreturn, gnu::noinline, gnu::cold]] static void throw_key_too_long(std::size_t size) {
+    throw std::length_error("ratelimit: memory_store: a key of " + std::to_string(size) +
+                            " bytes (a node holds at most 4294967295)");
   }
 
   /// A fresh secret key per store, from the system's random source; should
