@@ -119,8 +119,9 @@ class memory_store {
   ~memory_store() = default;
 
   /// Applies P to `key` at `now` with `cost` as one atomic step.
-  /// @param key  validated by the caller (1..512 bytes); one of 2^32 bytes
-  ///             or more, which a node cannot hold, throws std::length_error
+  /// @param key  validated by the caller (1..512 bytes); a new one of 2^32
+  ///             bytes or more, which a node cannot hold, throws
+  ///             std::length_error
   /// @param now  microseconds since the clock's epoch
   /// @param cost validated by the caller (>= 1)
   /// @param a    consume (record), peek (decide only) or force (record as
@@ -128,7 +129,7 @@ class memory_store {
   /// @throws std::bad_alloc with the store unchanged (see the class comment)
   decision apply(const config_type& cfg, std::string_view key, timestamp now, units cost,
                  access a) {
-    const std::uint64_t h = checked_hash(key);
+    const std::uint64_t h = hash(key);
     shard& sh = shard_for(h);
     return apply_in_shard(cfg, h, sh, sh.prefetch(h), key, now, cost, a);
   }
@@ -146,7 +147,7 @@ class memory_store {
   template <class ReadNow>
   decision apply_reading(const config_type& cfg, std::string_view key, ReadNow&& read_now,
                          units cost, access a) {
-    const std::uint64_t h = checked_hash(key);
+    const std::uint64_t h = hash(key);
     shard& sh = shard_for(h);
     const typename shard::probe start = sh.prefetch(h);
     return apply_in_shard(cfg, h, sh, start, key, read_now(), cost, a);
@@ -166,7 +167,7 @@ class memory_store {
   /// @throws std::bad_alloc with the store unchanged; `h` is set even then
   decision apply_keeping_hash(const config_type& cfg, std::string_view key, std::uint64_t& h,
                               timestamp now, units cost, access a) {
-    h = checked_hash(key);
+    h = hash(key);
     shard& sh = shard_for(h);
     return apply_in_shard(cfg, h, sh, sh.prefetch(h), key, now, cost, a);
   }
@@ -307,10 +308,12 @@ class memory_store {
       return v;
     }
 
-    /// `key` is shorter than 2^32 bytes (checked_hash). @throws
-    ///   std::bad_alloc, or whatever moving the state throws; nothing is
-    ///   allocated then.
+    /// @throws std::length_error for a key of 2^32 bytes or more
+    ///   (throw_key_too_long), std::bad_alloc, or whatever moving the state
+    ///   throws; nothing is allocated then.
     static node* create(std::uint64_t h, std::string_view key, state_type&& st) {
+      if (key.size() > std::numeric_limits<std::uint32_t>::max()) [[unlikely]]
+        throw_key_too_long(key.size());
       void* mem = over_aligned
                       ? ::operator new(sizeof(node) + key.size(), std::align_val_t{alignof(node)})
                       : ::operator new(sizeof(node) + key.size());
@@ -831,16 +834,13 @@ class memory_store {
     return detail::siphash13(seed_, key);
   }
 
-  /// `hash(key)` for a check that may insert `key`, refusing a key a node
-  /// cannot hold: a node keeps its key's size in 32 bits, and a longer key,
-  /// its size cut, would never match its own node again (every check a new
-  /// node: no limit, unbounded memory). Callers pass at most 512 bytes; the
-  /// test costs one compare.
-  [[nodiscard]] std::uint64_t checked_hash(std::string_view key) const {
-    if (key.size() > std::numeric_limits<std::uint32_t>::max()) [[unlikely]]
-      throw_key_too_long(key.size());
-    return hash(key);
-  }
+  /// Refuses a key a node cannot hold, before it is inserted: a node keeps
+  /// its key's size in 32 bits, and a longer key, its size cut, would never
+  /// match its own node again (every check a new node: no limit, unbounded
+  /// memory). Callers pass at most 512 bytes. Tested where a node is made
+  /// (node::create) and nowhere else: the same test in `apply`, or in
+  /// `apply_new` before the sweep, made GCC inline less of the sliding
+  /// log's check, 1.19-1.30x slower in `benchmarks/core/ab/run.sh`.
   [[noreturn, gnu::noinline, gnu::cold]] static void throw_key_too_long(std::size_t size) {
     throw std::length_error("ratelimit: memory_store: a key of " + std::to_string(size) +
                             " bytes (a node holds at most 4294967295)");
