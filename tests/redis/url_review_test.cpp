@@ -709,8 +709,9 @@ TEST(UrlReview, RedactedUrlShowsEveryNonSecretParameter) {
   EXPECT_EQ(redis::detail::redacted_url("redis-sentinel://:s3cret@s/m?db=1&sentinel_user=u&"
                                         "sentinel_password=s3cret&multiplex=2&read_spin_us=3&"
                                         "sentinel_pasword=s3cret"),
+            // An unknown name after a secret is hidden whole (the end of the password?).
             "redis-sentinel://:***@s/m?db=1&sentinel_user=u&sentinel_password=***&multiplex=2&"
-            "read_spin_us=3&sentinel_pasword=***");
+            "read_spin_us=3&***");
   EXPECT_EQ(redis::detail::redacted_url("unix:///t/s?db=1&multiplex=2&read_spin_us=3"),
             "unix:///t/s?db=1&multiplex=2&read_spin_us=3");
   // The messages that used to hide the value they named.
@@ -814,6 +815,57 @@ TEST(UrlReview, PortThatIsNoNumberIsNotQuoted) {
   EXPECT_NE(refusal("redis://h:0").find("bad port \"0\""), std::string::npos);
   EXPECT_NE(refusal("redis-cluster://a:70000").find("bad node \"a:70000\""), std::string::npos);
   EXPECT_NE(refusal("redis-sentinel://h:0/m").find("bad sentinel \"h:0\""), std::string::npos);
+}
+
+// Verifies that a parameter name after sentinel_password= that is no
+// known parameter is never quoted, in the message or the URL:
+// `?sentinel_password=p&ss=1` may be the password "p&ss=1" ('&' cannot be
+// written in a value), and said unknown parameter "ss" in URL
+// "...sentinel_password=***&ss=***". The message names sentinel_password=
+// and says to set such a password in code. An unknown name with no secret
+// before it is still quoted as a likely misspelling, with the known names.
+TEST(UrlReview, UnknownNameAfterASecretIsNotQuoted) {
+  const std::string after = "has an unknown parameter after sentinel_password= (not quoted";
+  struct row {
+    std::string url;
+    std::string said;  // what the message must hold
+  };
+  const row rows[] = {
+      {"redis-sentinel://s/m?sentinel_password=p&ss3cret=1",
+       "\"redis-sentinel://s/m?sentinel_password=***&***\" " + after},
+      {"redis-sentinel://s/m?sentinel_password=p&db=1&ss3cret=1",
+       "\"redis-sentinel://s/m?sentinel_password=***&db=1&***\" " + after},
+      {"redis-sentinel://s/m?sentinel_password=p&ss3cret=a?b", after},
+      {"redis-sentinel://s/m?sentinel_password=p&ss3cret=", after},
+      {"redis-sentinel://s/m?sentinel_password=p&ss3cret", "has a parameter without '='"},
+      {"redis://h?sentinel_password=p&ss3cret=1", "\"redis://h?sentinel_password=***&***\""},
+      {"rediss://h?sentinel_password=p&ss3cret=1", "\"rediss://h?sentinel_password=***&***\""},
+      {"redis-cluster://h:1?sentinel_password=p&ss3cret=1",
+       "\"redis-cluster://h:1?sentinel_password=***&***\""},
+      {"unix:///t/s?db=1&sentinel_password=p&ss3cret=1",
+       "\"unix:///t/s?db=1&sentinel_password=***&***\""},
+  };
+  for (const row& r : rows) {
+    SCOPED_TRACE(r.url);
+    const std::string why = refusal(r.url);
+    EXPECT_NE(why.find(r.said), std::string::npos) << why;
+    EXPECT_EQ(why.find("s3"), std::string::npos) << why;
+  }
+  EXPECT_NE(refusal("redis-sentinel://s/m?sentinel_password=p&ss3cret=1")
+                .find("set options::sentinel.password in code"),
+            std::string::npos);
+  // Any item whose value is hidden counts: a misspelt secret too.
+  EXPECT_EQ(redis::detail::redacted_url("redis-sentinel://s/m?sentinel_pasword=p&ss3cret=1&db=2"),
+            "redis-sentinel://s/m?sentinel_pasword=***&***&db=2");
+  // Before any secret, an unknown name is a likely misspelling: quoted.
+  const std::string typo = refusal("redis-sentinel://s/m?sentinel_pasword=s3cret");
+  EXPECT_NE(typo.find("has an unknown parameter \"sentinel_pasword\" (known: db,"),
+            std::string::npos)
+      << typo;
+  EXPECT_EQ(typo.find("s3"), std::string::npos) << typo;
+  EXPECT_NE(refusal("redis-sentinel://s/m?db=1&dbb=2&sentinel_password=p")
+                .find("has an unknown parameter \"dbb\""),
+            std::string::npos);
 }
 
 }  // namespace

@@ -278,7 +278,10 @@ namespace detail {
 /// (after the first '?' behind the userinfo) without '=' that is no known
 /// parameter name: it may be the end of a value holding '&'
 /// (`?sentinel_password=p&ss`) or a secret whose '=' was mistyped
-/// (`?sentinel_password:s3cret`). A port that is not a number
+/// (`?sentinel_password:s3cret`), and all of every item (its name too)
+/// that is no known parameter and follows, anywhere later in the query, an
+/// item whose value is hidden: `?sentinel_password=p&ss=1` may be the
+/// password "p&ss=1", so `ss` is no name to show. A port that is not a number
 /// (quotable_port) is hidden as well: `redis://default:hunter2` (the
 /// "USER@" left out) has the password as its port. Each hidden stretch
 /// reads `***`.
@@ -333,13 +336,14 @@ namespace detail {
   const std::size_t query = url.find('?', at != std::string_view::npos       ? at + 1
                                           : scheme != std::string_view::npos ? scheme + 3
                                                                              : 0);
+  bool after_secret = false;  // an item before this one had its value hidden
   for (std::size_t i = 0; i < url.size(); ++i) {
     if (url[i] != '?' && url[i] != '&') continue;
     const std::size_t end = std::min(url.find('&', i + 1), url.size());
     const std::string_view item = url.substr(i + 1, end - i - 1);
     const auto eq = item.find('=');
-    if (eq == std::string_view::npos) {
-      if (i >= query && !known_parameter(item)) {
+    if (eq == std::string_view::npos || (after_secret && !known_parameter(item.substr(0, eq)))) {
+      if ((i >= query || after_secret) && !item.empty() && !known_parameter(item)) {
         std::fill(hide.begin() + static_cast<std::ptrdiff_t>(i + 1),
                   hide.begin() + static_cast<std::ptrdiff_t>(end), 1);
       }
@@ -348,6 +352,7 @@ namespace detail {
     if (shown_parameter(item.substr(0, eq))) continue;
     const std::size_t from = i + 1 + eq + 1;
     if (from == end) continue;
+    after_secret = true;
     std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from),
               hide.begin() + static_cast<std::ptrdiff_t>(end), 1);
   }
@@ -980,6 +985,19 @@ namespace detail {
     if (eq == std::string_view::npos) {
       refuse_unnamed_item(item, url);
       bad_url(url, "has no '=' after parameter \"" + escaped_name(key) + "\"");
+    }
+    // An unknown name anywhere after sentinel_password= (the one secret
+    // parameter) is not quoted, here or in any later message: it may be the
+    // tail of a password holding '&' (`?sentinel_password=p&ss=1` said
+    // unknown parameter "ss", the end of the password "p&ss=1"). An unknown
+    // name before it, or with no sentinel_password= at all, is quoted as a
+    // likely misspelling, with the known names. redacted_url hides such an
+    // item whole in the quoted URL.
+    if (seen_password && !known_parameter(key)) {
+      bad_url(url,
+              "has an unknown parameter after sentinel_password= (not quoted: it may be the end "
+              "of a password holding '&', which cannot be written in a URL; set "
+              "options::sentinel.password in code for such a password)");
     }
     if (value.find('?') != std::string_view::npos) {
       // `?sentinel_user=u?db=2` would hide the database in the user name.
