@@ -673,7 +673,8 @@ inline void apply_tls_query(tls_options& t, std::string_view query, std::string_
     seen.push_back(name);
     const std::string value(item.substr(eq + 1));
     if (has_control_byte(value) && tls_parameter(name)) {
-      // Quoted as is by the messages of a store that cannot read the file.
+      // No file name worth reading holds one (the messages of a store that
+      // cannot read the file quote it escaped).
       bad_url(url, "has a control byte in the value of parameter \"" + escaped_name(name) +
                        "\" (set options::tls in code for such a value)");
     }
