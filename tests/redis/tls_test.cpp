@@ -145,6 +145,21 @@ TEST_F(Tls, HostnameMismatchIsNamed) {
   EXPECT_EQ(check_error<store_error>(o), "");
 }
 
+// Verifies that a server name set in code is quoted escaped in the
+// "hostname mismatch" message (\xNN for each control byte): it was quoted
+// as is, so a name holding CR LF could forge a log line.
+TEST_F(Tls, HostnameMismatchEscapesTheName) {
+  redis::options o = tls_options(*server_, "mismatch");
+  o.tls.server_name = "wrong\r\nX-Forged.example";
+  const std::string what = check_error<redis::tls_error>(o);
+  EXPECT_NE(what.find("hostname mismatch: the certificate is not valid for "
+                      "\"wrong\\x0d\\x0aX-Forged.example\""),
+            std::string::npos)
+      << redis::detail::escaped_name(what);
+  EXPECT_EQ(what.find('\r'), std::string::npos) << redis::detail::escaped_name(what);
+  EXPECT_EQ(what.find('\n'), std::string::npos) << redis::detail::escaped_name(what);
+}
+
 // Verifies an expired server certificate fails with "certificate expired".
 TEST_F(Tls, ExpiredCertificateIsNamed) {
   rltest::redis_server expired(certs_->server_args("expired"), true);

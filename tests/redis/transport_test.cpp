@@ -454,6 +454,91 @@ TEST(Transport, NulBytesInAddressesFailTheConnect) {
   EXPECT_NE(error(o).find("NUL byte"), std::string::npos) << error(o);
 }
 
+// Verifies that a host, unix socket path, TLS server name or TLS file set in
+// code (options fields: parse_url refuses a control byte in them, code may
+// set one) is quoted escaped by the connect and TLS errors, each byte
+// outside printable ASCII as \xNN (detail::escaped_name): "cannot connect
+// to /t/s\r\nX-Forged: 1: ..." put a raw CR LF into the message, and so into
+// a log line.
+TEST(Transport, ControlBytesInHostsAndPathsAreEscaped) {
+  const std::string forged = "\r\nX-Forged=1";  // no ':': the host would read as IPv6
+  const std::string shown = "\\x0d\\x0aX-Forged=1";
+  const auto error = [](const redis::options& o) -> std::string {
+    try {
+      redis::connection c(o);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const auto check = [&](const std::string& what, const std::string& said) {
+    SCOPED_TRACE(redis::detail::escaped_name(what));
+    EXPECT_NE(what.find(said), std::string::npos);
+    EXPECT_NE(what.find(shown), std::string::npos);
+    EXPECT_FALSE(std::any_of(what.begin(), what.end(), [](char ch) {
+      const auto c = static_cast<unsigned char>(ch);
+      return c < 0x20 || c == 0x7f;
+    }));
+  };
+  redis::options o;
+  o.unix_socket = "/nonexistent/rltest" + forged;
+  check(error(o), "cannot connect to /nonexistent/rltest" + shown + ": ");
+  o.unix_socket = "/nonexistent/" + forged + std::string(120, 'a');
+  check(error(o), "the path is too long");
+  o.tls.enabled = true;
+  check(error(o), "cannot connect to /nonexistent/" + shown);
+  try {
+    redis::connection_pool pool(o);
+    ADD_FAILURE() << "TLS over a unix socket was taken";
+  } catch (const std::invalid_argument& e) {
+    check(e.what(), "unix socket \"/nonexistent/" + shown);
+  }
+
+  // A host name: the resolver's failures, then a refused connect.
+  o = {};
+  o.host = "redis" + forged;
+  o.connect_timeout = 500ms;
+  o.resolver = [](const std::string&) { return std::vector<std::string>{}; };
+  check(error(o), "\"redis" + shown + "\" resolved to no address");
+  o.resolver = [](const std::string&) -> std::vector<std::string> {
+    throw std::runtime_error("no such host");
+  };
+  check(error(o), "cannot resolve \"redis" + shown + "\": no such host");
+  o.resolver = [forged](const std::string&) { return std::vector<std::string>{"a" + forged}; };
+  check(error(o), "resolved to \"a" + shown + "\", which is no numeric address");
+  const int closed = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // bound, not listening
+  ASSERT_GE(closed, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(closed, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::getsockname(closed, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  o.resolver = [](const std::string&) { return std::vector<std::string>{"127.0.0.1"}; };
+  o.port = ntohs(a.sin_port);
+  check(error(o), "cannot connect to redis" + shown + ":" + std::to_string(o.port) + ": ");
+  ::close(closed);
+
+  // TLS: the peer in the handshake's messages, the server name, the files.
+  fake_server server([](int f) { (void)read_some(f, 1); });  // no TLS: closes
+  ASSERT_TRUE(server.ok());
+  o.port = server.options().port;
+  o.tls.enabled = true;
+  o.tls.verify = redis::tls_verify::none;
+  check(error(o), "TLS handshake with redis" + shown + ":" + std::to_string(o.port));
+  o.tls.verify = redis::tls_verify::full;
+  o.tls.server_name = std::string(300, 'n') + forged;  // too long for SNI
+  check(error(o), "bad server name \"nnn");
+  o.tls.server_name.clear();
+  o.tls.ca_file = "/nonexistent/ca" + forged;
+  try {
+    redis::connection_pool pool(o);
+    ADD_FAILURE() << "a missing CA file was taken";
+  } catch (const std::invalid_argument& e) {
+    check(e.what(), "TLS CA file (ca) \"/nonexistent/ca" + shown + "\": ");
+  }
+}
+
 // Verifies no failure leaves a file descriptor open: refused connects,
 // connect and handshake timeouts, TLS to a peer that speaks no TLS, a
 // resolver that fails, a reply cut off, a command timeout, a missing unix

@@ -636,8 +636,8 @@ TEST(UrlReview, ControlBytesInMessagesAreEscaped) {
     std::string shown;  // what the message must hold
   };
   const row rows[] = {
-      {"redis://h:\r\nX-Forged: 1"s, "\"redis://h:\\x0d\\x0aX-Forged: 1\""},
-      {"redis://h:\r\n"s, "bad port \"\\x0d\\x0a\""},
+      {"redis://h\r\nX-Forged:1"s, "\"redis://h\\x0d\\x0aX-Forged:1\""},
+      {"redis://h:\r\n"s, "the port is not a number (2 bytes, not quoted"},
       {"redis://h/\n1"s, "bad database \"\\x0a1\""},
       {"redis://h?multiplex=\x1b[2J"s, "bad multiplex \"\\x1b[2J\""},
       {"redis://h?x\r\n=1"s, "\"redis://h?x\\x0d\\x0a=***\""},
@@ -650,16 +650,16 @@ TEST(UrlReview, ControlBytesInMessagesAreEscaped) {
       {"rediss://h?ca=/c\r\n"s, "\"rediss://h?ca=/c\\x0d\\x0a\" has a control byte"},
       {"redis://h\0x:1"s, "\"redis://h\\x00x:1\" has a host holding a space or a control byte"},
       {"redis://h x"s, "has a host holding a space or a control byte"},
-      {"redis://h\xc3\xa9:x"s, "\"redis://h\\xc3\\xa9:x\""},
+      {"redis://h\xc3\xa9:x"s, "\"redis://h\\xc3\\xa9:***\""},
       {"redis://[::1\r]:1"s, "\"redis://[::1\\x0d]:1\" has a host holding"},
       {"redis://[::1\r:1"s, "\"redis://[::1\\x0d:1\" opens [ without closing ]"},
       {"redis://[h\r]:1"s, "holds \"[h\\x0d]\", which is no IPv6 address"},
       {"unix:///t/s\n"s, "\"unix:///t/s\\x0a\" has a socket path holding a control byte"},
       {"redis://[::1]\r\n"s, "has \"\\x0d\\x0a\" after the IPv6 address"},
-      {"redis-cluster://a:7000,b\r\n:x"s, "bad node \"b\\x0d\\x0a:x\""},
+      {"redis-cluster://a:7000,b\r\n:x"s, "bad node \"b\\x0d\\x0a:***\""},
       {"rediss-cluster://a:7000?verify=\n"s, "control byte in the value of parameter \"verify\""},
       {"redis-cluster://a:7000,b\r\n"s, "bad node \"b\\x0d\\x0a\""},
-      {"redis-sentinel://s\r\n:x/m"s, "has a bad sentinel \"s\\x0d\\x0a:x\""},
+      {"redis-sentinel://s\r\n:x/m"s, "has a bad sentinel \"s\\x0d\\x0a:***\""},
       {"redis-sentinel://s\r\n/m"s, "has a bad sentinel \"s\\x0d\\x0a\""},
       {"redis-sentinel://s/m/\r\n"s, "in MASTER_NAME \"m/\\x0d\\x0a\""},
       {"redis-sentinel://s/m?db=1&x\r\n=1"s, "has an unknown parameter \"x\\x0d\\x0a\""},
@@ -709,8 +709,9 @@ TEST(UrlReview, RedactedUrlShowsEveryNonSecretParameter) {
   EXPECT_EQ(redis::detail::redacted_url("redis-sentinel://:s3cret@s/m?db=1&sentinel_user=u&"
                                         "sentinel_password=s3cret&multiplex=2&read_spin_us=3&"
                                         "sentinel_pasword=s3cret"),
+            // An unknown name after a secret is hidden whole (the end of the password?).
             "redis-sentinel://:***@s/m?db=1&sentinel_user=u&sentinel_password=***&multiplex=2&"
-            "read_spin_us=3&sentinel_pasword=***");
+            "read_spin_us=3&***");
   EXPECT_EQ(redis::detail::redacted_url("unix:///t/s?db=1&multiplex=2&read_spin_us=3"),
             "unix:///t/s?db=1&multiplex=2&read_spin_us=3");
   // The messages that used to hide the value they named.
@@ -771,6 +772,99 @@ TEST(UrlReview, SecretsAfterAnAmpersandOrAMistypedEqualsAreNotQuoted) {
   EXPECT_NE(refusal("redis-sentinel://s/m?db").find("has no '=' after parameter \"db\""),
             std::string::npos);
   EXPECT_NE(refusal("redis-sentinel://s/m?db").find("\"redis-sentinel://s/m?db\""),
+            std::string::npos);
+}
+
+// Verifies that a port that is not a number is never quoted, in the
+// message or in the URL it quotes: `redis://default:hunter2` (the
+// "USER@HOST" left out, so `default` is the host and the password the
+// port) said bad port "hunter2" in redis URL "redis://default:hunter2".
+// The message says the port is no number, its length and the likely
+// cause, on every form that reads a port: redis://, rediss://, the
+// cluster seeds and the sentinels. A number out of range is still quoted.
+TEST(UrlReview, PortThatIsNoNumberIsNotQuoted) {
+  for (const std::string url :
+       {"redis://default:hunter2", "rediss://default:hunter2", "redis://default:hunter2/1",
+        "redis://default:hunter2?multiplex=2", "rediss://default:hunter2?sni=a",
+        "redis://[::1]:hunter2", "redis://default:hunter2&db=1", "redis-cluster://default:hunter2",
+        "redis-cluster://a:7000,default:hunter2", "rediss-cluster://default:hunter2?sni=a",
+        "redis-cluster://default:hunter2?multiplex=1", "redis-sentinel://default:hunter2/m",
+        "redis-sentinel://a:26379,default:hunter2/m?db=1"}) {
+    SCOPED_TRACE(url);
+    const std::string why = refusal(url);
+    EXPECT_EQ(why.find("hunter"), std::string::npos) << why;
+    EXPECT_NE(why.find("port is not a number (7 bytes, not quoted"), std::string::npos) << why;
+    EXPECT_NE(why.find("\"USER@HOST\"; is the '@' missing?"), std::string::npos) << why;
+  }
+  // A password holding ':' (two colons: read as an IPv6 address).
+  for (const std::string url : {"redis://default:s3:cr3t", "redis-cluster://default:s3:cr3t",
+                                "redis-sentinel://default:s3:cr3t/m"}) {
+    SCOPED_TRACE(url);
+    const std::string why = refusal(url);
+    EXPECT_FALSE(why.empty());
+    EXPECT_EQ(why.find("s3"), std::string::npos) << why;
+    EXPECT_EQ(why.find("cr3t"), std::string::npos) << why;
+  }
+  EXPECT_EQ(redis::detail::redacted_url("redis://default:hunter2"), "redis://default:***");
+  EXPECT_EQ(redis::detail::redacted_url("redis-sentinel://a:1,b:hunter2,[::1]:x/m"),
+            "redis-sentinel://a:1,b:***,[::1]:***/m");
+  EXPECT_EQ(redis::detail::redacted_url("redis://u:p@h:6379/2"), "redis://u:***@h:6379/2");
+  // Numbers out of range are still named, in the message and the URL.
+  EXPECT_NE(refusal("redis://h:99999").find("bad port \"99999\" in redis URL \"redis://h:99999\""),
+            std::string::npos);
+  EXPECT_NE(refusal("redis://h:0").find("bad port \"0\""), std::string::npos);
+  EXPECT_NE(refusal("redis-cluster://a:70000").find("bad node \"a:70000\""), std::string::npos);
+  EXPECT_NE(refusal("redis-sentinel://h:0/m").find("bad sentinel \"h:0\""), std::string::npos);
+}
+
+// Verifies that a parameter name after sentinel_password= that is no
+// known parameter is never quoted, in the message or the URL:
+// `?sentinel_password=p&ss=1` may be the password "p&ss=1" ('&' cannot be
+// written in a value), and said unknown parameter "ss" in URL
+// "...sentinel_password=***&ss=***". The message names sentinel_password=
+// and says to set such a password in code. An unknown name with no secret
+// before it is still quoted as a likely misspelling, with the known names.
+TEST(UrlReview, UnknownNameAfterASecretIsNotQuoted) {
+  const std::string after = "has an unknown parameter after sentinel_password= (not quoted";
+  struct row {
+    std::string url;
+    std::string said;  // what the message must hold
+  };
+  const row rows[] = {
+      {"redis-sentinel://s/m?sentinel_password=p&ss3cret=1",
+       "\"redis-sentinel://s/m?sentinel_password=***&***\" " + after},
+      {"redis-sentinel://s/m?sentinel_password=p&db=1&ss3cret=1",
+       "\"redis-sentinel://s/m?sentinel_password=***&db=1&***\" " + after},
+      {"redis-sentinel://s/m?sentinel_password=p&ss3cret=a?b", after},
+      {"redis-sentinel://s/m?sentinel_password=p&ss3cret=", after},
+      {"redis-sentinel://s/m?sentinel_password=p&ss3cret", "has a parameter without '='"},
+      {"redis://h?sentinel_password=p&ss3cret=1", "\"redis://h?sentinel_password=***&***\""},
+      {"rediss://h?sentinel_password=p&ss3cret=1", "\"rediss://h?sentinel_password=***&***\""},
+      {"redis-cluster://h:1?sentinel_password=p&ss3cret=1",
+       "\"redis-cluster://h:1?sentinel_password=***&***\""},
+      {"unix:///t/s?db=1&sentinel_password=p&ss3cret=1",
+       "\"unix:///t/s?db=1&sentinel_password=***&***\""},
+  };
+  for (const row& r : rows) {
+    SCOPED_TRACE(r.url);
+    const std::string why = refusal(r.url);
+    EXPECT_NE(why.find(r.said), std::string::npos) << why;
+    EXPECT_EQ(why.find("s3"), std::string::npos) << why;
+  }
+  EXPECT_NE(refusal("redis-sentinel://s/m?sentinel_password=p&ss3cret=1")
+                .find("set options::sentinel.password in code"),
+            std::string::npos);
+  // Any item whose value is hidden counts: a misspelt secret too.
+  EXPECT_EQ(redis::detail::redacted_url("redis-sentinel://s/m?sentinel_pasword=p&ss3cret=1&db=2"),
+            "redis-sentinel://s/m?sentinel_pasword=***&***&db=2");
+  // Before any secret, an unknown name is a likely misspelling: quoted.
+  const std::string typo = refusal("redis-sentinel://s/m?sentinel_pasword=s3cret");
+  EXPECT_NE(typo.find("has an unknown parameter \"sentinel_pasword\" (known: db,"),
+            std::string::npos)
+      << typo;
+  EXPECT_EQ(typo.find("s3"), std::string::npos) << typo;
+  EXPECT_NE(refusal("redis-sentinel://s/m?db=1&dbb=2&sentinel_password=p")
+                .find("has an unknown parameter \"dbb\""),
             std::string::npos);
 }
 

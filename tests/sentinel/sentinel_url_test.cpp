@@ -64,10 +64,11 @@ TEST(SentinelUrl, BadValuesAreNamed) {
   EXPECT_NE(url_error("redis-sentinel://h/m/2").find("'/' in MASTER_NAME \"m/2\""),
             std::string::npos);
   EXPECT_NE(url_error("redis-sentinel://h:0/m").find("bad sentinel \"h:0\""), std::string::npos);
-  EXPECT_NE(url_error("redis-sentinel://a,h:x/m").find("bad sentinel \"h:x\""), std::string::npos);
+  EXPECT_NE(url_error("redis-sentinel://a,h:x/m").find("bad sentinel \"h:***\""),
+            std::string::npos);
   EXPECT_NE(url_error("redis-sentinel://a,,b/m").find("separated by commas"), std::string::npos);
   EXPECT_NE(url_error("redis-sentinel:///m").find("separated by commas"), std::string::npos);
-  EXPECT_NE(url_error("redis-sentinel://::1/m").find("bad sentinel \"::1\""), std::string::npos);
+  EXPECT_NE(url_error("redis-sentinel://::1/m").find("bad sentinel \":***\""), std::string::npos);
   EXPECT_NE(url_error("redis-sentinel://h/m?db=x").find("database \"x\""), std::string::npos);
   EXPECT_NE(url_error("redis-sentinel://h/m?tls=1").find("unknown parameter \"tls\""),
             std::string::npos);

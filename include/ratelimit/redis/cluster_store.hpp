@@ -302,7 +302,7 @@ class cluster_store {
       auto lease = n->pool.acquire(deadline_clock::now() + shared_->command_timeout);
       reply_ptr r = lease->command(args, 1, deadline_clock::now() + shared_->command_timeout);
       if (r->type == REDIS_REPLY_ERROR) {
-        throw connection_error("ratelimit: redis: PING " + n->name +
+        throw connection_error("ratelimit: redis: PING " + detail::escaped_name(n->name) +
                                " failed: " + std::string(r->str, r->len));
       }
     }

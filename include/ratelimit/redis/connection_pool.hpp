@@ -204,7 +204,7 @@ inline constexpr std::size_t max_reply_bytes = std::size_t{64} << 20;
   addrinfo* list = nullptr;
   const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &list);
   if (rc != 0) {
-    throw connection_error("ratelimit: redis: cannot resolve \"" + host +
+    throw connection_error("ratelimit: redis: cannot resolve \"" + detail::escaped_name(host) +
                            "\": " + ::gai_strerror(rc));
   }
   std::vector<std::string> out;
@@ -265,7 +265,7 @@ inline constexpr std::size_t max_reply_bytes = std::size_t{64} << 20;
   }
   std::unique_lock<std::mutex> lock(st->mutex);
   if (!st->done_cv.wait_until(lock, until, [&] { return st->done; })) {
-    throw timeout_error("ratelimit: redis: resolving \"" + o.host +
+    throw timeout_error("ratelimit: redis: resolving \"" + escaped_name(o.host) +
                         "\" took longer than connect_timeout");
   }
   if (st->error) {
@@ -274,19 +274,21 @@ inline constexpr std::size_t max_reply_bytes = std::size_t{64} << 20;
     } catch (const store_error&) {
       throw;
     } catch (const std::exception& e) {
-      throw connection_error("ratelimit: redis: cannot resolve \"" + o.host + "\": " + e.what());
+      throw connection_error("ratelimit: redis: cannot resolve \"" + escaped_name(o.host) +
+                             "\": " + e.what());
     } catch (...) {
-      throw connection_error("ratelimit: redis: cannot resolve \"" + o.host + "\"");
+      throw connection_error("ratelimit: redis: cannot resolve \"" + escaped_name(o.host) + "\"");
     }
   }
   if (st->addresses.empty()) {
-    throw connection_error("ratelimit: redis: \"" + o.host + "\" resolved to no address");
+    throw connection_error("ratelimit: redis: \"" + escaped_name(o.host) +
+                           "\" resolved to no address");
   }
   // hiredis would resolve a name itself, with no deadline.
   for (const std::string& a : st->addresses) {
     if (!is_numeric_host(a)) {
-      throw connection_error("ratelimit: redis: \"" + o.host + "\" resolved to \"" + a +
-                             "\", which is no numeric address");
+      throw connection_error("ratelimit: redis: \"" + escaped_name(o.host) + "\" resolved to \"" +
+                             escaped_name(a) + "\", which is no numeric address");
     }
   }
   return std::move(st->addresses);
@@ -690,10 +692,11 @@ class connection {
         r = exchange(args, 3, until);
       }
       if (r->type == REDIS_REPLY_ERROR) {
-        throw connection_error(
-            "ratelimit: redis: AUTH " +
-            (o.user.empty() ? std::string("with password") : "as user \"" + o.user + "\"") +
-            " at " + where_ + " failed: " + std::string(r->str, r->len));
+        throw connection_error("ratelimit: redis: AUTH " +
+                               (o.user.empty()
+                                    ? std::string("with password")
+                                    : "as user \"" + detail::escaped_name(o.user) + "\"") +
+                               " at " + where_ + " failed: " + std::string(r->str, r->len));
       }
     }
     if (o.database != 0) {
@@ -762,10 +765,14 @@ class connection {
     }
   }
 
+  /// where(): the host or socket path escaped as detail::escaped_name does
+  /// (set in code, they may hold CR, LF or other control bytes that would
+  /// forge a log line through a connect or TLS error).
   static std::string describe(const options& o) {
-    if (!o.unix_socket.empty()) return o.unix_socket;
+    if (!o.unix_socket.empty()) return detail::escaped_name(o.unix_socket);
+    const std::string host = detail::escaped_name(o.host);
     const bool v6 = o.host.find(':') != std::string::npos;
-    return (v6 ? "[" + o.host + "]" : o.host) + ":" + std::to_string(o.port);
+    return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(o.port);
   }
 
   template <class Error>
@@ -831,7 +838,7 @@ class connection_pool {
     if (options_.tls.enabled) {
       if (!options_.unix_socket.empty()) {
         throw std::invalid_argument("ratelimit: redis: TLS is for TCP; unix socket \"" +
-                                    options_.unix_socket + "\" takes none");
+                                    detail::escaped_name(options_.unix_socket) + "\" takes none");
       }
       (void)detail::tls_context_for(options_.tls);  // files are read now, and named if bad
     }

@@ -228,6 +228,44 @@ namespace detail {
   return known_parameter(name) && name != "sentinel_password";
 }
 
+/// Where the port of `item` (one `HOST[:PORT]` or `[IPV6][:PORT]` of a
+/// URL) starts, past its ':'; npos without one. Unbracketed, the port
+/// follows the first ':' (parse_url refuses a second one).
+[[nodiscard]] inline std::size_t port_start(std::string_view item) noexcept {
+  if (item.starts_with('[')) {
+    const auto close = item.find("]:");
+    return close == std::string_view::npos ? std::string_view::npos : close + 2;
+  }
+  const auto colon = item.find(':');
+  return colon == std::string_view::npos ? std::string_view::npos : colon + 1;
+}
+
+/// True when the port `port` of a URL may be quoted: its text before the
+/// first '&' (what follows is the query run on, which quoted_part cuts) is
+/// decimal digits only, or empty. Anything else may be a password whose
+/// user was read as the host because the "USER@HOST" was left out
+/// (`redis://default:hunter2` has host `default`, port `hunter2`): such a
+/// port is hidden from every message (redacted_url, parse_url_port,
+/// quoted_host_item).
+[[nodiscard]] inline bool quotable_port(std::string_view port) noexcept {
+  port = port.substr(0, port.find('&'));
+  return std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+/// What a message says of a port that quotable_port refuses: that it is
+/// no number, its length (before any '&'), and the likely cause; never its
+/// text. One holding ':' may also be the rest of an IPv6 address written
+/// without brackets.
+[[nodiscard]] inline std::string unquoted_port_text(std::string_view port) {
+  port = port.substr(0, port.find('&'));
+  return "is not a number (" + std::to_string(port.size()) +
+         " bytes, not quoted: it may be a password given without \"USER@HOST\"; is the '@' "
+         "missing?" +
+         (port.find(':') == std::string_view::npos
+              ? std::string(")")
+              : std::string(" Or an IPv6 address needs brackets: [::1]:6379)"));
+}
+
 /// `url` as error messages quote it, without its secrets and with every
 /// byte escaped as escaped_name does: the password of
 /// its userinfo (all of a userinfo without ':', which parse_url reads as a
@@ -240,7 +278,13 @@ namespace detail {
 /// (after the first '?' behind the userinfo) without '=' that is no known
 /// parameter name: it may be the end of a value holding '&'
 /// (`?sentinel_password=p&ss`) or a secret whose '=' was mistyped
-/// (`?sentinel_password:s3cret`). Each hidden stretch reads `***`.
+/// (`?sentinel_password:s3cret`), and all of every item (its name too)
+/// that is no known parameter and follows, anywhere later in the query, an
+/// item whose value is hidden: `?sentinel_password=p&ss=1` may be the
+/// password "p&ss=1", so `ss` is no name to show. A port that is not a number
+/// (quotable_port) is hidden as well: `redis://default:hunter2` (the
+/// "USER@" left out) has the password as its port. Each hidden stretch
+/// reads `***`.
 [[nodiscard]] inline std::string redacted_url(std::string_view url) {
   std::vector<char> hide(url.size() + 1, 0);
   std::size_t empty_password_at = std::string_view::npos;
@@ -272,16 +316,34 @@ namespace detail {
     std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from),
               hide.begin() + static_cast<std::ptrdiff_t>(at), 1);
   }
+  if (scheme != std::string_view::npos && !url.starts_with("unix://")) {
+    // The hosts: from the userinfo's end to the path, query or fragment,
+    // split at ',' (the cluster and Sentinel forms list several).
+    std::size_t from = at != std::string_view::npos ? at + 1 : scheme + 3;
+    const std::size_t hosts_end = std::min(url.find_first_of("/?#", from), url.size());
+    while (from < hosts_end) {
+      const std::size_t comma = std::min(url.find(',', from), hosts_end);
+      std::string_view item = url.substr(from, comma - from);
+      item = item.substr(0, item.find('&'));  // a '&' and what follows: the loop below
+      if (const auto port = port_start(item);
+          port != std::string_view::npos && !quotable_port(item.substr(port))) {
+        std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from + port),
+                  hide.begin() + static_cast<std::ptrdiff_t>(from + item.size()), 1);
+      }
+      from = comma + 1;
+    }
+  }
   const std::size_t query = url.find('?', at != std::string_view::npos       ? at + 1
                                           : scheme != std::string_view::npos ? scheme + 3
                                                                              : 0);
+  bool after_secret = false;  // an item before this one had its value hidden
   for (std::size_t i = 0; i < url.size(); ++i) {
     if (url[i] != '?' && url[i] != '&') continue;
     const std::size_t end = std::min(url.find('&', i + 1), url.size());
     const std::string_view item = url.substr(i + 1, end - i - 1);
     const auto eq = item.find('=');
-    if (eq == std::string_view::npos) {
-      if (i >= query && !known_parameter(item)) {
+    if (eq == std::string_view::npos || (after_secret && !known_parameter(item.substr(0, eq)))) {
+      if ((i >= query || after_secret) && !item.empty() && !known_parameter(item)) {
         std::fill(hide.begin() + static_cast<std::ptrdiff_t>(i + 1),
                   hide.begin() + static_cast<std::ptrdiff_t>(end), 1);
       }
@@ -290,6 +352,7 @@ namespace detail {
     if (shown_parameter(item.substr(0, eq))) continue;
     const std::size_t from = i + 1 + eq + 1;
     if (from == end) continue;
+    after_secret = true;
     std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from),
               hide.begin() + static_cast<std::ptrdiff_t>(end), 1);
   }
@@ -340,6 +403,40 @@ namespace detail {
 
 [[noreturn]] inline void bad_url(std::string_view url, const std::string& why) {
   throw std::invalid_argument("ratelimit: redis URL \"" + redacted_url(url) + "\" " + why);
+}
+
+/// The port `s` of `url`, 1..65535. A port that is not a number is not
+/// quoted (quotable_port: it may be a password whose "USER@" was left out);
+/// a number out of range is.
+/// @throws std::invalid_argument saying so (the URL redacted)
+[[nodiscard]] inline int parse_url_port(std::string_view s, std::string_view url) {
+  if (!quotable_port(s)) {
+    throw std::invalid_argument("ratelimit: bad port in redis URL \"" + redacted_url(url) +
+                                "\": the port " + unquoted_port_text(s));
+  }
+  return parse_url_int(s, url, "port", 1, 65535);
+}
+
+/// One `HOST[:PORT]` `part` of a URL listing several hosts (a cluster seed,
+/// a sentinel) as a message quotes it, in double quotes: quoted_part, but
+/// with a port that is not a number (quotable_port) read as `***`.
+[[nodiscard]] inline std::string quoted_host_item(std::string_view part) {
+  const std::string_view head = part.substr(0, part.find('&'));
+  const auto port = port_start(head);
+  if (port == std::string_view::npos || quotable_port(head.substr(port))) {
+    return "\"" + quoted_part(part) + "\"";
+  }
+  return "\"" + escaped_name(head.substr(0, port)) + "***" +
+         (head.size() < part.size() ? "&..." : "") + "\"";
+}
+
+/// Why quoted_host_item hid the port of `part`, for the end of a message
+/// (": its port is not a number (...)"); "" when it did not.
+[[nodiscard]] inline std::string host_item_why(std::string_view part) {
+  const std::string_view head = part.substr(0, part.find('&'));
+  const auto port = port_start(head);
+  if (port == std::string_view::npos || quotable_port(head.substr(port))) return {};
+  return ": its port " + unquoted_port_text(head.substr(port));
 }
 
 /// True for RFC 3986's unreserved characters: letters, digits and `-._~`.
@@ -576,7 +673,8 @@ inline void apply_tls_query(tls_options& t, std::string_view query, std::string_
     seen.push_back(name);
     const std::string value(item.substr(eq + 1));
     if (has_control_byte(value) && tls_parameter(name)) {
-      // Quoted as is by the messages of a store that cannot read the file.
+      // No file name worth reading holds one (the messages of a store that
+      // cannot read the file quote it escaped).
       bad_url(url, "has a control byte in the value of parameter \"" + escaped_name(name) +
                        "\" (set options::tls in code for such a value)");
     }
@@ -858,7 +956,7 @@ namespace detail {
     try {
       one = parse_url("redis://" + std::string(part));
     } catch (const std::invalid_argument&) {
-      bad_url(url, "has a bad sentinel \"" + quoted_part(part) + "\"");
+      bad_url(url, "has a bad sentinel " + quoted_host_item(part) + host_item_why(part));
     }
     const bool has_port = part.starts_with('[') ? part.find("]:") != std::string_view::npos
                                                 : part.find(':') != std::string_view::npos;
@@ -888,6 +986,19 @@ namespace detail {
     if (eq == std::string_view::npos) {
       refuse_unnamed_item(item, url);
       bad_url(url, "has no '=' after parameter \"" + escaped_name(key) + "\"");
+    }
+    // An unknown name anywhere after sentinel_password= (the one secret
+    // parameter) is not quoted, here or in any later message: it may be the
+    // tail of a password holding '&' (`?sentinel_password=p&ss=1` said
+    // unknown parameter "ss", the end of the password "p&ss=1"). An unknown
+    // name before it, or with no sentinel_password= at all, is quoted as a
+    // likely misspelling, with the known names. redacted_url hides such an
+    // item whole in the quoted URL.
+    if (seen_password && !known_parameter(key)) {
+      bad_url(url,
+              "has an unknown parameter after sentinel_password= (not quoted: it may be the end "
+              "of a password holding '&', which cannot be written in a URL; set "
+              "options::sentinel.password in code for such a password)");
     }
     if (value.find('?') != std::string_view::npos) {
       // `?sentinel_user=u?db=2` would hide the database in the user name.
@@ -968,7 +1079,9 @@ namespace detail {
 /// host, path, master name or value holding '#' is set in code; so is a
 /// host holding a space or a control byte (0x00-0x1f, 0x7f), and a socket
 /// path or TLS parameter value holding a control byte. Error messages quote
-/// the URL with its password replaced by `***`, every byte outside
+/// the URL with its password replaced by `***` (and a port that is not a
+/// number, which may be a password whose "USER@" was left out, as in
+/// `redis://default:hunter2`: never quoted), every byte outside
 /// printable ASCII (and `"`, `\`) escaped as `\xNN` (detail::printable).
 /// `rediss://` is `redis://` over TLS (options::tls), with optional
 /// parameters `?ca=FILE&ca_dir=DIR&cert=FILE&key=FILE&sni=NAME&verify=full|chain|none`
@@ -1094,14 +1207,16 @@ namespace detail {
     }
     if (const auto colon = rest.find(':'); colon != std::string_view::npos) {
       if (rest.find(':', colon + 1) != std::string_view::npos) {
-        detail::bad_url(url, "has an IPv6 address without brackets (write redis://[::1]:6379)");
+        detail::bad_url(url,
+                        "has an IPv6 address without brackets (write redis://[::1]:6379), or a "
+                        "password holding ':' given without \"USER@HOST\" (is the '@' missing?)");
       }
       host = rest.substr(0, colon);
       port = rest.substr(colon + 1);
       has_port = true;
     }
   }
-  if (has_port) o.port = detail::parse_url_int(port, url, "port", 1, 65535);
+  if (has_port) o.port = detail::parse_url_port(port, url);
   if (host.empty()) detail::bad_url(url, "has no host");
   if (detail::has_control_byte(host, true)) {
     // No host name holds one, and every connect error quotes the host.

@@ -126,11 +126,12 @@ inline void cpu_relax() noexcept {
 inline void require_readable(const std::string& path, const char* what, bool dir = false) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
-    throw std::invalid_argument("ratelimit: redis: TLS " + std::string(what) + " \"" + path +
-                                "\": " + std::strerror(errno));
+    throw std::invalid_argument("ratelimit: redis: TLS " + std::string(what) + " \"" +
+                                escaped_name(path) + "\": " + std::strerror(errno));
   }
   if (dir ? !S_ISDIR(st.st_mode) : S_ISDIR(st.st_mode)) {
-    throw std::invalid_argument("ratelimit: redis: TLS " + std::string(what) + " \"" + path +
+    throw std::invalid_argument("ratelimit: redis: TLS " + std::string(what) + " \"" +
+                                escaped_name(path) +
                                 (dir ? "\" is no directory" : "\" is a directory"));
   }
   if (::access(path.c_str(), R_OK) != 0) {
@@ -179,7 +180,7 @@ inline void require_readable(const std::string& path, const char* what, bool dir
                                              t.ca_file.empty() ? nullptr : t.ca_file.c_str(),
                                              t.ca_dir.empty() ? nullptr : t.ca_dir.c_str()) != 1) {
     throw std::invalid_argument(
-        "ratelimit: redis: TLS CA file (ca) \"" + t.ca_file +
+        "ratelimit: redis: TLS CA file (ca) \"" + escaped_name(t.ca_file) +
         "\" holds no usable certificate: " + ssl_error_text("unknown error"));
   }
   if (!t.cert_file.empty()) {
@@ -187,17 +188,18 @@ inline void require_readable(const std::string& path, const char* what, bool dir
     require_readable(t.key_file, "client key (key)");
     if (::SSL_CTX_use_certificate_chain_file(ctx.get(), t.cert_file.c_str()) != 1) {
       throw std::invalid_argument("ratelimit: redis: TLS client certificate (cert) \"" +
-                                  t.cert_file +
+                                  escaped_name(t.cert_file) +
                                   "\" is unusable: " + ssl_error_text("unknown error"));
     }
     if (::SSL_CTX_use_PrivateKey_file(ctx.get(), t.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
       throw std::invalid_argument(
-          "ratelimit: redis: TLS client key (key) \"" + t.key_file +
+          "ratelimit: redis: TLS client key (key) \"" + escaped_name(t.key_file) +
           "\" is unusable (an unencrypted PEM key is needed): " + ssl_error_text("unknown error"));
     }
     if (::SSL_CTX_check_private_key(ctx.get()) != 1) {
-      throw std::invalid_argument("ratelimit: redis: TLS client key (key) \"" + t.key_file +
-                                  "\" does not belong to the certificate \"" + t.cert_file + "\"");
+      throw std::invalid_argument(
+          "ratelimit: redis: TLS client key (key) \"" + escaped_name(t.key_file) +
+          "\" does not belong to the certificate \"" + escaped_name(t.cert_file) + "\"");
     }
   }
   return ctx;
@@ -278,8 +280,8 @@ struct tls_context_cache {
     case X509_V_ERR_CERT_NOT_YET_VALID: return "certificate not yet valid (" + reason + ")";
     case X509_V_ERR_HOSTNAME_MISMATCH:
     case X509_V_ERR_IP_ADDRESS_MISMATCH:
-      return "hostname mismatch: the certificate is not valid for \"" + name + "\" (" + reason +
-             ")";
+      return "hostname mismatch: the certificate is not valid for \"" + escaped_name(name) +
+             "\" (" + reason + ")";
     default: return "certificate verify failed: " + reason;
   }
 }
@@ -309,7 +311,8 @@ class transport {
   ~transport() { close(); }
 
   /// Connects to the numeric address `address` (IPv4 or IPv6) and `port`,
-  /// giving up at `until`.
+  /// giving up at `until`. `where` names the peer in messages as is: the
+  /// caller escapes it (connection::where()).
   /// @throws connection_error saying why (timeout_error when `until` passes)
   void open_tcp(const std::string& address, int port, const std::string& where, deadline until) {
     addrinfo hints{};
@@ -338,17 +341,22 @@ class transport {
     }
     sockaddr_un a{};
     a.sun_family = AF_UNIX;
+    // Set in code, the path may hold CR, LF or other control bytes: every
+    // message quotes it escaped, as URL parts are.
+    const std::string shown = detail::escaped_name(path);
     if (path.size() >= sizeof a.sun_path) {
-      throw connection_error("ratelimit: redis: cannot connect to " + path +
+      throw connection_error("ratelimit: redis: cannot connect to " + shown +
                              ": the path is too long for a unix socket");
     }
     std::memcpy(a.sun_path, path.data(), path.size());
-    open_socket(AF_UNIX, reinterpret_cast<const sockaddr*>(&a), sizeof a, path, until);
+    open_socket(AF_UNIX, reinterpret_cast<const sockaddr*>(&a), sizeof a, shown, until);
   }
 
   /// Runs the TLS handshake on the connected socket with `ctx`, sending
   /// `name` as SNI (unless it is an IP address) and checking the server's
-  /// certificate as `verify` says, until `until` at most.
+  /// certificate as `verify` says, until `until` at most. Messages quote
+  /// `name` escaped (detail::escaped_name) and `where` as is (the caller
+  /// escapes it, as connection::where() is).
   /// @throws tls_error naming what failed (unknown CA, expired certificate,
   ///   hostname mismatch, OpenSSL's reason); timeout_error when `until` passes
   void start_tls(SSL_CTX* ctx, const std::string& name, tls_verify verify, const std::string& where,
@@ -378,14 +386,16 @@ class transport {
     const bool numeric = ::inet_pton(AF_INET, checked.c_str(), &ip) == 1 ||
                          ::inet_pton(AF_INET6, checked.c_str(), &ip) == 1;
     if (!numeric && ::SSL_set_tlsext_host_name(ssl_, checked.c_str()) != 1) {
-      throw tls_error("ratelimit: redis: TLS to " + where + ": bad server name \"" + name + "\"");
+      throw tls_error("ratelimit: redis: TLS to " + where + ": bad server name \"" +
+                      detail::escaped_name(name) + "\"");
     }
     if (verify == tls_verify::full) {
       const int ok = numeric
                          ? ::X509_VERIFY_PARAM_set1_ip_asc(::SSL_get0_param(ssl_), checked.c_str())
                          : ::SSL_set1_host(ssl_, checked.c_str());
       if (ok != 1) {
-        throw tls_error("ratelimit: redis: TLS to " + where + ": bad server name \"" + name + "\"");
+        throw tls_error("ratelimit: redis: TLS to " + where + ": bad server name \"" +
+                        detail::escaped_name(name) + "\"");
       }
       // Names come from subjectAltName only: the subject's CN is no host name.
       ::SSL_set_hostflags(

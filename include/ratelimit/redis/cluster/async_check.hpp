@@ -109,8 +109,9 @@ struct cluster_store::check_job final : detail::cluster_job {
     if (n->gate.enter() == detail::breaker::verdict::refuse) {
       s->stats.short_circuited.fetch_add(1, std::memory_order_relaxed);
       s->request_refresh();
-      const auto err = std::make_exception_ptr(connection_error(
-          "ratelimit: redis: circuit breaker of " + n->name + " open (it failed recently)"));
+      const auto err = std::make_exception_ptr(
+          connection_error("ratelimit: redis: circuit breaker of " + detail::escaped_name(n->name) +
+                           " open (it failed recently)"));
       degrade_and_deliver(err);
       self.reset();
       return true;
@@ -223,8 +224,9 @@ struct cluster_store::check_job final : detail::cluster_job {
       } else if (detail::error_starts(*r, "CLUSTERDOWN") ||
                  detail::error_starts(*r, "MASTERDOWN") || detail::error_starts(*r, "LOADING")) {
         s->request_refresh();
-        fail(std::make_exception_ptr(connection_error("ratelimit: redis: " + node->name +
-                                                      " answered " + std::string(r->str, r->len))));
+        fail(std::make_exception_ptr(
+            connection_error("ratelimit: redis: " + detail::escaped_name(node->name) +
+                             " answered " + std::string(r->str, r->len))));
         return;
       } else {
         fail(std::make_exception_ptr(

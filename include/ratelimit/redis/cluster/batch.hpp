@@ -138,8 +138,9 @@ std::vector<decision> cluster_store::run(const Config& cfg, std::span<const std:
         if (g.verdict == detail::breaker::verdict::refuse) {
           g.settled = true;
           c.short_circuited.fetch_add(g.items.size(), std::memory_order_relaxed);
-          g.failure = std::make_exception_ptr(connection_error(
-              "ratelimit: redis: circuit breaker of " + node->name + " open (it failed recently)"));
+          g.failure = std::make_exception_ptr(
+              connection_error("ratelimit: redis: circuit breaker of " +
+                               detail::escaped_name(node->name) + " open (it failed recently)"));
           s.request_refresh();
           continue;
         }
@@ -277,8 +278,9 @@ void cluster_store::classify(const Config& cfg, item& it, const redisReply& r,
     // failure policy decides, and the slot map is read again.
     s.request_refresh();
     it.state = fate::failed;
-    it.error = std::make_exception_ptr(connection_error("ratelimit: redis: " + node->name +
-                                                        " answered " + std::string(r.str, r.len)));
+    it.error = std::make_exception_ptr(
+        connection_error("ratelimit: redis: " + detail::escaped_name(node->name) + " answered " +
+                         std::string(r.str, r.len)));
     return;
   } else {
     it.state = fate::failed;

@@ -39,7 +39,7 @@ struct cluster_node : std::enable_shared_from_this<cluster_node> {
   cluster_node(const cluster_node&) = delete;
   cluster_node& operator=(const cluster_node&) = delete;
 
-  std::string name;  ///< "host:port"
+  std::string name;  ///< "host:port" (as is: messages quote it through detail::escaped_name)
   options opts;
   connection_pool pool;
   breaker gate;

@@ -109,8 +109,9 @@ namespace detail {}  // namespace detail
     try {
       one = parse_url("redis://" + std::string(part));
     } catch (const std::invalid_argument&) {
-      throw std::invalid_argument("ratelimit: bad node \"" + detail::quoted_part(part) +
-                                  "\" in redis cluster URL \"" + detail::redacted_url(url) + "\"");
+      throw std::invalid_argument("ratelimit: bad node " + detail::quoted_host_item(part) +
+                                  " in redis cluster URL \"" + detail::redacted_url(url) + "\"" +
+                                  detail::host_item_why(part));
     }
     o.seeds.push_back(node_address{one.host, one.port});
     if (comma == std::string_view::npos) break;
