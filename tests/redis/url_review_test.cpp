@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "ratelimit/redis/cluster/options.hpp"
 #include "ratelimit/redis/options.hpp"
@@ -866,6 +867,60 @@ TEST(UrlReview, UnknownNameAfterASecretIsNotQuoted) {
   EXPECT_NE(refusal("redis-sentinel://s/m?db=1&dbb=2&sentinel_password=p")
                 .find("has an unknown parameter \"dbb\""),
             std::string::npos);
+}
+
+// Verifies that a '&' in a Sentinel URL's MASTER_NAME, where '?' was meant,
+// is refused, and that the message quotes neither the master name past the
+// '&' nor a secret there. Before, `/mymaster&db=2` was accepted as master
+// "mymaster&db=2" on database 0, and `/m&sentinel_password=S3CRET` sent no
+// AUTH to the sentinels and carried the secret in the master name (which
+// "no master" errors quote); a '/' in the name quoted the secret too.
+TEST(UrlReview, AmpersandInASentinelMasterNameIsRefused) {
+  const std::string urls[] = {
+      "redis-sentinel://s1/mymaster&db=2",
+      "redis-sentinel://s1/m&sentinel_password=S3CRET",
+      "redis-sentinel://s1:26379,s2/m&sentinel_password=S3CRET?db=1",
+      "redis-sentinel://u:pw@s1/m&sentinel_password=S3 CRET",
+      "redis-sentinel://s1/m/&sentinel_password=S3CRET",
+  };
+  for (const std::string& url : urls) {
+    SCOPED_TRACE(url);
+    const std::string why = refusal(url);
+    ASSERT_FALSE(why.empty()) << "accepted";
+    EXPECT_EQ(why.find("S3"), std::string::npos) << why;
+  }
+  EXPECT_NE(refusal(urls[0]).find("has a '&' in MASTER_NAME \"mymaster&...\""), std::string::npos)
+      << refusal(urls[0]);
+  EXPECT_NE(refusal(urls[0]).find("options::sentinel.master_name"), std::string::npos);
+  EXPECT_NE(refusal(urls[4]).find("has a '/' in MASTER_NAME \"m/&...\""), std::string::npos)
+      << refusal(urls[4]);
+  // The query still works, and so does a name set in code.
+  EXPECT_EQ(redis::parse_url("redis-sentinel://s1/mymaster?db=2").database, 2);
+  EXPECT_EQ(redis::parse_url("redis-sentinel://s1/mymaster?db=2").sentinel.master_name, "mymaster");
+}
+
+// Verifies that a URL whose scheme is mistyped (no "://"), which cannot be
+// split into its parts, is quoted by its leading scheme characters only:
+// the whole URL, its password included, was quoted before.
+TEST(UrlReview, MistypedSchemeQuotesNoSecret) {
+  const std::pair<std::string, std::string> rows[] = {
+      {"redis:/u:S3CRET@h", "\"redis***\" must start with"},
+      {"redis//u:S3CRET@h", "\"redis***\" must start with"},
+      {"redis:u:S3CRET@h", "\"redis***\" must start with"},
+      {"rediss:/:S3CRET@h:6380", "\"rediss***\" must start with"},
+      {"unix:/u:S3CRET@/tmp/s", "\"unix***\" must start with"},
+      {"redis-sentinel:/u:S3CRET@s/m", "\"redis-sentinel***\" must start with"},
+      {"S3CRET", "\"S3CRET\" must start with"},  // nothing to split: shown as typed
+  };
+  for (const auto& [url, said] : rows) {
+    SCOPED_TRACE(url);
+    const std::string why = refusal(url);
+    EXPECT_NE(why.find(said), std::string::npos) << why;
+    if (url != "S3CRET") {
+      EXPECT_EQ(why.find("S3"), std::string::npos) << why;
+    }
+  }
+  EXPECT_EQ(redis::detail::redacted_url("redis:/u:S3CRET@h"), "redis***");
 }
 
 }  // namespace

@@ -284,11 +284,19 @@ namespace detail {
 /// password "p&ss=1", so `ss` is no name to show. A port that is not a number
 /// (quotable_port) is hidden as well: `redis://default:hunter2` (the
 /// "USER@" left out) has the password as its port. Each hidden stretch
-/// reads `***`.
+/// reads `***`. A URL without "://" (a mistyped scheme: `redis:/u:PW@h`,
+/// `redis//u:PW@h`) cannot be split into its parts, so only its leading
+/// run of scheme characters (letters, digits, '+', '-', '.') is shown.
 [[nodiscard]] inline std::string redacted_url(std::string_view url) {
+  const auto scheme = url.find("://");
+  if (scheme == std::string_view::npos) {
+    const auto lead = url.find_first_not_of(
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.");
+    if (lead == std::string_view::npos) return escaped_name(url);
+    return escaped_name(url.substr(0, lead)) + "***";
+  }
   std::vector<char> hide(url.size() + 1, 0);
   std::size_t empty_password_at = std::string_view::npos;
-  const auto scheme = url.find("://");
   std::size_t at = std::string_view::npos;
   bool whole = false;  // hide the user part of the userinfo as well
   if (scheme != std::string_view::npos) {
@@ -941,7 +949,16 @@ namespace detail {
   if (name.empty()) bad_url(url, "has an empty MASTER_NAME");
   if (name.find('/') != std::string_view::npos) {
     bad_url(url,
-            "has a '/' in MASTER_NAME \"" + escaped_name(name) + "\" (use ?db=N for a database)");
+            "has a '/' in MASTER_NAME \"" + quoted_part(name) + "\" (use ?db=N for a database)");
+  }
+  // '&' where '?' was meant: `/mymaster&db=2` named master "mymaster&db=2"
+  // on database 0, and `/m&sentinel_password=S3CRET` sent no AUTH and put
+  // the secret in the master name (and so in "no master ..." errors). A
+  // name holding '&' is set in code.
+  if (name.find('&') != std::string_view::npos) {
+    bad_url(url, "has a '&' in MASTER_NAME \"" + quoted_part(name) +
+                     "\" (parameters follow '?'; set a master name holding '&' in "
+                     "options::sentinel.master_name)");
   }
   if (const std::string why = bad_master_name(name); !why.empty()) {
     bad_url(url, "has master name " + why);
