@@ -574,6 +574,8 @@ TEST(ClusterAsyncReview, AskToADeadNodeIsDecidedByTheFailurePolicy) {
   ASSERT_EQ(
       redis_cluster::ask(from, {"CLUSTER", "SETSLOT", sl, "MIGRATING", redis_cluster::id_of(to)}),
       "OK");
+  // Started again, and the cluster whole, before the next test of this process.
+  const rltest::node_revival revival(cluster);
   cluster.kill(to);
   constexpr std::size_t n = 6;
   outcomes out(n);

@@ -96,6 +96,8 @@ TEST(ClusterFailover, KilledMasterFollowsPolicyThenRecoversWithoutUserAction) {
     }
   }
 
+  // Started again, and the cluster whole, before the next test of this process.
+  const rltest::node_revival revival(cluster);
   cluster.kill(victim);
   const auto killed = clk::now();
   std::vector<int> degraded(stores.size(), 0);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -178,6 +180,41 @@ class redis_cluster {
     it->second = -1;
   }
 
+  /// Starts again every node kill() stopped, on its port and with its
+  /// nodes.conf, and waits until the cluster is whole: every node answers
+  /// cluster_state:ok and 3 masters each have a replica whose link is up (a
+  /// killed master comes back as its promoted replica's replica). A test that
+  /// kills a node calls this before it ends (see node_revival), so the tests
+  /// after it, in the same process, find all 6 nodes.
+  /// @throws std::runtime_error when a node does not start or the cluster
+  /// does not heal within `limit`
+  void revive(std::chrono::milliseconds limit = std::chrono::seconds(30)) {
+    bool restarted = false;
+    for (auto& [port, pid] : pids_) {
+      if (pid > 0) continue;
+      // A master started again before its replica took over would come back
+      // as the master, with no keys and any slot migration it was in (kept
+      // in its nodes.conf): first let the cluster fail it over.
+      if (!wait_failed(port, limit)) {
+        throw std::runtime_error("the node on port " + std::to_string(port) +
+                                 " was never failed over");
+      }
+      const pid_t p = spawn_node(redis_server_path(), port);
+      if (!answers(p, port)) {
+        ::kill(p, SIGKILL);
+        (void)wait_exit(p);
+        throw std::runtime_error("cluster node on port " + std::to_string(port) +
+                                 " did not start again");
+      }
+      pid = p;
+      restarted = true;
+    }
+    if (!restarted) return;
+    if (!wait_ok(limit) || !wait_synced(limit)) {
+      throw std::runtime_error("the cluster did not heal after its nodes were started again");
+    }
+  }
+
   /// Ports of the processes still running.
   [[nodiscard]] std::vector<int> live_ports() const {
     std::vector<int> out;
@@ -205,6 +242,54 @@ class redis_cluster {
     return false;
   }
 
+  /// Waits until size / 2 nodes are masters and as many replicas report
+  /// master_link_status:up.
+  bool wait_synced(std::chrono::milliseconds limit) const {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      int masters = 0, linked = 0;
+      for (const int p : live_ports()) {
+        try {
+          const std::string info = ask(p, {"INFO", "replication"});
+          if (info.find("role:master") != std::string::npos) ++masters;
+          if (info.find("master_link_status:up") != std::string::npos) ++linked;
+        } catch (const ratelimit::store_error&) {
+        }
+      }
+      if (masters == size / 2 && linked == size / 2) return true;
+      if (std::chrono::steady_clock::now() > until) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+
+  /// Waits until every live node flags the node on `port` as failed (FAIL,
+  /// not PFAIL) and lists no slots for it (a replica took them over).
+  bool wait_failed(int port, std::chrono::milliseconds limit) const {
+    const std::string address = "127.0.0.1:" + std::to_string(port) + "@";
+    const auto until = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      bool failed = true;
+      for (const int p : live_ports()) {
+        bool seen = false;
+        try {
+          std::istringstream nodes(ask(p, {"CLUSTER", "NODES"}));
+          for (std::string line; std::getline(nodes, line);) {
+            std::istringstream in(line);
+            std::vector<std::string> f;
+            for (std::string w; in >> w;) f.push_back(w);
+            if (f.size() < 8 || f[1].rfind(address, 0) != 0) continue;
+            seen = f.size() == 8 && ("," + f[2] + ",").find(",fail,") != std::string::npos;
+          }
+        } catch (const ratelimit::store_error&) {
+        }
+        failed = failed && seen;
+      }
+      if (failed) return true;
+      if (std::chrono::steady_clock::now() > until) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+
   /// Runs redis-cli with `args` and waits; returns its exit status.
   static int cli(std::vector<std::string> args) { return wait_exit(spawn_cli(std::move(args))); }
 
@@ -225,19 +310,7 @@ class redis_cluster {
     if (!wait_ok(std::chrono::seconds(30)))
       throw std::runtime_error("cluster_state never became ok");
     // A replica that never synced refuses to fail over: wait for every link.
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    for (;;) {
-      int masters = 0, linked = 0;
-      for (const int p : ports_) {
-        const std::string info = ask(p, {"INFO", "replication"});
-        if (info.find("role:master") != std::string::npos) ++masters;
-        if (info.find("master_link_status:up") != std::string::npos) ++linked;
-      }
-      if (masters == size / 2 && linked == size / 2) break;
-      if (std::chrono::steady_clock::now() > until)
-        throw std::runtime_error("replicas never synced");
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    if (!wait_synced(std::chrono::seconds(30))) throw std::runtime_error("replicas never synced");
   }
 
   void launch(const std::string& exe) {
@@ -245,48 +318,8 @@ class redis_cluster {
       // The cluster bus listens on port + 10000, so the port must be <= 55535.
       int port = free_port();
       for (int i = 0; i < 100 && port > 55535; ++i) port = free_port();
-      const std::string ps = std::to_string(port);
-      // --repl-diskless-sync-delay 0: replicas sync at once instead of after
-      // the default 5 s wait for more replicas.
-      const pid_t pid = spawn({exe,
-                               "--port",
-                               ps,
-                               "--bind",
-                               "127.0.0.1",
-                               "--cluster-enabled",
-                               "yes",
-                               "--cluster-config-file",
-                               dir_ + "/nodes-" + ps + ".conf",
-                               "--cluster-node-timeout",
-                               "1000",
-                               "--cluster-replica-validity-factor",
-                               "0",
-                               "--cluster-require-full-coverage",
-                               "no",
-                               "--save",
-                               "",
-                               "--appendonly",
-                               "no",
-                               "--repl-diskless-sync-delay",
-                               "0",
-                               "--dir",
-                               dir_,
-                               "--daemonize",
-                               "no",
-                               "--logfile",
-                               dir_ + "/" + ps + ".log"});
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      bool up = false;
-      while (!up && std::chrono::steady_clock::now() < until) {
-        int status = 0;
-        if (::waitpid(pid, &status, WNOHANG) == pid) break;  // exited: port taken?
-        try {
-          up = command(node(port), {"PING"})->type == REDIS_REPLY_STATUS;
-        } catch (const ratelimit::store_error&) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-      }
-      if (up) {
+      const pid_t pid = spawn_node(exe, port);
+      if (answers(pid, port)) {
         ports_.push_back(port);
         pids_[port] = pid;
         return;
@@ -295,6 +328,57 @@ class redis_cluster {
       (void)wait_exit(pid);
     }
     throw std::runtime_error("redis-server (cluster node) did not start (tried 5 ports)");
+  }
+
+  /// Starts redis-server as the cluster node on `port` (its nodes-<port>.conf
+  /// in dir_, so a node started again keeps its id and rejoins).
+  pid_t spawn_node(const std::string& exe, int port) const {
+    const std::string ps = std::to_string(port);
+    // --repl-diskless-sync-delay 0: replicas sync at once instead of after
+    // the default 5 s wait for more replicas.
+    return spawn({exe,
+                  "--port",
+                  ps,
+                  "--bind",
+                  "127.0.0.1",
+                  "--cluster-enabled",
+                  "yes",
+                  "--cluster-config-file",
+                  dir_ + "/nodes-" + ps + ".conf",
+                  "--cluster-node-timeout",
+                  "1000",
+                  "--cluster-replica-validity-factor",
+                  "0",
+                  "--cluster-require-full-coverage",
+                  "no",
+                  "--save",
+                  "",
+                  "--appendonly",
+                  "no",
+                  "--repl-diskless-sync-delay",
+                  "0",
+                  "--dir",
+                  dir_,
+                  "--daemonize",
+                  "no",
+                  "--logfile",
+                  dir_ + "/" + ps + ".log"});
+  }
+
+  /// Waits up to 10 s for the child `pid` to answer PING on `port`; false
+  /// when it exited (port taken?) or never answered.
+  static bool answers(pid_t pid, int port) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < until) {
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) return false;
+      try {
+        if (command(node(port), {"PING"})->type == REDIS_REPLY_STATUS) return true;
+      } catch (const ratelimit::store_error&) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    return false;
   }
 
   void stop_all() noexcept {
@@ -321,5 +405,24 @@ inline redis_cluster& shared_cluster() {
   static redis_cluster cluster;
   return cluster;
 }
+
+/// Calls redis_cluster::revive() when it goes out of scope, also when an
+/// ASSERT ended the test early: declare one before killing a node.
+class node_revival {
+ public:
+  explicit node_revival(redis_cluster& c) : cluster_(c) {}
+  node_revival(const node_revival&) = delete;
+  node_revival& operator=(const node_revival&) = delete;
+  ~node_revival() {
+    try {
+      cluster_.revive();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+    }
+  }
+
+ private:
+  redis_cluster& cluster_;
+};
 
 }  // namespace rltest

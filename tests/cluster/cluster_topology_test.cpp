@@ -252,8 +252,21 @@ TEST(ClusterTopology, SlotMapReadBeforeAMovedUpdateIsNotInstalled) {
   std::atomic<int> reads{0};
   std::atomic<bool> release{false};
   std::atomic<bool> moved_in_hook{false};
-  const std::string key = "stale-map";
-  const std::uint16_t slot = redis::key_slot(key);
+  // A key whose slot holds no key yet: the tests run before this one in the
+  // same process share its cluster and may have left keys in any slot (the
+  // fixed key "stale-map" shared its slot with ClusterStore's "k34").
+  std::string key;
+  std::uint16_t slot = 0;
+  for (int i = 0; key.empty() && i < 1000; ++i) {
+    const std::string k = "stale-map" + std::to_string(i);
+    slot = redis::key_slot(k);
+    const int master = rltest::shared_cluster().master_of(slot);
+    if (master > 0 && rltest::redis_cluster::ask(
+                          master, {"CLUSTER", "COUNTKEYSINSLOT", std::to_string(slot)}) == "0") {
+      key = k;
+    }
+  }
+  ASSERT_FALSE(key.empty()) << "no empty slot among 1000 keys";
   slot_migration m(slot);
   redis::cluster_store store(cluster_opts("stale"));
   ASSERT_EQ(
