@@ -1086,4 +1086,27 @@ TEST(UrlReview, ParameterAfterASlashQuotesNoSecret) {
   EXPECT_EQ(redis::detail::redacted_url("redis://h/db=2"), "redis://h/db=2");
 }
 
+// Verifies that a relative unix:// socket path holding ':' before its first
+// '/' is refused, quoting no password: `unix://default:S3CRET/tmp/redis.sock`
+// ('@' left out) and `unix://:S3CRET` were accepted as relative paths holding
+// the password, which connect errors quote.
+TEST(UrlReview, UnixRelativePathHoldingAColonIsRefused) {
+  const std::pair<std::string, std::string> rows[] = {
+      {"unix://default:S3CRET/tmp/redis.sock", "\"unix://default:***/tmp/redis.sock\""},
+      {"unix://:S3CRET", "\"unix://:***\""},
+      {"unix://:S3CRET?db=1", "\"unix://:***?db=1\""},
+  };
+  for (const auto& [url, said] : rows) {
+    SCOPED_TRACE(url);
+    const std::string why = refusal(url);
+    ASSERT_FALSE(why.empty()) << "accepted";
+    EXPECT_NE(why.find(said + " has a relative socket path holding ':'"), std::string::npos) << why;
+    EXPECT_EQ(why.find("S3"), std::string::npos) << why;
+  }
+  // A relative path with ':' after its first '/', and an absolute one, still work.
+  EXPECT_EQ(redis::parse_url("unix://run/a:b.sock").unix_socket, "run/a:b.sock");
+  EXPECT_EQ(redis::parse_url("unix:///tmp/a:b.sock").unix_socket, "/tmp/a:b.sock");
+  EXPECT_EQ(redis::parse_url("unix://u:pw@/tmp/s").password, "pw");
+}
+
 }  // namespace

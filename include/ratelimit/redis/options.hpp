@@ -321,6 +321,15 @@ namespace detail {
     if (unix_path && end == std::string_view::npos && !rest.starts_with('/')) {
       end = rest.rfind('@');
       whole = true;
+      // `unix://default:S3CRET/tmp/s` (the '@' left out, refused by
+      // parse_url): what follows a ':' before the first '/' may be a password.
+      if (const auto colon = rest.find(':');
+          end == std::string_view::npos && colon < rest.find('/')) {
+        const std::size_t from = scheme + 3 + colon + 1;
+        const std::size_t to = std::min(url.find_first_of("/?", from), url.size());
+        std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from),
+                  hide.begin() + static_cast<std::ptrdiff_t>(to), 1);
+      }
     }
     if (end != std::string_view::npos) at = scheme + 3 + end;
     if (end != std::string_view::npos && rest.substr(0, end).find_first_of(userinfo_delimiters(
@@ -1134,7 +1143,9 @@ namespace detail {
 /// is percent-decoded and must be letters, digits and `-._~`, 1..64 bytes).
 /// In `unix://` URLs the socket path may hold '@': with no userinfo the URL
 /// is `unix:///PATH`; a userinfo ends at the first `@/`; a relative path
-/// holding '@' is refused (`unix://pw@run/s.sock` is no password and path). PORT is 1..65535.
+/// holding '@' is refused (`unix://pw@run/s.sock` is no password and path), and so is one
+/// holding ':' before its first '/' (`unix://default:S3CRET/tmp/s`, the '@'
+/// left out: quoted as `unix://default:***/tmp/s`). PORT is 1..65535.
 /// No other percent-decoding. A userinfo must hold a password (`USER:@`,
 /// `:@` and a bare `@` are refused: they would connect without AUTH); leave
 /// the userinfo out for no AUTH. The userinfo ends at the last '@' (in
@@ -1237,6 +1248,14 @@ namespace detail {
       detail::bad_url(url,
                       "has a relative socket path holding '@' (a userinfo ends at the first "
                       "\"@/\": write an absolute path)");
+    }
+    if (const auto colon = rest.find(':'); !rest.starts_with('/') && colon < rest.find('/')) {
+      // `unix://default:S3CRET/tmp/redis.sock` or `unix://:S3CRET` (the '@'
+      // left out) was the relative path "default:S3CRET/tmp/redis.sock",
+      // which connect errors quote.
+      detail::bad_url(url,
+                      "has a relative socket path holding ':' before its first '/' (a password "
+                      "given without '@'? write USER:PASSWORD@/PATH, or an absolute path)");
     }
     if (detail::has_control_byte(rest)) {
       // Every connect error quotes the path: no CR or LF into a log line.
