@@ -5,7 +5,11 @@
 // before the last '@' of a URL listing several hosts, a userinfo that
 // runs into the query, path or fragment, and query parameters given to a
 // form that does not take them.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -551,7 +555,8 @@ TEST(UrlReview, UnixQueryAfterAnAtOrASecondQuestionMark) {
       {"unix:///t/s?read_spin_us=5&q=@", "has parameter \"q\" beside multiplex="},
       {"unix:///t/s?x=@&db=1", "has parameter \"x\" beside db= " + unix_only},
       {"unix:///t/s?multiplex=2@", "bad multiplex \"2@\""},
-      {"unix:///t/s?db=1@x", "bad database \"1@x\""},
+      {"unix:///t/s?db=1@x",
+       "bad database in redis URL \"unix:///t/s?db=1@x\": it is not a number"},
       {"unix:///t/s?sni=x@y", "has parameter \"sni\", which a unix:// URL does not take"},
       {"unix:///t/a?b?db=2", second},
       {"unix:///t/a?b@c?db=2", second},
@@ -639,7 +644,7 @@ TEST(UrlReview, ControlBytesInMessagesAreEscaped) {
   const row rows[] = {
       {"redis://h\r\nX-Forged:1"s, "\"redis://h\\x0d\\x0aX-Forged:1\""},
       {"redis://h:\r\n"s, "the port is not a number (2 bytes, not quoted"},
-      {"redis://h/\n1"s, "bad database \"\\x0a1\""},
+      {"redis://h/\n1"s, "\"redis://h/\\x0a1\": it is not a number (2 bytes, not quoted"},
       {"redis://h?multiplex=\x1b[2J"s, "bad multiplex \"\\x1b[2J\""},
       {"redis://h?x\r\n=1"s, "\"redis://h?x\\x0d\\x0a=***\""},
       {"rediss://h?ca=/c&x\r\n"s, "\"rediss://h?ca=/c&***\" has a parameter without '='"},
@@ -662,14 +667,16 @@ TEST(UrlReview, ControlBytesInMessagesAreEscaped) {
       {"redis-cluster://a:7000,b\r\n"s, "bad node \"b\\x0d\\x0a\""},
       {"redis-sentinel://s\r\n:x/m"s, "has a bad sentinel \"s\\x0d\\x0a:***\""},
       {"redis-sentinel://s\r\n/m"s, "has a bad sentinel \"s\\x0d\\x0a\""},
-      {"redis-sentinel://s/m/\r\n"s, "in MASTER_NAME \"m/\\x0d\\x0a\""},
+      {"redis-sentinel://s/m/\r\n"s, "in MASTER_NAME \"m/...\" (use ?db=N"},
       {"redis-sentinel://s/m?db=1&x\r\n=1"s, "has an unknown parameter \"x\\x0d\\x0a\""},
       {"redis-sentinel://s/m?x\n=a?b"s, "the value of parameter \"x\\x0a\""},
       {"redis-sentinel://s/m\r\n"s, "master name \"m\\x0d\\x0a\""},
-      {"unix:///t/s?db=\r"s, "bad database \"\\x0d\""},
+      {"unix:///t/s?db=\r"s, "\"unix:///t/s?db=\\x0d\": it is not a number (1 bytes"},
       {"unix:///t/s?multiplex=1&x\r=1"s, "has parameter \"x\\x0d\" beside multiplex="},
       {"http://\r\n"s, "\"http://\\x0d\\x0a\" must start with"},
-      {"redis-cluster\r\n://h"s, "\"redis-cluster\\x0d\\x0a://h\" must start with"},
+      // No "://" right after the scheme characters, and no ':' or '/' there:
+      // nothing is shown (redacted_url).
+      {"redis-cluster\r\n://h"s, "\"***\" must start with"},
   };
   for (const row& r : rows) {
     SCOPED_TRACE(redis::detail::escaped_name(r.url));
@@ -892,7 +899,7 @@ TEST(UrlReview, AmpersandInASentinelMasterNameIsRefused) {
   EXPECT_NE(refusal(urls[0]).find("has a '&' in MASTER_NAME \"mymaster&...\""), std::string::npos)
       << refusal(urls[0]);
   EXPECT_NE(refusal(urls[0]).find("options::sentinel.master_name"), std::string::npos);
-  EXPECT_NE(refusal(urls[4]).find("has a '/' in MASTER_NAME \"m/&...\""), std::string::npos)
+  EXPECT_NE(refusal(urls[4]).find("has a '/' in MASTER_NAME \"m/...\""), std::string::npos)
       << refusal(urls[4]);
   // The query still works, and so does a name set in code.
   EXPECT_EQ(redis::parse_url("redis-sentinel://s1/mymaster?db=2").database, 2);
@@ -910,17 +917,196 @@ TEST(UrlReview, MistypedSchemeQuotesNoSecret) {
       {"rediss:/:S3CRET@h:6380", "\"rediss***\" must start with"},
       {"unix:/u:S3CRET@/tmp/s", "\"unix***\" must start with"},
       {"redis-sentinel:/u:S3CRET@s/m", "\"redis-sentinel***\" must start with"},
-      {"S3CRET", "\"S3CRET\" must start with"},  // nothing to split: shown as typed
+      // A bare word may be the password itself (REDIS_URL=hunter2).
+      {"S3CRET", "\"***\" must start with"},
+      {"S3CRET@h", "\"***\" must start with"},
+      // A "://" further on is no scheme's end.
+      {"redis:/u:S3CRET@h?ca=file:///x", "\"redis***\" must start with"},
+      {"rediss:/u:S3CRET@h/0?x=a://b", "\"rediss***\" must start with"},
+      {"redis-cluster:/u:S3CRET@h?x=a://b", "\"redis-cluster***\" must start with"},
   };
   for (const auto& [url, said] : rows) {
     SCOPED_TRACE(url);
     const std::string why = refusal(url);
     EXPECT_NE(why.find(said), std::string::npos) << why;
-    if (url != "S3CRET") {
+    EXPECT_EQ(why.find("S3"), std::string::npos) << why;
+  }
+  EXPECT_EQ(redis::detail::redacted_url("redis:/u:S3CRET@h"), "redis***");
+  EXPECT_EQ(redis::detail::redacted_url("hunter2"), "***");
+  EXPECT_EQ(redis::detail::redacted_url("redis:/u:S3CRET@h?ca=file:///x"), "redis***");
+}
+
+// Verifies that a host holding '&', ';' or '=' (where '?' was meant, or a
+// stray separator) is refused, quoted only up to that byte, and that neither
+// the message nor the quoted URL holds what follows: `redis://h&password=S3CRET`
+// was accepted as host "h&password=S3CRET", which every connect error quotes.
+TEST(UrlReview, HostHoldingAParameterSeparatorIsRefused) {
+  const std::pair<std::string, std::string> rows[] = {
+      {"redis://h&password=S3CRET", "has a '&' in host \"h&...\""},
+      {"redis://h;password=S3CRET", "has a ';' in host \"h;...\""},
+      {"redis://h=S3CRET", "has a '=' in host \"h=...\""},
+      {"redis://u:pw@h;password=S3CRET/0", "has a ';' in host \"h;...\""},
+      {"rediss://h;password=S3CRET", "has a ';' in host \"h;...\""},
+      {"redis-cluster://h1,h2&password=S3CRET", "bad node \"h2&...\""},
+      {"redis-cluster://h1;password=S3CRET,h2", "bad node \"h1;...\""},
+      {"redis-cluster://h1,h2:7000;password=S3CRET", "bad node \"h2:7000;...\""},
+      {"redis-sentinel://s&sentinel_password=S3CRET/m", "bad sentinel \"s&...\""},
+      {"redis-sentinel://s;sentinel_password=S3CRET/m", "bad sentinel \"s;...\""},
+      {"redis-sentinel://s1,s2=S3CRET/m", "bad sentinel \"s2=...\""},
+  };
+  for (const auto& [url, said] : rows) {
+    SCOPED_TRACE(url);
+    const std::string why = refusal(url);
+    ASSERT_FALSE(why.empty()) << "accepted";
+    EXPECT_NE(why.find(said), std::string::npos) << why;
+    EXPECT_EQ(why.find("S3"), std::string::npos) << why;
+  }
+  EXPECT_EQ(redis::detail::redacted_url("redis://h;password=S3CRET"), "redis://h;***");
+  EXPECT_EQ(redis::detail::quoted_part("1;x=S3CRET"), "1;...");
+  // A sentinel address set in code is quoted up to such a byte too.
+  redis::options o;
+  o.sentinel.master_name = "m";
+  o.sentinel.sentinels.push_back({"s&sentinel_password=S3CRET", 26379});
+  try {
+    redis::sentinel_locator locator(o);
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string why = e.what();
+    EXPECT_NE(why.find("bad sentinel address \"s&...\""), std::string::npos) << why;
+    EXPECT_EQ(why.find("S3"), std::string::npos) << why;
+  }
+  o.sentinel.sentinels.front().host = "s\n1";
+  try {
+    redis::sentinel_locator locator(o);
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("\"s\\x0a1:26379\""), std::string::npos) << e.what();
+  }
+}
+
+// Verifies that a TLS file that exists but cannot be read is quoted with its
+// control bytes escaped (the access() branch of require_readable quoted the
+// path as is, so a path holding "\n" put a line break into a log line). Run
+// in a child that drops to uid 65534 when root, for which access() passes.
+TEST(UrlReview, UnreadableTlsPathIsQuotedEscaped) {
+  char dir_template[] = "/tmp/rl-review-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
+  const std::string path = dir + "/ca\nforged line.pem";
+  const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY, 0000);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(fds[0]);
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(2);
+    std::string said = "accepted";
+    try {
+      redis::detail::require_readable(path, "CA file (ca)");
+    } catch (const std::invalid_argument& e) {
+      said = e.what();
+    }
+    const auto n = ::write(fds[1], said.data(), said.size());
+    ::_exit(n == static_cast<ssize_t>(said.size()) ? 0 : 3);
+  }
+  ::close(fds[1]);
+  std::string said;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;)
+    said.append(buf, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ::unlink(path.c_str());
+  ::rmdir(dir.c_str());
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_NE(said.find("ca\\x0aforged line.pem\" is not readable"), std::string::npos) << said;
+  EXPECT_EQ(said.find('\n'), std::string::npos) << said;
+}
+
+// Verifies that a ';', '=' or ',' in a Sentinel URL's MASTER_NAME is
+// refused as '&' is, quoted up to that byte: `/m;sentinel_password=S3CRET`
+// and `/m=S3CRET` were accepted, the secret in the master name (which "no
+// master" errors quote) and no AUTH at the sentinels.
+TEST(UrlReview, SeparatorInASentinelMasterNameIsRefused) {
+  const std::pair<std::string, std::string> rows[] = {
+      {"redis-sentinel://s/m;sentinel_password=S3CRET", "has a ';' in MASTER_NAME \"m;...\""},
+      {"redis-sentinel://s/m=S3CRET", "has a '=' in MASTER_NAME \"m=...\""},
+      {"redis-sentinel://s/m,S3CRET", "has a ',' in MASTER_NAME \"m,...\""},
+      {"redis-sentinel://u:pw@s/m;sentinel_password=S3CRET?db=1",
+       "has a ';' in MASTER_NAME \"m;...\""},
+  };
+  for (const auto& [url, said] : rows) {
+    SCOPED_TRACE(url);
+    const std::string why = refusal(url);
+    ASSERT_FALSE(why.empty()) << "accepted";
+    EXPECT_NE(why.find(said), std::string::npos) << why;
+    EXPECT_NE(why.find("options::sentinel.master_name"), std::string::npos) << why;
+    if (url.find(',') == std::string::npos) {
       EXPECT_EQ(why.find("S3"), std::string::npos) << why;
     }
   }
-  EXPECT_EQ(redis::detail::redacted_url("redis:/u:S3CRET@h"), "redis***");
+  EXPECT_EQ(redis::detail::redacted_url("redis-sentinel://s/m=S3CRET"), "redis-sentinel://s/m=***");
+}
+
+// Verifies that a parameter written after '/' where '?' was meant quotes no
+// secret: `redis://h/sentinel_password=S3CRET` said bad database
+// "sentinel_password=S3CRET", and `redis-sentinel://u:pw@s/m/sentinel_password=S3CRET`
+// quoted the master name whole. A database that is no number is not quoted
+// (its length is), a master name is quoted up to its '/', and redacted_url
+// hides the value of a NAME=VALUE in the path.
+TEST(UrlReview, ParameterAfterASlashQuotesNoSecret) {
+  const std::pair<std::string, std::string> rows[] = {
+      {"redis://h/sentinel_password=S3CRET",
+       "bad database in redis URL \"redis://h/sentinel_password=***\": it is not a number (24 "
+       "bytes, not quoted"},
+      {"rediss://u:pw@h:6380/password=S3CRET", "it is not a number (15 bytes, not quoted"},
+      {"redis://h/S3CRET", "\"redis://h/S3CRET\": it is not a number (6 bytes"},
+      {"redis-sentinel://u:pw@s/m/sentinel_password=S3CRET",
+       "\"redis-sentinel://u:***@s/m/sentinel_password=***\" has a '/' in MASTER_NAME \"m/...\""},
+      {"redis-sentinel://s/m/S3CRET", "has a '/' in MASTER_NAME \"m/...\""},
+  };
+  for (const auto& [url, said] : rows) {
+    SCOPED_TRACE(url);
+    const std::string why = refusal(url);
+    ASSERT_FALSE(why.empty()) << "accepted";
+    EXPECT_NE(why.find(said), std::string::npos) << why;
+    if (url.find('=') != std::string::npos) {
+      EXPECT_EQ(why.find("S3"), std::string::npos) << why;
+    }
+  }
+  EXPECT_EQ(redis::detail::redacted_url("redis://h/sentinel_password=S3CRET&x=1"),
+            "redis://h/sentinel_password=***&***");
+  // A database that is a number is still quoted, and a known parameter shown.
+  EXPECT_NE(refusal("redis://h/1000000000").find("bad database \"1000000000\""), std::string::npos);
+  EXPECT_EQ(redis::detail::redacted_url("redis://h/db=2"), "redis://h/db=2");
+}
+
+// Verifies that a relative unix:// socket path holding ':' before its first
+// '/' is refused, quoting no password: `unix://default:S3CRET/tmp/redis.sock`
+// ('@' left out) and `unix://:S3CRET` were accepted as relative paths holding
+// the password, which connect errors quote.
+TEST(UrlReview, UnixRelativePathHoldingAColonIsRefused) {
+  const std::pair<std::string, std::string> rows[] = {
+      {"unix://default:S3CRET/tmp/redis.sock", "\"unix://default:***/tmp/redis.sock\""},
+      {"unix://:S3CRET", "\"unix://:***\""},
+      {"unix://:S3CRET?db=1", "\"unix://:***?db=1\""},
+  };
+  for (const auto& [url, said] : rows) {
+    SCOPED_TRACE(url);
+    const std::string why = refusal(url);
+    ASSERT_FALSE(why.empty()) << "accepted";
+    EXPECT_NE(why.find(said + " has a relative socket path holding ':'"), std::string::npos) << why;
+    EXPECT_EQ(why.find("S3"), std::string::npos) << why;
+  }
+  // A relative path with ':' after its first '/', and an absolute one, still work.
+  EXPECT_EQ(redis::parse_url("unix://run/a:b.sock").unix_socket, "run/a:b.sock");
+  EXPECT_EQ(redis::parse_url("unix:///tmp/a:b.sock").unix_socket, "/tmp/a:b.sock");
+  EXPECT_EQ(redis::parse_url("unix://u:pw@/tmp/s").password, "pw");
 }
 
 }  // namespace

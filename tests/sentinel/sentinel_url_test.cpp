@@ -61,7 +61,8 @@ TEST(SentinelUrl, SentinelsMasterAndBothCredentials) {
 TEST(SentinelUrl, BadValuesAreNamed) {
   EXPECT_NE(url_error("redis-sentinel://h:1").find("no /MASTER_NAME"), std::string::npos);
   EXPECT_NE(url_error("redis-sentinel://h:1/").find("empty MASTER_NAME"), std::string::npos);
-  EXPECT_NE(url_error("redis-sentinel://h/m/2").find("'/' in MASTER_NAME \"m/2\""),
+  // Quoted up to its '/': `/m/sentinel_password=S3CRET` quoted the secret.
+  EXPECT_NE(url_error("redis-sentinel://h/m/2").find("'/' in MASTER_NAME \"m/...\""),
             std::string::npos);
   EXPECT_NE(url_error("redis-sentinel://h:0/m").find("bad sentinel \"h:0\""), std::string::npos);
   EXPECT_NE(url_error("redis-sentinel://a,h:x/m").find("bad sentinel \"h:***\""),
@@ -69,7 +70,11 @@ TEST(SentinelUrl, BadValuesAreNamed) {
   EXPECT_NE(url_error("redis-sentinel://a,,b/m").find("separated by commas"), std::string::npos);
   EXPECT_NE(url_error("redis-sentinel:///m").find("separated by commas"), std::string::npos);
   EXPECT_NE(url_error("redis-sentinel://::1/m").find("bad sentinel \":***\""), std::string::npos);
-  EXPECT_NE(url_error("redis-sentinel://h/m?db=x").find("database \"x\""), std::string::npos);
+  // A database that is no number is not quoted (it may be a secret).
+  EXPECT_NE(url_error("redis-sentinel://h/m?db=x").find("bad database in redis URL"),
+            std::string::npos);
+  EXPECT_NE(url_error("redis-sentinel://h/m?db=1000000000").find("database \"1000000000\""),
+            std::string::npos);
   EXPECT_NE(url_error("redis-sentinel://h/m?tls=1").find("unknown parameter \"tls\""),
             std::string::npos);
   EXPECT_NE(url_error("redis-sentinel://h/m?db=1&db=2").find("\"db\" twice"), std::string::npos);

@@ -284,16 +284,29 @@ namespace detail {
 /// password "p&ss=1", so `ss` is no name to show. A port that is not a number
 /// (quotable_port) is hidden as well: `redis://default:hunter2` (the
 /// "USER@" left out) has the password as its port. Each hidden stretch
-/// reads `***`. A URL without "://" (a mistyped scheme: `redis:/u:PW@h`,
-/// `redis//u:PW@h`) cannot be split into its parts, so only its leading
-/// run of scheme characters (letters, digits, '+', '-', '.') is shown.
+/// reads `***`. A URL where "://" does not directly follow its leading run
+/// of scheme characters (letters, digits, '+', '-', '.'), as with a mistyped
+/// scheme (`redis:/u:PW@h`, `redis//u:PW@h`, even with a "://" further on:
+/// `redis:/u:PW@h?ca=file:///x`), cannot be split into its parts: only that
+/// run is shown, followed by `***`, and only when ':' or '/' follows it; a
+/// bare word (`hunter2`, a password given as the URL) is all `***`. In a
+/// host item (between the userinfo and the path, split at ','), everything
+/// after a '&', ';' or '=' is hidden: parse_url refuses such a host, and
+/// `redis://h;password=S3CRET` is no host name. A NAME=VALUE in the path
+/// (after the hosts' '/', up to a '&', '?' or '#') is hidden as one in the
+/// query is: `redis://h/sentinel_password=***`.
 [[nodiscard]] inline std::string redacted_url(std::string_view url) {
-  const auto scheme = url.find("://");
-  if (scheme == std::string_view::npos) {
-    const auto lead = url.find_first_not_of(
-        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.");
-    if (lead == std::string_view::npos) return escaped_name(url);
-    return escaped_name(url.substr(0, lead)) + "***";
+  const auto scheme = std::min(
+      url.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-."),
+      url.size());
+  if (url.substr(scheme, 3) != "://") {
+    // No scheme: a "://" further on (`redis:/u:PW@h?ca=file:///x`) is no
+    // scheme's end. The leading run is shown only where ':' or '/' follows
+    // it (a mistyped scheme); a bare word (REDIS_URL=hunter2) may be a secret.
+    if (scheme < url.size() && (url[scheme] == ':' || url[scheme] == '/')) {
+      return escaped_name(url.substr(0, scheme)) + "***";
+    }
+    return "***";
   }
   std::vector<char> hide(url.size() + 1, 0);
   std::size_t empty_password_at = std::string_view::npos;
@@ -308,6 +321,15 @@ namespace detail {
     if (unix_path && end == std::string_view::npos && !rest.starts_with('/')) {
       end = rest.rfind('@');
       whole = true;
+      // `unix://default:S3CRET/tmp/s` (the '@' left out, refused by
+      // parse_url): what follows a ':' before the first '/' may be a password.
+      if (const auto colon = rest.find(':');
+          end == std::string_view::npos && colon < rest.find('/')) {
+        const std::size_t from = scheme + 3 + colon + 1;
+        const std::size_t to = std::min(url.find_first_of("/?", from), url.size());
+        std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from),
+                  hide.begin() + static_cast<std::ptrdiff_t>(to), 1);
+      }
     }
     if (end != std::string_view::npos) at = scheme + 3 + end;
     if (end != std::string_view::npos && rest.substr(0, end).find_first_of(userinfo_delimiters(
@@ -324,6 +346,7 @@ namespace detail {
     std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from),
               hide.begin() + static_cast<std::ptrdiff_t>(at), 1);
   }
+  bool after_secret = false;  // an item before this one had its value hidden
   if (scheme != std::string_view::npos && !url.starts_with("unix://")) {
     // The hosts: from the userinfo's end to the path, query or fragment,
     // split at ',' (the cluster and Sentinel forms list several).
@@ -332,7 +355,13 @@ namespace detail {
     while (from < hosts_end) {
       const std::size_t comma = std::min(url.find(',', from), hosts_end);
       std::string_view item = url.substr(from, comma - from);
-      item = item.substr(0, item.find('&'));  // a '&' and what follows: the loop below
+      if (const auto bad = item.find_first_of("&;="); bad != std::string_view::npos) {
+        // No host holds one (parse_url refuses it): what follows may be
+        // `password=SECRET` (`redis://h;password=S3CRET`).
+        std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from + bad + 1),
+                  hide.begin() + static_cast<std::ptrdiff_t>(comma), 1);
+        item = item.substr(0, bad);
+      }
       if (const auto port = port_start(item);
           port != std::string_view::npos && !quotable_port(item.substr(port))) {
         std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from + port),
@@ -340,11 +369,23 @@ namespace detail {
       }
       from = comma + 1;
     }
+    if (hosts_end < url.size() && url[hosts_end] == '/') {
+      // The path (a database, a master name) up to its query: a NAME=VALUE
+      // there is a parameter written after '/' for '?'
+      // (`redis://h/sentinel_password=S3CRET`), its value hidden as in the query.
+      const std::size_t path_end = std::min(url.find_first_of("&?#", hosts_end + 1), url.size());
+      const std::string_view item = url.substr(hosts_end + 1, path_end - hosts_end - 1);
+      if (const auto eq = item.find('=');
+          eq != std::string_view::npos && !shown_parameter(item.substr(0, eq))) {
+        std::fill(hide.begin() + static_cast<std::ptrdiff_t>(hosts_end + 1 + eq + 1),
+                  hide.begin() + static_cast<std::ptrdiff_t>(path_end), 1);
+        after_secret = eq + 1 < item.size();
+      }
+    }
   }
   const std::size_t query = url.find('?', at != std::string_view::npos       ? at + 1
                                           : scheme != std::string_view::npos ? scheme + 3
                                                                              : 0);
-  bool after_secret = false;  // an item before this one had its value hidden
   for (std::size_t i = 0; i < url.size(); ++i) {
     if (url[i] != '?' && url[i] != '&') continue;
     const std::size_t end = std::min(url.find('&', i + 1), url.size());
@@ -379,17 +420,21 @@ namespace detail {
 }
 
 /// A part `s` of a URL's host, port or path as a message quotes it:
-/// escaped_name of the text before its first '&', then `&...` when cut,
-/// since what follows may be `NAME=SECRET`, which redacted_url hides
+/// escaped_name of the text up to its first '&', ';' or '=', then `...`
+/// when cut there (`&...`), since what follows may be `NAME=SECRET` (or
+/// the SECRET of one), which redacted_url hides
 /// (`redis://h/1&sentinel_password=s3cret` quoted the database
-/// "1&sentinel_password=s3cret").
+/// "1&sentinel_password=s3cret"; `redis://h;password=s3cret` the host).
 [[nodiscard]] inline std::string quoted_part(std::string_view s) {
-  const auto amp = s.find('&');
-  return escaped_name(s.substr(0, amp)) + (amp == std::string_view::npos ? "" : "&...");
+  const auto cut = s.find_first_of("&;=");
+  if (cut == std::string_view::npos) return escaped_name(s);
+  return escaped_name(s.substr(0, cut + 1)) + "...";
 }
 
 /// The decimal number `s` (digits only), which must lie in lo..hi.
-/// @throws std::invalid_argument naming `s` and the URL
+/// @throws std::invalid_argument naming `s` and the URL; a database
+///   (`what`) whose text before any '&', ';' or '=' is not all digits is
+///   not quoted, only its length
 [[nodiscard]] inline int parse_url_int(std::string_view s, std::string_view url, const char* what,
                                        long long lo, long long hi) {
   bool ok = !s.empty() && s.size() <= 10;
@@ -400,6 +445,18 @@ namespace detail {
       break;
     }
     v = v * 10 + (c - '0');
+  }
+  if (const std::string_view head = s.substr(0, s.find_first_of("&;="));
+      !ok && std::string_view(what) == "database" &&
+      !std::all_of(head.begin(), head.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    // `redis://h/sentinel_password=S3CRET` ('/' typed for '?') said bad
+    // database "sentinel_password=S3CRET": a database that is no number may
+    // be anything, a secret too. Digits up to a '&', ';' or '=' are quoted
+    // as quoted_part cuts them (`"1&..."`).
+    throw std::invalid_argument("ratelimit: bad database in redis URL \"" + redacted_url(url) +
+                                "\": it is not a number (" + std::to_string(s.size()) +
+                                " bytes, not quoted; parameters follow '?') (expected " +
+                                std::to_string(lo) + ".." + std::to_string(hi) + ")");
   }
   if (!ok || v < lo || v > hi) {
     throw std::invalid_argument("ratelimit: bad " + std::string(what) + " \"" + quoted_part(s) +
@@ -429,19 +486,19 @@ namespace detail {
 /// a sentinel) as a message quotes it, in double quotes: quoted_part, but
 /// with a port that is not a number (quotable_port) read as `***`.
 [[nodiscard]] inline std::string quoted_host_item(std::string_view part) {
-  const std::string_view head = part.substr(0, part.find('&'));
+  const std::string_view head = part.substr(0, part.find_first_of("&;="));
   const auto port = port_start(head);
   if (port == std::string_view::npos || quotable_port(head.substr(port))) {
     return "\"" + quoted_part(part) + "\"";
   }
   return "\"" + escaped_name(head.substr(0, port)) + "***" +
-         (head.size() < part.size() ? "&..." : "") + "\"";
+         (head.size() < part.size() ? std::string(1, part[head.size()]) + "..." : "") + "\"";
 }
 
 /// Why quoted_host_item hid the port of `part`, for the end of a message
 /// (": its port is not a number (...)"); "" when it did not.
 [[nodiscard]] inline std::string host_item_why(std::string_view part) {
-  const std::string_view head = part.substr(0, part.find('&'));
+  const std::string_view head = part.substr(0, part.find_first_of("&;="));
   const auto port = port_start(head);
   if (port == std::string_view::npos || quotable_port(head.substr(port))) return {};
   return ": its port " + unquoted_port_text(head.substr(port));
@@ -947,18 +1004,22 @@ namespace detail {
   if (slash == std::string_view::npos) bad_url(url, "has no /MASTER_NAME after the sentinels");
   const std::string_view name = rest.substr(slash + 1);
   if (name.empty()) bad_url(url, "has an empty MASTER_NAME");
-  if (name.find('/') != std::string_view::npos) {
-    bad_url(url,
-            "has a '/' in MASTER_NAME \"" + quoted_part(name) + "\" (use ?db=N for a database)");
+  if (const auto second = name.find('/'); second != std::string_view::npos) {
+    // Quoted up to that '/' (the URL's second): `/m/sentinel_password=S3CRET`
+    // ('/' for '?') quoted the secret.
+    bad_url(url, "has a '/' in MASTER_NAME \"" + escaped_name(name.substr(0, second + 1)) +
+                     (second + 1 < name.size() ? "..." : "") + "\" (use ?db=N for a database)");
   }
   // '&' where '?' was meant: `/mymaster&db=2` named master "mymaster&db=2"
   // on database 0, and `/m&sentinel_password=S3CRET` sent no AUTH and put
-  // the secret in the master name (and so in "no master ..." errors). A
-  // name holding '&' is set in code.
-  if (name.find('&') != std::string_view::npos) {
-    bad_url(url, "has a '&' in MASTER_NAME \"" + quoted_part(name) +
-                     "\" (parameters follow '?'; set a master name holding '&' in "
-                     "options::sentinel.master_name)");
+  // the secret in the master name (and so in "no master ..." errors); so
+  // did ';', '=' and ',' (`/m;sentinel_password=S3CRET`, `/m=S3CRET`). A
+  // name holding one is set in code. Quoted up to that byte.
+  if (const auto bad = name.find_first_of("&;=,"); bad != std::string_view::npos) {
+    bad_url(url, "has a '" + std::string(1, name[bad]) + "' in MASTER_NAME \"" +
+                     escaped_name(name.substr(0, bad + 1)) +
+                     "...\" (parameters follow '?'; set a master name holding '&', ';', '=' "
+                     "or ',' in options::sentinel.master_name)");
   }
   if (const std::string why = bad_master_name(name); !why.empty()) {
     bad_url(url, "has master name " + why);
@@ -1082,7 +1143,9 @@ namespace detail {
 /// is percent-decoded and must be letters, digits and `-._~`, 1..64 bytes).
 /// In `unix://` URLs the socket path may hold '@': with no userinfo the URL
 /// is `unix:///PATH`; a userinfo ends at the first `@/`; a relative path
-/// holding '@' is refused (`unix://pw@run/s.sock` is no password and path). PORT is 1..65535.
+/// holding '@' is refused (`unix://pw@run/s.sock` is no password and path), and so is one
+/// holding ':' before its first '/' (`unix://default:S3CRET/tmp/s`, the '@'
+/// left out: quoted as `unix://default:***/tmp/s`). PORT is 1..65535.
 /// No other percent-decoding. A userinfo must hold a password (`USER:@`,
 /// `:@` and a bare `@` are refused: they would connect without AUTH); leave
 /// the userinfo out for no AUTH. The userinfo ends at the last '@' (in
@@ -1094,7 +1157,8 @@ namespace detail {
 /// anywhere in a URL of any form is refused (refuse_fragment): a fragment
 /// means nothing here, and `redis://h#x` connected to the host "h#x"; a
 /// host, path, master name or value holding '#' is set in code; so is a
-/// host holding a space or a control byte (0x00-0x1f, 0x7f), and a socket
+/// host holding a space, a control byte (0x00-0x1f, 0x7f), '&', ';' or '='
+/// (no host name holds one: `redis://h;password=S3CRET`), and a socket
 /// path or TLS parameter value holding a control byte. Error messages quote
 /// the URL with its password replaced by `***` (and a port that is not a
 /// number, which may be a password whose "USER@" was left out, as in
@@ -1124,7 +1188,8 @@ namespace detail {
 ///
 /// Sentinel (ratelimit/redis/sentinel.hpp):
 /// `redis-sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER_NAME[?PARAMS]`
-/// lists the sentinels (PORT 26379 when omitted) and names the master; the
+/// lists the sentinels (PORT 26379 when omitted) and names the master (a
+/// MASTER_NAME holding '/', '&', ';', '=' or ',' is set in code); the
 /// userinfo is for the master (as in redis://), PARAMS are `&`-separated
 /// `db=DB`, `sentinel_user=USER`, `sentinel_password=PASSWORD` (AUTH at the
 /// sentinels), `multiplex=N` and `read_spin_us=N`, each at most once, none empty;
@@ -1184,6 +1249,14 @@ namespace detail {
                       "has a relative socket path holding '@' (a userinfo ends at the first "
                       "\"@/\": write an absolute path)");
     }
+    if (const auto colon = rest.find(':'); !rest.starts_with('/') && colon < rest.find('/')) {
+      // `unix://default:S3CRET/tmp/redis.sock` or `unix://:S3CRET` (the '@'
+      // left out) was the relative path "default:S3CRET/tmp/redis.sock",
+      // which connect errors quote.
+      detail::bad_url(url,
+                      "has a relative socket path holding ':' before its first '/' (a password "
+                      "given without '@'? write USER:PASSWORD@/PATH, or an absolute path)");
+    }
     if (detail::has_control_byte(rest)) {
       // Every connect error quotes the path: no CR or LF into a log line.
       detail::bad_url(url,
@@ -1235,6 +1308,13 @@ namespace detail {
   }
   if (has_port) o.port = detail::parse_url_port(port, url);
   if (host.empty()) detail::bad_url(url, "has no host");
+  if (const auto bad = host.find_first_of("&;="); bad != std::string_view::npos) {
+    // `redis://h&password=S3CRET` took the host "h&password=S3CRET", which
+    // every connect error quotes; no host name holds one of these bytes.
+    detail::bad_url(url, "has a '" + std::string(1, host[bad]) + "' in host \"" +
+                             detail::quoted_part(host) +
+                             "\" (no host name holds one; parameters follow '?')");
+  }
   if (detail::has_control_byte(host, true)) {
     // No host name holds one, and every connect error quotes the host.
     detail::bad_url(url, "has a host holding a space or a control byte");

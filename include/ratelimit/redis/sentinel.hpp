@@ -158,7 +158,8 @@ class sentinel_locator {
     for (const sentinel_address& a : s.sentinels) {
       if (!detail::plausible_host(a.host) || a.port < 1 || a.port > 65535) {
         throw std::invalid_argument("ratelimit: redis: sentinel: bad sentinel address \"" +
-                                    detail::shown(detail::address_text(a.host, a.port)) + "\"");
+                                    detail::quoted_part(detail::address_text(a.host, a.port)) +
+                                    "\"");
       }
     }
     detail::check_credentials(o, "ratelimit: redis: sentinel");

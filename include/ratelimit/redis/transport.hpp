@@ -135,8 +135,8 @@ inline void require_readable(const std::string& path, const char* what, bool dir
                                 (dir ? "\" is no directory" : "\" is a directory"));
   }
   if (::access(path.c_str(), R_OK) != 0) {
-    throw std::invalid_argument("ratelimit: redis: TLS " + std::string(what) + " \"" + path +
-                                "\" is not readable: " + std::strerror(errno));
+    throw std::invalid_argument("ratelimit: redis: TLS " + std::string(what) + " \"" +
+                                escaped_name(path) + "\" is not readable: " + std::strerror(errno));
   }
 }
 
