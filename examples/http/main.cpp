@@ -259,7 +259,10 @@ int main(int argc, char** argv) {
   }
   std::string store = c.cfg.limiter_off ? "none, limiter off" : c.store;
 #ifdef RATELIMIT_HTTP_HAVE_REDIS
-  store = ratelimit::redis::detail::redacted_url(store);  // no password in logs
+  // No password in logs; "memory" is a word, not a URL (redacted_url would
+  // hide a bare word whole, as it may be a password given as the URL).
+  if (!c.cfg.limiter_off && store != "memory")
+    store = ratelimit::redis::detail::redacted_url(store);
 #endif
   std::cout << "ratelimit-http-example: listening on http://" << c.bind << ":" << port << " (store "
             << store << ")" << std::endl;
