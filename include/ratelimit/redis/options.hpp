@@ -292,9 +292,17 @@ namespace detail {
 /// bare word (`hunter2`, a password given as the URL) is all `***`. In a
 /// host item (between the userinfo and the path, split at ','), everything
 /// after a '&', ';' or '=' is hidden: parse_url refuses such a host, and
-/// `redis://h;password=S3CRET` is no host name. A NAME=VALUE in the path
-/// (after the hosts' '/', up to a '&', '?' or '#') is hidden as one in the
-/// query is: `redis://h/sentinel_password=***`.
+/// `redis://h;password=S3CRET` is no host name.
+///
+/// Past the userinfo and the hosts only what is known to be safe is shown
+/// (an allow-list, so that no typo shows a secret): the value of a
+/// shown_parameter only when it holds nothing but [A-Za-z0-9._/:-]
+/// (`?multiplex=2;password=S3CRET` reads `?multiplex=***`); the path
+/// (after the hosts' '/', up to a '&', '?' or '#') only when all digits
+/// (`redis://h/***`), or for `redis-sentinel://` the master name up to its
+/// first byte outside [A-Za-z0-9._:-] (`redis-sentinel://s/m***`); a
+/// `unix://` socket path up to its first '&', ';', '=' or ','; a fragment
+/// as `#***`; a bracketed host without ':' (no IPv6 address) as `[***]`.
 [[nodiscard]] inline std::string redacted_url(std::string_view url) {
   const auto scheme = std::min(
       url.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-."),
@@ -346,6 +354,14 @@ namespace detail {
     std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from),
               hide.begin() + static_cast<std::ptrdiff_t>(at), 1);
   }
+  const auto hide_range = [&hide](std::size_t from, std::size_t to) {
+    std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from),
+              hide.begin() + static_cast<std::ptrdiff_t>(to), 1);
+  };
+  // A fragment (parse_url refuses any): all of it after the '#' is hidden.
+  const std::size_t fragment = std::min(
+      url.find('#', at != std::string_view::npos ? at + 1 : scheme + 3), url.size());
+  if (fragment < url.size()) hide_range(fragment + 1, url.size());
   bool after_secret = false;  // an item before this one had its value hidden
   if (scheme != std::string_view::npos && !url.starts_with("unix://")) {
     // The hosts: from the userinfo's end to the path, query or fragment,
@@ -362,6 +378,13 @@ namespace detail {
                   hide.begin() + static_cast<std::ptrdiff_t>(comma), 1);
         item = item.substr(0, bad);
       }
+      if (item.starts_with('[')) {
+        // `[NAME]` with no ':' is no IPv6 address and may be anything.
+        const std::size_t close = std::min(item.find(']'), item.size());
+        if (item.substr(1, close - 1).find(':') == std::string_view::npos && close > 1) {
+          hide_range(from + 1, from + close);
+        }
+      }
       if (const auto port = port_start(item);
           port != std::string_view::npos && !quotable_port(item.substr(port))) {
         std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from + port),
@@ -370,25 +393,41 @@ namespace detail {
       from = comma + 1;
     }
     if (hosts_end < url.size() && url[hosts_end] == '/') {
-      // The path (a database, a master name) up to its query: a NAME=VALUE
-      // there is a parameter written after '/' for '?'
-      // (`redis://h/sentinel_password=S3CRET`), its value hidden as in the query.
+      // The path (a database, a master name) up to a '&', '?' or '#': a
+      // database is shown only when all digits, a master name up to its
+      // first byte that no master name of a URL holds; what follows may be
+      // a secret (`redis://h/S3CRET`, `redis-sentinel://s/m;auth:S3CRET`).
       const std::size_t path_end = std::min(url.find_first_of("&?#", hosts_end + 1), url.size());
       const std::string_view item = url.substr(hosts_end + 1, path_end - hosts_end - 1);
-      if (const auto eq = item.find('=');
-          eq != std::string_view::npos && !shown_parameter(item.substr(0, eq))) {
-        std::fill(hide.begin() + static_cast<std::ptrdiff_t>(hosts_end + 1 + eq + 1),
-                  hide.begin() + static_cast<std::ptrdiff_t>(path_end), 1);
-        after_secret = eq + 1 < item.size();
+      const std::size_t cut = std::min(
+          url.starts_with("redis-sentinel://")
+              ? item.find_first_not_of(
+                    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
+          : item.find_first_not_of("0123456789") == std::string_view::npos ? std::string_view::npos
+                                                                           : 0,
+          item.size());
+      if (cut < item.size()) {
+        hide_range(hosts_end + 1 + cut, path_end);
+        after_secret = true;
       }
+    }
+  } else if (scheme != std::string_view::npos) {
+    // The socket path of a unix:// URL, up to its query: shown up to a '&',
+    // ';', '=' or ',' (`unix:///tmp/s;password=S3CRET`).
+    const std::size_t from = at != std::string_view::npos ? at + 1 : scheme + 3;
+    const std::size_t path_end = std::min(url.find_first_of("?#", from), url.size());
+    if (const std::size_t cut = std::min(url.find_first_of("&;=,", from), path_end);
+        cut < path_end) {
+      hide_range(cut, path_end);
+      after_secret = true;
     }
   }
   const std::size_t query = url.find('?', at != std::string_view::npos       ? at + 1
                                           : scheme != std::string_view::npos ? scheme + 3
                                                                              : 0);
-  for (std::size_t i = 0; i < url.size(); ++i) {
+  for (std::size_t i = 0; i < fragment; ++i) {
     if (url[i] != '?' && url[i] != '&') continue;
-    const std::size_t end = std::min(url.find('&', i + 1), url.size());
+    const std::size_t end = std::min(url.find('&', i + 1), fragment);
     const std::string_view item = url.substr(i + 1, end - i - 1);
     const auto eq = item.find('=');
     if (eq == std::string_view::npos || (after_secret && !known_parameter(item.substr(0, eq)))) {
@@ -398,12 +437,22 @@ namespace detail {
       }
       continue;
     }
-    if (shown_parameter(item.substr(0, eq))) continue;
     const std::size_t from = i + 1 + eq + 1;
     if (from == end) continue;
+    // A value is shown only when the name is a known, non-secret one and the
+    // value holds nothing but safe bytes: `?multiplex=2;password=S3CRET`
+    // (';' typed for '&') hides all of `2;password=S3CRET`.
+    // Such a value in a userinfo (`redis://s3cret@h?sni=a:b@c`) is hidden
+    // up to the '@' only: what follows is the host.
+    const bool shown = shown_parameter(item.substr(0, eq));
+    const std::size_t to = shown && at > i ? std::min(end, at) : end;
+    if (shown && url.substr(from, to - from)
+                         .find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                            "0123456789._/:-") == std::string_view::npos) {
+      continue;
+    }
     after_secret = true;
-    std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from),
-              hide.begin() + static_cast<std::ptrdiff_t>(end), 1);
+    hide_range(from, to);
   }
   std::string out;
   out.reserve(url.size() + 3);
@@ -484,8 +533,18 @@ namespace detail {
 
 /// One `HOST[:PORT]` `part` of a URL listing several hosts (a cluster seed,
 /// a sentinel) as a message quotes it, in double quotes: quoted_part, but
-/// with a port that is not a number (quotable_port) read as `***`.
+/// with a port that is not a number (quotable_port) read as `***`, and the
+/// text of a bracketed host without ':' (no IPv6 address) as `[***]`.
 [[nodiscard]] inline std::string quoted_host_item(std::string_view part) {
+  if (part.starts_with('[')) {
+    // `[NAME]` with no ':' is no IPv6 address and may be anything: `[***]`,
+    // as redacted_url shows it.
+    const std::size_t close = std::min(part.find(']'), part.size());
+    if (const std::string_view inside = part.substr(1, close - 1);
+        !inside.empty() && inside != "***" && inside.find(':') == std::string_view::npos) {
+      return quoted_host_item("[***" + std::string(part.substr(close)));
+    }
+  }
   const std::string_view head = part.substr(0, part.find_first_of("&;="));
   const auto port = port_start(head);
   if (port == std::string_view::npos || quotable_port(head.substr(port))) {
@@ -1280,8 +1339,13 @@ namespace detail {
     if (close == std::string_view::npos) detail::bad_url(url, "opens [ without closing ]");
     host = rest.substr(1, close - 1);
     if (host.find(':') == std::string_view::npos || host.find('[') != std::string_view::npos) {
-      detail::bad_url(url,
-                      "holds \"[" + detail::escaped_name(host) + "]\", which is no IPv6 address");
+      // Without ':' the bracketed text may be anything (a secret, too):
+      // quoted by its length only, as redacted_url hides it.
+      detail::bad_url(
+          url, !host.empty() && host.find(':') == std::string_view::npos
+                   ? "holds a bracketed host of " + std::to_string(host.size()) +
+                         " bytes without ':', which is no IPv6 address (not quoted)"
+                   : "holds \"[" + detail::escaped_name(host) + "]\", which is no IPv6 address");
     }
     const std::string_view after = rest.substr(close + 1);
     if (!after.empty()) {
