@@ -318,17 +318,14 @@ class memory_store {
                       ? ::operator new(sizeof(node) + key.size(), std::align_val_t{alignof(node)})
                       : ::operator new(sizeof(node) + key.size());
       node* n;
-      if constexpr (std::is_nothrow_move_constructible_v<state_type>) {
+      // A state whose move throws leaves no node behind; with a no-throw
+      // move (every built-in policy) the compiler drops the handler.
+      try {
         n = ::new (mem) node{nullptr, static_cast<std::uint32_t>(h),
                              static_cast<std::uint32_t>(key.size()), std::move(st)};
-      } else {
-        try {
-          n = ::new (mem) node{nullptr, static_cast<std::uint32_t>(h),
-                               static_cast<std::uint32_t>(key.size()), std::move(st)};
-        } catch (...) {
-          release(mem);
-          throw;
-        }
+      } catch (...) {
+        release(mem);
+        throw;
       }
       std::memcpy(static_cast<char*>(mem) + sizeof(node), key.data(), key.size());
       return n;
