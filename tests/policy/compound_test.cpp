@@ -27,6 +27,7 @@
 #include "ratelimit/store/memory_store.hpp"
 #include "support/reference.hpp"
 #include "support/trace.hpp"
+#include "support/trace_count.hpp"
 
 namespace {
 
@@ -455,6 +456,7 @@ void compare_with_model(const typename P::config& cfg, const std::vector<sub_spe
                         const ratelimit_test::trace_options& options, std::uint64_t traces,
                         std::uint64_t salt) {
   int failures = 0;
+  traces = static_cast<std::uint64_t>(rltest::scaled(static_cast<int>(traces)));
   for (std::uint64_t i = 0; i < traces && failures < 5; ++i) {
     const std::uint64_t seed = salt * 1'000'003 + i;
     std::map<std::string, typename P::state> states;

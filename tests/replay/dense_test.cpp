@@ -13,6 +13,7 @@
 #include "gen_trace.hpp"
 #include "reference_engine.hpp"
 #include "replay.hpp"
+#include "support/trace_count.hpp"
 
 namespace {
 
@@ -92,16 +93,18 @@ analysis_options options_for(const run_case& c) {
 // reference's, on an ordered and an out-of-order dense log.
 TEST(DenseReplay, AllPoliciesPrintExactlyWhatTheReferencePrints) {
   // 40,000 calls from 2,000 keys up to 30 ms apart: about 10 minutes, each
-  // key calling every 30 s on average.
-  const std::string logs[] = {dense_log(40'000, 2'000, 30'000, 3),
-                              shuffle_neighbours(dense_log(40'000, 2'000, 30'000, 4), 5)};
+  // key calling every 30 s on average (a quarter of both under TSan in CI).
+  const auto events = static_cast<std::uint64_t>(rltest::scaled(40'000));
+  const auto keys = static_cast<std::uint64_t>(rltest::scaled(2'000));
+  const std::string logs[] = {dense_log(events, keys, 30'000, 3),
+                              shuffle_neighbours(dense_log(events, keys, 30'000, 4), 5)};
   for (const std::string& log : logs) {
     for (const run_case& c : cases) {
       const analysis_options o = options_for(c);
       std::istringstream a(log), b(log);
       const analysis_result got = analyse(a, o);
       const analysis_result want = reference::analyse(b, o);
-      ASSERT_EQ(got.events, 40'000u);
+      ASSERT_EQ(got.events, events);
       EXPECT_EQ(printed(got, o), printed(want, o)) << c.rate;
       EXPECT_EQ(got.key_peaks, want.key_peaks) << c.rate;
     }
@@ -111,7 +114,8 @@ TEST(DenseReplay, AllPoliciesPrintExactlyWhatTheReferencePrints) {
 // One policy (what `--policy P` runs): its row, and everything else printed,
 // is exactly the reference's row for P.
 TEST(DenseReplay, OnePolicyPrintsExactlyTheReferenceRow) {
-  const std::string log = dense_log(30'000, 1'500, 30'000, 6);
+  const std::string log = dense_log(static_cast<std::uint64_t>(rltest::scaled(30'000)),
+                                    static_cast<std::uint64_t>(rltest::scaled(1'500)), 30'000, 6);
   for (const run_case& c : cases) {
     if (!c.sweep.empty()) continue;
     analysis_options all = options_for(c);

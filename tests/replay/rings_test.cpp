@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "replay.hpp"
+#include "support/trace_count.hpp"
 
 namespace {
 
@@ -126,7 +127,8 @@ TEST(WindowRings, RandomBurstsAndReleasesMatchTheModel) {
   rings_vs_model r(keys, w);
   std::mt19937_64 rng(7);
   std::int64_t now = 0;
-  for (int burst = 0; burst < 3'000; ++burst) {
+  const int bursts = rltest::scaled(3'000);
+  for (int burst = 0; burst < bursts; ++burst) {
     const auto k = static_cast<std::uint32_t>(rng() % keys);
     const std::uint64_t len = std::uint64_t{1} << (rng() % 13);  // 1 .. 4096 calls
     const std::uint64_t n = len + rng() % len;

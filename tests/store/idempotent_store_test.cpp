@@ -16,6 +16,7 @@
 #include "ratelimit/ratelimit.hpp"
 #include "support/request_id_rules.hpp"
 #include "support/request_id_traces.hpp"
+#include "support/trace_count.hpp"
 
 namespace {
 
@@ -450,7 +451,7 @@ TYPED_TEST_SUITE(IdempotentStoreDifferential, policies);
 
 TYPED_TEST(IdempotentStoreDifferential, MatchesTheLimitersIdTable) {
   using P = TypeParam;
-  for (int seed = 0; seed < 300; ++seed) {
+  for (int seed = 0; seed < rltest::scaled(300); ++seed) {
     std::mt19937_64 rng(static_cast<std::uint64_t>(seed) * 6151u + 11u);
     const auto cfg = rltest::random_id_config<P>(rng);
     per_key_stores<P> store;
@@ -461,7 +462,7 @@ TYPED_TEST(IdempotentStoreDifferential, MatchesTheLimitersIdTable) {
 
 TEST(IdempotentStoreDifferential, CompoundMatchesTheLimitersIdTable) {
   using mixed = compound<fixed_window, gcra>;
-  for (int seed = 0; seed < 200; ++seed) {
+  for (int seed = 0; seed < rltest::scaled(200); ++seed) {
     std::mt19937_64 rng(static_cast<std::uint64_t>(seed) * 7919u + 3u);
     if (seed % 2 == 0) {
       const compound_of<sliding_window_log>::config cfg{
