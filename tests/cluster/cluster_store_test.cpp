@@ -21,6 +21,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -635,4 +636,56 @@ TEST(ClusterStore, ChecksWithoutASlotMapReturnWithinTheirBudget) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(slow.load(), 0);
   EXPECT_EQ(not_degraded.load(), 0);
+}
+
+namespace {
+
+/// A port on 127.0.0.1 with nothing listening: connecting is refused.
+int refused_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    throw std::runtime_error("cannot bind a socket");
+  }
+  ::close(fd);  // bound, never listened on, closed: the port refuses
+  return ntohs(a.sin_port);
+}
+
+}  // namespace
+
+// Verifies that seeds listed before a live node that refuse connections or
+// accept and never answer only cost the first slot-map read its time: the
+// store reads the map from the live seed, and from then on every check is
+// decided by Redis, exactly (a limit of 3 admits 3 of 5). Production seed
+// lists name nodes that have since died or hang.
+TEST(ClusterStore, DeadAndSilentSeedsBeforeALiveOneAreSkipped) {
+  const silent_listener silent;
+  redis::cluster_options o = rltest::shared_cluster().options();
+  o.seeds = {{"127.0.0.1", refused_port()},
+             {"127.0.0.1", silent.port()},
+             {"127.0.0.1", rltest::shared_cluster().ports().front()}};
+  o.node.connect_timeout = 300ms;
+  o.node.command_timeout = 500ms;
+  o.node.on_failure = redis::failure_policy::fail_closed;
+  o.node.prefix = unique_prefix("dead-seeds");
+  redis::cluster_store store(o);
+  const fixed_window::config cfg("3/1h", window_options{.name = "t"});
+  // The first check may spend its budget on the silent seed (fail_closed:
+  // refused, not counted); a later one finds the map.
+  bool mapped = false;
+  for (int i = 0; i < 20 && !mapped; ++i) {
+    mapped = store.apply(cfg, "probe", store_time, 1).source == decision_source::store;
+  }
+  ASSERT_TRUE(mapped) << "no check was decided by Redis through the live seed";
+  int allowed = 0;
+  for (int i = 0; i < 5; ++i) {
+    const decision d = store.apply(cfg, "k", store_time, 1);
+    EXPECT_EQ(d.source, decision_source::store) << describe(d);
+    allowed += d.allowed ? 1 : 0;
+  }
+  EXPECT_EQ(allowed, 3);
 }
