@@ -286,7 +286,7 @@ class cluster_store {
     for (const std::string& k : ks) args.push_back(k);
     reply_ptr r = shared_->single(key_slot(ks.front()), args.data(), args.size());
     if (r->type == REDIS_REPLY_ERROR) {
-      throw script_error("ratelimit: redis: DEL failed: " + std::string(r->str, r->len));
+      throw script_error("ratelimit: redis: DEL failed: " + detail::reply_text(*r));
     }
   }
 
@@ -303,7 +303,7 @@ class cluster_store {
       reply_ptr r = lease->command(args, 1, deadline_clock::now() + shared_->command_timeout);
       if (r->type == REDIS_REPLY_ERROR) {
         throw connection_error("ratelimit: redis: PING " + detail::escaped_name(n->name) +
-                               " failed: " + std::string(r->str, r->len));
+                               " failed: " + detail::reply_text(*r));
       }
     }
   }
