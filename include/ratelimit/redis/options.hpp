@@ -242,24 +242,36 @@ namespace detail {
 
 /// True when the port `port` of a URL may be quoted: its text before the
 /// first '&' (what follows is the query run on, which quoted_part cuts) is
-/// decimal digits only, or empty. Anything else may be a password whose
-/// user was read as the host because the "USER@HOST" was left out
-/// (`redis://default:hunter2` has host `default`, port `hunter2`): such a
-/// port is hidden from every message (redacted_url, parse_url_port,
-/// quoted_host_item).
+/// a port, 1..65535 in 1 to 5 decimal digits, or empty. Anything else may be
+/// a password whose user was read as the host because the "USER@HOST" was
+/// left out (`redis://default:hunter2` has host `default`, port `hunter2`;
+/// `redis://:123456` and `redis://default:123456` a numeric password as
+/// the port): such a port is hidden from every message (redacted_url,
+/// parse_url_port, quoted_host_item).
 [[nodiscard]] inline bool quotable_port(std::string_view port) noexcept {
   port = port.substr(0, port.find('&'));
-  return std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (port.empty()) return true;
+  if (port.size() > 5) return false;
+  int v = 0;
+  for (const char c : port) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  return v >= 1 && v <= 65535;
 }
 
 /// What a message says of a port that quotable_port refuses: that it is
-/// no number, its length (before any '&'), and the likely cause; never its
-/// text. One holding ':' may also be the rest of an IPv6 address written
-/// without brackets.
+/// no number (or, all digits, no number from 1 to 65535), its length
+/// (before any '&'), and the likely cause; never its text. One holding ':'
+/// may also be the rest of an IPv6 address written without brackets.
 [[nodiscard]] inline std::string unquoted_port_text(std::string_view port) {
   port = port.substr(0, port.find('&'));
-  return "is not a number (" + std::to_string(port.size()) +
-         " bytes, not quoted: it may be a password given without \"USER@HOST\"; is the '@' "
+  const bool digits = std::all_of(port.begin(), port.end(),
+                                  [](char c) { return c >= '0' && c <= '9'; });
+  return (digits ? "is not a number from 1 to 65535 (" + std::to_string(port.size()) +
+                       (port.size() == 1 ? " digit" : " digits")
+                 : "is not a number (" + std::to_string(port.size()) + " bytes") +
+         ", not quoted: it may be a password given without \"USER@HOST\"; is the '@' "
          "missing?" +
          (port.find(':') == std::string_view::npos
               ? std::string(")")
@@ -519,9 +531,9 @@ namespace detail {
   throw std::invalid_argument("ratelimit: redis URL \"" + redacted_url(url) + "\" " + why);
 }
 
-/// The port `s` of `url`, 1..65535. A port that is not a number is not
-/// quoted (quotable_port: it may be a password whose "USER@" was left out);
-/// a number out of range is.
+/// The port `s` of `url`, 1..65535. A port that is not a number from 1 to
+/// 65535 is not quoted (quotable_port: it may be a password whose "USER@"
+/// was left out, `redis://:123456`), only the empty one is.
 /// @throws std::invalid_argument saying so (the URL redacted)
 [[nodiscard]] inline int parse_url_port(std::string_view s, std::string_view url) {
   if (!quotable_port(s)) {
@@ -1220,8 +1232,9 @@ namespace detail {
 /// (no host name holds one: `redis://h;password=S3CRET`), and a socket
 /// path or TLS parameter value holding a control byte. Error messages quote
 /// the URL with its password replaced by `***` (and a port that is not a
-/// number, which may be a password whose "USER@" was left out, as in
-/// `redis://default:hunter2`: never quoted), every byte outside
+/// number from 1 to 65535, which may be a password whose "USER@" was left
+/// out, as in `redis://default:hunter2` or `redis://:123456`: never
+/// quoted), every byte outside
 /// printable ASCII (and `"`, `\`) escaped as `\xNN` (detail::printable).
 /// `rediss://` is `redis://` over TLS (options::tls), with optional
 /// parameters `?ca=FILE&ca_dir=DIR&cert=FILE&key=FILE&sni=NAME&verify=full|chain|none`
