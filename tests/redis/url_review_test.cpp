@@ -1124,6 +1124,9 @@ TEST(UrlReview, NoSecretInAnyMessageOfATypo) {
       "redis://u:p@h?multiplex=2#password=S3CRET",
       // A bracketed host that is no IPv6 address.
       "redis://[S3CRET]",
+      // A TLS value run on with ';'.
+      "rediss://h?sni=x;password=S3CRET",
+      "rediss://h?verify=none;password=S3CRET",
   };
   for (const std::string& url : urls) {
     SCOPED_TRACE(url);
@@ -1167,6 +1170,45 @@ TEST(UrlReview, PortOutOfRangeIsNotQuoted) {
   EXPECT_EQ(redis::detail::redacted_url("redis://h:6379/x"), "redis://h:6379/***");
   EXPECT_EQ(redis::detail::redacted_url("redis-cluster://a:1,b:65535,c:65536"),
             "redis-cluster://a:1,b:65535,c:***");
+}
+
+// Verifies that a ';' or '=' in a TLS parameter's value (or in
+// sentinel_user's) is refused, naming the parameter without quoting the
+// value: `rediss://h?sni=x;password=S3CRET` (';' typed for '&') was taken
+// as the server name "x;password=S3CRET", which TLS and connect errors
+// quote. A unix:// socket path may hold ';' (a legal path), but connect
+// errors quote it only up to its first '&', ';' or '=', as the URL is shown.
+TEST(UrlReview, SeparatorInATlsValueIsRefused) {
+  const auto said = [](const std::string& name) {
+    return "in the value of parameter \"" + name + "\" (not quoted";
+  };
+  EXPECT_TRUE(refused_saying("rediss://h?sni=x;password=S3CRET", "a ';' " + said("sni")));
+  EXPECT_TRUE(refused_saying("rediss://h?ca=/x;password=S3CRET", said("ca")));
+  EXPECT_TRUE(refused_saying("rediss://h?ca_dir=/d;S3CRET&sni=a", said("ca_dir")));
+  EXPECT_TRUE(refused_saying("rediss://h?cert=/c;S3CRET&key=/k", said("cert")));
+  EXPECT_TRUE(refused_saying("rediss://h?key=/k=S3CRET", "a '=' " + said("key")));
+  EXPECT_TRUE(refused_saying("rediss://h?verify=none;password=S3CRET", said("verify")));
+  EXPECT_TRUE(refused_saying("rediss-cluster://h:1?sni=x;password=S3CRET", said("sni")));
+  EXPECT_TRUE(refused_saying(
+      "redis-sentinel://s/m?sentinel_user=u;sentinel_password=S3CRET&sentinel_password=p",
+      said("sentinel_user")));
+  EXPECT_TRUE(refused_saying("redis-sentinel://s/m?sentinel_user=u=S3CRET&sentinel_password=p",
+                             said("sentinel_user")));
+  // Values without them are taken.
+  const auto o = redis::parse_url("rediss://h?sni=a.b-c&ca=/etc/ssl/c:a.pem&verify=chain");
+  EXPECT_EQ(o.tls.server_name, "a.b-c");
+  EXPECT_EQ(o.tls.ca_file, "/etc/ssl/c:a.pem");
+  // A socket path holding ';' is taken; connect errors cut it there.
+  const auto u = redis::parse_url("unix:///nonexistent-rltest/s;password=S3CRET");
+  EXPECT_EQ(u.unix_socket, "/nonexistent-rltest/s;password=S3CRET");
+  try {
+    redis::connection c(u);
+    ADD_FAILURE() << "connected";
+  } catch (const redis::connection_error& e) {
+    const std::string why = e.what();
+    EXPECT_NE(why.find("/nonexistent-rltest/s;..."), std::string::npos) << why;
+    EXPECT_EQ(why.find("S3"), std::string::npos) << why;
+  }
 }
 
 }  // namespace

@@ -819,6 +819,16 @@ inline void apply_tls_query(tls_options& t, std::string_view query, std::string_
       bad_url(url, "has a '?' in the value of parameter \"" + escaped_name(name) +
                        "\" (parameters are separated by '&')");
     }
+    if (const auto bad = value.find_first_of(";="); bad != std::string::npos) {
+      // `?sni=x;password=S3CRET` (';' typed for '&') named the server
+      // "x;password=S3CRET", which TLS and connect errors quote. No host
+      // name holds ';' or '='; a file name holding one is set in code.
+      // The value is not quoted.
+      bad_url(url, "has a '" + std::string(1, value[bad]) + "' in the value of parameter \"" +
+                       escaped_name(name) +
+                       "\" (not quoted; parameters are separated by '&'; set options::tls in code "
+                       "for such a value)");
+    }
     if (name == "ca") {
       t.ca_file = value;
     } else if (name == "ca_dir") {
@@ -1170,6 +1180,14 @@ namespace detail {
     } else if (key == "sentinel_user") {
       once(seen_user);
       if (value.empty()) no_value();
+      if (const auto bad = value.find_first_of(";="); bad != std::string_view::npos) {
+        // `?sentinel_user=u;sentinel_password=S3CRET` (';' typed for '&')
+        // was the user "u;sentinel_password=S3CRET", which messages quote.
+        bad_url(url, "has a '" + std::string(1, value[bad]) +
+                         "' in the value of parameter \"sentinel_user\" (not quoted; parameters "
+                         "are separated by '&'; set options::sentinel.user in code for such a "
+                         "user)");
+      }
       o.sentinel.user = std::string(value);
     } else if (key == "sentinel_password") {
       once(seen_password);
@@ -1229,8 +1247,12 @@ namespace detail {
 /// means nothing here, and `redis://h#x` connected to the host "h#x"; a
 /// host, path, master name or value holding '#' is set in code; so is a
 /// host holding a space, a control byte (0x00-0x1f, 0x7f), '&', ';' or '='
-/// (no host name holds one: `redis://h;password=S3CRET`), and a socket
-/// path or TLS parameter value holding a control byte. Error messages quote
+/// (no host name holds one: `redis://h;password=S3CRET`), a socket path
+/// or TLS parameter value holding a control byte, and a TLS parameter or
+/// `sentinel_user` value holding ';' or '=' (`?sni=x;password=S3CRET`,
+/// refused naming the parameter, the value not quoted). A socket path may
+/// hold ';', '&' and '=', which connect errors quote it up to
+/// (detail::quoted_part). Error messages quote
 /// the URL with its password replaced by `***` (and a port that is not a
 /// number from 1 to 65535, which may be a password whose "USER@" was left
 /// out, as in `redis://default:hunter2` or `redis://:123456`: never
@@ -1238,7 +1260,7 @@ namespace detail {
 /// printable ASCII (and `"`, `\`) escaped as `\xNN` (detail::printable).
 /// `rediss://` is `redis://` over TLS (options::tls), with optional
 /// parameters `?ca=FILE&ca_dir=DIR&cert=FILE&key=FILE&sni=NAME&verify=full|chain|none`
-/// (values without `&`, `@`, `?`, `#` or a control byte, see above); files are read
+/// (values without `&`, `@`, `?`, `#`, `;`, `=` or a control byte, see above); files are read
 /// when the store is made.
 /// `redis://`, `rediss://` and `unix://` also take `?multiplex=N` (0..256,
 /// at most once; options::multiplex), alone or among the other parameters
