@@ -478,23 +478,33 @@ TEST(UrlReview, MisplacedQueryParametersAreNamed) {
        "has parameter \"sentinel_password\", which only a redis-sentinel:// URL takes"},
       {"rediss-cluster://h:7000?multiplex=1&sentinel_user=u",
        "has parameter \"sentinel_user\", which only a redis-sentinel:// URL takes"},
-      {"redis://h?read_spin_us=5&foo=1",
-       "has unknown parameter \"foo\" (known: multiplex, read_spin_us; with rediss:// also ca, "
-       "ca_dir, cert, key, sni, verify)"},
+      {"redis://h?read_spin_us=5&multiplx=1",
+       "has unknown parameter \"multiplx\" (known: multiplex, read_spin_us; with rediss:// also "
+       "ca, ca_dir, cert, key, sni, verify)"},
+      {"rediss://h?multiplx=1",
+       "has unknown parameter \"multiplx\" (known: ca, ca_dir, cert, key, sni, verify, "
+       "multiplex, read_spin_us)"},
+      {"redis-cluster://h:7000?multiplx=1",
+       "has unknown parameter \"multiplx\" (known: multiplex; with rediss-cluster:// also ca"},
+      {"rediss-cluster://h:7000?multiplx=1",
+       "has unknown parameter \"multiplx\" (known: ca, ca_dir, cert, key, sni, verify, "
+       "multiplex)"},
+      // No likely misspelling of a known name: not quoted (it may be a password).
       {"rediss://h?foo=1",
-       "has unknown parameter \"foo\" (known: ca, ca_dir, cert, key, sni, verify, multiplex, "
+       "has an unknown parameter (its name is not quoted: it is no likely misspelling of a known "
+       "one, and may be a password; known: ca, ca_dir, cert, key, sni, verify, multiplex, "
        "read_spin_us)"},
-      {"redis-cluster://h:7000?foo=1",
-       "has unknown parameter \"foo\" (known: multiplex; with rediss-cluster:// also ca"},
-      {"rediss-cluster://h:7000?foo=1",
-       "has unknown parameter \"foo\" (known: ca, ca_dir, cert, key, sni, verify, multiplex)"},
       {"redis-sentinel://s/m?multiplex=2&ca=/c",
        "has TLS parameter \"ca\": a redis-sentinel:// URL takes none"},
       {"unix:///t/s?read_spin_us=5&sni=x",
        "has parameter \"sni\" beside multiplex= or read_spin_us= " + unix_only},
       {"unix:///t/s?sni=x&db=1", "has parameter \"sni\" beside db= " + unix_only},
       {"unix:///t/s?db=1&sni=x", "has parameter \"sni\" beside db= " + unix_only},
-      {"unix:///t/s?x=1&db=1", "has parameter \"x\" beside db= " + unix_only},
+      {"unix:///t/s?x=1&db=1",
+       "has an unknown parameter (its name is not quoted: it is no likely "
+       "misspelling of a known one, and may be a password) beside db= " +
+           unix_only},
+      {"unix:///t/s?dbb=1&db=1", "has parameter \"dbb\" beside db= " + unix_only},
       {"unix:///t/s?sni=x",
        "has parameter \"sni\", which a unix:// URL does not take " + unix_only},
       {"unix:///t/s?sentinel_password=s3cret",
@@ -561,13 +571,17 @@ TEST(UrlReview, UnixQueryAfterAnAtOrASecondQuestionMark) {
   };
   const std::string unix_only = "(a unix:// URL takes only db=, multiplex= and read_spin_us=)";
   const std::string second = "has a second '?' in its query";
+  const std::string unknown =
+      "has an unknown parameter (its name is not quoted: it is no likely misspelling of a known "
+      "one, and may be a password)";
   const row rows[] = {
       {"unix:///t/s?multiplex=2&x=a@b",
-       "has parameter \"x\" beside multiplex= or read_spin_us= " + unix_only},
+       unknown + " beside multiplex= or read_spin_us= " + unix_only},
       {"unix://:pw@/t/s?multiplex=2&x=a@b",
-       "has parameter \"x\" beside multiplex= or read_spin_us= " + unix_only},
-      {"unix:///t/s?read_spin_us=5&q=@", "has parameter \"q\" beside multiplex="},
-      {"unix:///t/s?x=@&db=1", "has parameter \"x\" beside db= " + unix_only},
+       unknown + " beside multiplex= or read_spin_us= " + unix_only},
+      {"unix:///t/s?read_spin_us=5&q=@", unknown + " beside multiplex="},
+      {"unix:///t/s?x=@&db=1", unknown + " beside db= " + unix_only},
+      {"unix:///t/s?sn=@&db=1", "has parameter \"sn\" beside db= " + unix_only},
       {"unix:///t/s?multiplex=2@", "bad multiplex \"2@\""},
       {"unix:///t/s?db=1@x",
        "bad database in redis URL \"unix:///t/s?db=***\": it is not a number"},
@@ -660,11 +674,11 @@ TEST(UrlReview, ControlBytesInMessagesAreEscaped) {
       {"redis://h:\r\n"s, "the port is not a number (2 bytes, not quoted"},
       {"redis://h/\n1"s, "\"redis://h/***\": it is not a number (2 bytes, not quoted"},
       {"redis://h?multiplex=\x1b[2J"s, "bad multiplex \"\\x1b[2J\""},
-      {"redis://h?x\r\n=1"s, "\"redis://h?x\\x0d\\x0a=***\""},
+      {"redis://h?x\r\n=1"s, "\"redis://h?***\" has an unknown parameter (its name is not quoted"},
       {"rediss://h?ca=/c&x\r\n"s, "\"rediss://h?ca=/c&***\" has a parameter without '='"},
       {"rediss://h?sni=a\rb"s, "\"rediss://h?sni=***\" has a control byte"},
       {"rediss://h?sni=a&sni=\r"s, "\"rediss://h?sni=a&sni=***\" gives parameter \"sni\" twice"},
-      {"rediss://h?x\n=a?b"s, "the value of parameter \"x\\x0a\""},
+      {"rediss://h?x\n=a?b"s, "\"rediss://h?***\" has an unknown parameter (its name is not"},
       {"rediss://h?verify=\xff"s, "has verify=\"\\xff\""},
       {"rediss://h?verify=\r\n"s, "a control byte in the value of parameter \"verify\""},
       {"rediss://h?ca=/c\r\n"s, "\"rediss://h?ca=***\" has a control byte"},
@@ -682,11 +696,15 @@ TEST(UrlReview, ControlBytesInMessagesAreEscaped) {
       {"redis-sentinel://s\r\n:x/m"s, "has a bad sentinel \"s\\x0d\\x0a:***\""},
       {"redis-sentinel://s\r\n/m"s, "has a bad sentinel \"s\\x0d\\x0a\""},
       {"redis-sentinel://s/m/\r\n"s, "in MASTER_NAME \"m/...\" (use ?db=N"},
-      {"redis-sentinel://s/m?db=1&x\r\n=1"s, "has an unknown parameter \"x\\x0d\\x0a\""},
-      {"redis-sentinel://s/m?x\n=a?b"s, "the value of parameter \"x\\x0a\""},
+      {"redis-sentinel://s/m?db=1&x\r\n=1"s, "has an unknown parameter (its name is not quoted"},
+      {"redis-sentinel://s/m?x\n=a?b"s, "has an unknown parameter (its name is not quoted"},
+      {"rediss://h?sni=a?\n"s, "the value of parameter \"sni\""},
       {"redis-sentinel://s/m\r\n"s, "master name \"m\\x0d\\x0a\""},
       {"unix:///t/s?db=\r"s, "\"unix:///t/s?db=***\": it is not a number (1 bytes"},
-      {"unix:///t/s?multiplex=1&x\r=1"s, "has parameter \"x\\x0d\" beside multiplex="},
+      {"unix:///t/s?multiplex=1&x\r=1"s,
+       "has an unknown parameter (its name is not quoted: it is "
+       "no likely misspelling of a known one, and may be a "
+       "password) beside multiplex="},
       {"http://\r\n"s, "\"http://\\x0d\\x0a\" must start with"},
       // No "://" right after the scheme characters, and no ':' or '/' there:
       // nothing is shown (redacted_url).
@@ -725,9 +743,9 @@ TEST(UrlReview, RedactedUrlShowsEveryNonSecretParameter) {
   EXPECT_EQ(redis::detail::redacted_url("redis://u:s3cret@h/2?multiplex=300&read_spin_us=5"),
             "redis://u:***@h/2?multiplex=300&read_spin_us=5");
   EXPECT_EQ(redis::detail::redacted_url("rediss://h?ca=/c&ca_dir=/d&cert=/e&key=/k&sni=s&"
-                                        "verify=none&multiplex=1&read_spin_us=2&pasword=s3cret"),
+                                        "verify=none&multiplex=1&read_spin_us=2&sni_=s3cret"),
             "rediss://h?ca=/c&ca_dir=/d&cert=/e&key=/k&sni=s&verify=none&multiplex=1&"
-            "read_spin_us=2&pasword=***");
+            "read_spin_us=2&sni_=***");
   EXPECT_EQ(redis::detail::redacted_url("redis-sentinel://:s3cret@s/m?db=1&sentinel_user=u&"
                                         "sentinel_password=s3cret&multiplex=2&read_spin_us=3&"
                                         "sentinel_pasword=s3cret"),
@@ -1127,6 +1145,9 @@ TEST(UrlReview, NoSecretInAnyMessageOfATypo) {
       // A TLS value run on with ';'.
       "rediss://h?sni=x;password=S3CRET",
       "rediss://h?verify=none;password=S3CRET",
+      // A secret given as a parameter name.
+      "redis://h?S3CRET=1",
+      "redis://h/1&S3CRET=1",
   };
   for (const std::string& url : urls) {
     SCOPED_TRACE(url);
@@ -1145,6 +1166,46 @@ TEST(UrlReview, NoSecretInAnyMessageOfATypo) {
   EXPECT_EQ(redis::detail::redacted_url("unix:///tmp/s;password=S3CRET"), "unix:///tmp/s***");
   EXPECT_EQ(redis::detail::redacted_url("redis://h/S3CRET"), "redis://h/***");
   EXPECT_EQ(redis::detail::redacted_url("redis://[S3CRET]:6379"), "redis://[***]:6379");
+}
+
+// Verifies that an unknown query parameter name is quoted only when it is
+// a likely misspelling of a known one (likely_misspelling: [a-z_] only,
+// within edit distance 2, or 1 of db, ca, key, sni), in the message and in
+// the URL it quotes: a password pasted in the wrong place
+// (`redis://h?S3CRET=1`, `redis://h/1&S3CRET=1`) was quoted as unknown
+// parameter "S3CRET", or shown as `S3CRET=***` in the URL.
+TEST(UrlReview, UnknownNameThatIsNoLikelyMisspellingIsNotQuoted) {
+  const std::string unknown = "unknown parameter (its name is not quoted";
+  for (const std::string url :
+       {"redis://h?S3CRET=1", "rediss://h?S3CRET=1", "rediss://h?sni=x&S3CRET=",
+        "rediss://h?S3CRET=1&S3CRET=1", "rediss://h?S3CRET=a?b", "redis-cluster://h:1?S3CRET=1",
+        "rediss-cluster://h:1?S3CRET=1", "redis-sentinel://s/m?S3CRET=1",
+        "redis-sentinel://s/m?db=1&S3CRET=a?b", "unix:///t/s?db=1&S3CRET=1",
+        "unix:///t/s?multiplex=1&S3CRET=1", "redis://u:p@h?multiplex=1&S3CRET=1"}) {
+    EXPECT_TRUE(refused_saying(url, unknown));
+  }
+  // Elsewhere in the URL: the name is hidden with its value.
+  EXPECT_TRUE(refused_saying("redis://h/1&S3CRET=1", "bad database \"1&...\""));
+  EXPECT_EQ(redis::detail::redacted_url("redis://h/1&S3CRET=1"), "redis://h/1&***");
+  EXPECT_EQ(redis::detail::redacted_url("rediss://h?sni=a&S3CRET=1&verify=none"),
+            "rediss://h?sni=a&***&verify=none");
+  // Lowercase letters far from every known name are no likely misspelling.
+  const std::string why = refusal("redis://h?hunterhunter=1");
+  EXPECT_NE(why.find(unknown), std::string::npos) << why;
+  EXPECT_EQ(why.find("hunter"), std::string::npos) << why;
+  // Likely misspellings are still named, in the message and the URL.
+  for (const std::string name : {"multiplx", "sentinel_pasword", "sni_", "verfy", "ca_dri"}) {
+    EXPECT_TRUE(redis::detail::likely_misspelling(name)) << name;
+    const std::string typo = refusal("rediss://h?" + name + "=1");
+    EXPECT_NE(typo.find("\"rediss://h?" + name + "=***\" has unknown parameter \"" + name + "\""),
+              std::string::npos)
+        << typo;
+  }
+  for (const std::string name : {"", "S3CRET", "s3cret", "hunter", "abcd", "Db", "x\n"}) {
+    EXPECT_FALSE(redis::detail::likely_misspelling(name)) << name;
+  }
+  EXPECT_TRUE(redis::detail::likely_misspelling("dbb"));
+  EXPECT_TRUE(redis::detail::likely_misspelling("kex"));
 }
 
 // Verifies that a port that is all digits but no number from 1 to 65535 is
