@@ -379,4 +379,35 @@ TEST(ClusterRedirect, SlotMapWithAPortOutsideOneTo65535IsRefused) {
   EXPECT_EQ(store.apply(cfg, "k", microseconds{t0}, 1).remaining, 3);
 }
 
+// Verifies that a CLUSTER SLOTS reply naming a master host that a MOVED or
+// ASK could not name (detail::plausible_node_host: a control byte, a space,
+// a byte past ASCII, over 255 bytes) is refused whole, as a hostile or
+// broken node's answer: it was installed, and the host connected to and
+// quoted in messages as is ("\r\nX-Forged: 1" into a log line). The store
+// keeps routing by its old map.
+TEST(ClusterRedirect, SlotMapWithAHostileHostIsRefused) {
+  redis::cluster_store store(cluster_opts("badhost"));
+  const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
+  ASSERT_EQ(store.apply(cfg, "k", microseconds{t0}, 1).remaining, 4);
+  const std::string before = store.node_for_slot(0);
+  ASSERT_FALSE(before.empty());
+  const auto map = [](const std::string& host) {
+    return "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$" + std::to_string(host.size()) + "\r\n" + host +
+           "\r\n:7000\r\n";
+  };
+  for (const std::string& host :
+       {std::string("h\r\nX-Forged: 1"), std::string("h\x01"), std::string("a b"),
+        std::string("h\xc3\xa9"), std::string(256, 'h'), std::string("h\x7f"),
+        std::string("\x1b[31m")}) {
+    EXPECT_FALSE(redis::detail::cluster_test_access::install_slots(store, *read_reply(map(host)),
+                                                                   "127.0.0.1"))
+        << redis::detail::escaped_name(host);
+    EXPECT_EQ(store.node_for_slot(0), before);
+  }
+  EXPECT_TRUE(redis::detail::plausible_node_host(std::string(255, 'h')));
+  EXPECT_TRUE(redis::detail::plausible_node_host(""));
+  EXPECT_TRUE(redis::detail::plausible_node_host("::1"));
+  EXPECT_EQ(store.apply(cfg, "k", microseconds{t0}, 1).remaining, 3);
+}
+
 }  // namespace

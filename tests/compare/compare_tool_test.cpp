@@ -469,7 +469,8 @@ TEST(CompareTool, BadArgumentsAreUsageErrorsNamingTheValue) {
       {"a.csv b.csv", "more than one INPUT"},
       {"--no-redis /nonexistent/calls.csv", "/nonexistent/calls.csv"},
 #ifdef RATELIMIT_COMPARE_HAVE_REDIS
-      {"--redis redis://h:99999", "99999"},
+      // An out-of-range port is not quoted (it may be a numeric password).
+      {"--redis redis://h:99999", "port is not a number from 1 to 65535"},
       {"--redis auto --no-redis", "exclude each other"},
 #else
       {"--redis auto", "without Redis support"},

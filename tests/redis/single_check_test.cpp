@@ -300,7 +300,7 @@ TEST(RedisSingleCheck, ReadSpinIsValidatedInOptionsAndUrls) {
   refused("redis://h?read_spin_us=5&read_spin_us=5", "\"read_spin_us\" twice");
   refused("redis://h?read_spin_us=5&", "stray '&'");
   refused("redis://u:p?read_spin_us=5@h", "'@' in a query value");
-  refused("unix:///t/s?read_spin_us=5&x=1", "parameter \"x\" beside");
+  refused("unix:///t/s?read_spin_us=5&dbx=1", "parameter \"dbx\" beside");
   refused("redis-sentinel://s/m?read_spin_us=5&read_spin_us=6", "\"read_spin_us\" twice");
   refused("redis-sentinel://s/m?read_spin_us=2000", "bad read_spin_us \"2000\"");
 }

@@ -461,8 +461,10 @@ TEST(Transport, NulBytesInAddressesFailTheConnect) {
 // to /t/s\r\nX-Forged: 1: ..." put a raw CR LF into the message, and so into
 // a log line.
 TEST(Transport, ControlBytesInHostsAndPathsAreEscaped) {
-  const std::string forged = "\r\nX-Forged=1";  // no ':': the host would read as IPv6
-  const std::string shown = "\\x0d\\x0aX-Forged=1";
+  // No ':' (the host would read as IPv6), nor '=', ';' or '&' (a socket
+  // path is quoted up to the first, detail::quoted_part).
+  const std::string forged = "\r\nX-Forged-1";
+  const std::string shown = "\\x0d\\x0aX-Forged-1";
   const auto error = [](const redis::options& o) -> std::string {
     try {
       redis::connection c(o);
@@ -741,6 +743,87 @@ TEST(Transport, SignalsDuringScriptReplyWaitsChangeNothing) {
   EXPECT_EQ(r.count, 5u);
   EXPECT_GE(took, 150ms);
   EXPECT_LT(took, 2s);
+}
+
+// Verifies that a server's error replies reach exception messages escaped
+// (detail::reply_text, as detail::printable writes bytes): a hostile server,
+// or a man in the middle of a plain connection, answering AUTH, SELECT, a
+// command or a script with "-ERR a\nb\x1b[31m" put a raw LF and an escape
+// sequence into the message, and so into a log line.
+TEST(Transport, ServerErrorRepliesAreQuotedEscaped) {
+  const std::string hostile = "-ERR a\nb\x1b[31mc\"d\r\n";
+  const std::string shown = "ERR a\\x0ab\\x1b[31mc\\x22d";
+  // Answers each command (one read each) with the next of `replies`.
+  const auto answer_each = [](std::vector<std::string> replies) {
+    return [replies](int fd) {
+      char buf[4096];
+      for (const std::string& r : replies) {
+        if (::recv(fd, buf, sizeof buf, 0) <= 0 || !send_all(fd, r)) return;
+      }
+      (void)read_some(fd, 1 << 20);
+    };
+  };
+  const auto connect_error = [](const redis::options& o) -> std::string {
+    try {
+      redis::connection c(o);
+    } catch (const redis::connection_error& e) {
+      return e.what();
+    }
+    return "connected";
+  };
+  const auto raw = [](const std::string& why) {
+    return why.find_first_of("\n\r\x1b") != std::string::npos;
+  };
+  {
+    fake_server server(answer_each({hostile}));
+    ASSERT_TRUE(server.ok());
+    redis::options o = server.options();
+    o.user = "u";
+    o.password = "pw";
+    const std::string why = connect_error(o);
+    EXPECT_NE(why.find("AUTH as user \"u\" at 127.0.0.1:"), std::string::npos) << why;
+    EXPECT_NE(why.find(" failed: " + shown), std::string::npos) << why;
+    EXPECT_FALSE(raw(why)) << why;
+  }
+  {
+    fake_server server(answer_each({hostile}));
+    ASSERT_TRUE(server.ok());
+    redis::options o = server.options();
+    o.database = 2;
+    const std::string why = connect_error(o);
+    EXPECT_NE(why.find("SELECT 2 at 127.0.0.1:"), std::string::npos) << why;
+    EXPECT_NE(why.find(" failed: " + shown), std::string::npos) << why;
+    EXPECT_FALSE(raw(why)) << why;
+  }
+  // A node failure (receive) and a script's error reply (parse_reply).
+  {
+    fake_server server(answer_each({"-LOADING a\nb\x1b[2J\r\n"}));
+    ASSERT_TRUE(server.ok());
+    redis::connection c(server.options());
+    try {
+      (void)ping(c, 5s);
+      ADD_FAILURE() << "no error";
+    } catch (const redis::connection_error& e) {
+      const std::string why = e.what();
+      EXPECT_NE(why.find("cannot serve checks now: LOADING a\\x0ab\\x1b[2J"), std::string::npos)
+          << why;
+      EXPECT_FALSE(raw(why)) << why;
+    }
+  }
+  fake_server server(answer_each({hostile}));
+  ASSERT_TRUE(server.ok());
+  redis::connection c(server.options());
+  const auto r = ping(c, 5s);
+  ASSERT_EQ(r->type, REDIS_REPLY_ERROR);
+  const token_bucket::config cfg("5/1s", bucket_options{.name = "t"});
+  try {
+    (void)redis::detail::parse_reply(cfg, *r);
+    ADD_FAILURE() << "no error";
+  } catch (const redis::script_error& e) {
+    const std::string why = e.what();
+    EXPECT_NE(why.find("script failed: " + shown), std::string::npos) << why;
+    EXPECT_FALSE(raw(why)) << why;
+  }
 }
 
 }  // namespace

@@ -478,23 +478,33 @@ TEST(UrlReview, MisplacedQueryParametersAreNamed) {
        "has parameter \"sentinel_password\", which only a redis-sentinel:// URL takes"},
       {"rediss-cluster://h:7000?multiplex=1&sentinel_user=u",
        "has parameter \"sentinel_user\", which only a redis-sentinel:// URL takes"},
-      {"redis://h?read_spin_us=5&foo=1",
-       "has unknown parameter \"foo\" (known: multiplex, read_spin_us; with rediss:// also ca, "
-       "ca_dir, cert, key, sni, verify)"},
+      {"redis://h?read_spin_us=5&multiplx=1",
+       "has unknown parameter \"multiplx\" (known: multiplex, read_spin_us; with rediss:// also "
+       "ca, ca_dir, cert, key, sni, verify)"},
+      {"rediss://h?multiplx=1",
+       "has unknown parameter \"multiplx\" (known: ca, ca_dir, cert, key, sni, verify, "
+       "multiplex, read_spin_us)"},
+      {"redis-cluster://h:7000?multiplx=1",
+       "has unknown parameter \"multiplx\" (known: multiplex; with rediss-cluster:// also ca"},
+      {"rediss-cluster://h:7000?multiplx=1",
+       "has unknown parameter \"multiplx\" (known: ca, ca_dir, cert, key, sni, verify, "
+       "multiplex)"},
+      // No likely misspelling of a known name: not quoted (it may be a password).
       {"rediss://h?foo=1",
-       "has unknown parameter \"foo\" (known: ca, ca_dir, cert, key, sni, verify, multiplex, "
+       "has an unknown parameter (its name is not quoted: it is no likely misspelling of a known "
+       "one, and may be a password; known: ca, ca_dir, cert, key, sni, verify, multiplex, "
        "read_spin_us)"},
-      {"redis-cluster://h:7000?foo=1",
-       "has unknown parameter \"foo\" (known: multiplex; with rediss-cluster:// also ca"},
-      {"rediss-cluster://h:7000?foo=1",
-       "has unknown parameter \"foo\" (known: ca, ca_dir, cert, key, sni, verify, multiplex)"},
       {"redis-sentinel://s/m?multiplex=2&ca=/c",
        "has TLS parameter \"ca\": a redis-sentinel:// URL takes none"},
       {"unix:///t/s?read_spin_us=5&sni=x",
        "has parameter \"sni\" beside multiplex= or read_spin_us= " + unix_only},
       {"unix:///t/s?sni=x&db=1", "has parameter \"sni\" beside db= " + unix_only},
       {"unix:///t/s?db=1&sni=x", "has parameter \"sni\" beside db= " + unix_only},
-      {"unix:///t/s?x=1&db=1", "has parameter \"x\" beside db= " + unix_only},
+      {"unix:///t/s?x=1&db=1",
+       "has an unknown parameter (its name is not quoted: it is no likely "
+       "misspelling of a known one, and may be a password) beside db= " +
+           unix_only},
+      {"unix:///t/s?dbb=1&db=1", "has parameter \"dbb\" beside db= " + unix_only},
       {"unix:///t/s?sni=x",
        "has parameter \"sni\", which a unix:// URL does not take " + unix_only},
       {"unix:///t/s?sentinel_password=s3cret",
@@ -561,13 +571,17 @@ TEST(UrlReview, UnixQueryAfterAnAtOrASecondQuestionMark) {
   };
   const std::string unix_only = "(a unix:// URL takes only db=, multiplex= and read_spin_us=)";
   const std::string second = "has a second '?' in its query";
+  const std::string unknown =
+      "has an unknown parameter (its name is not quoted: it is no likely misspelling of a known "
+      "one, and may be a password)";
   const row rows[] = {
       {"unix:///t/s?multiplex=2&x=a@b",
-       "has parameter \"x\" beside multiplex= or read_spin_us= " + unix_only},
+       unknown + " beside multiplex= or read_spin_us= " + unix_only},
       {"unix://:pw@/t/s?multiplex=2&x=a@b",
-       "has parameter \"x\" beside multiplex= or read_spin_us= " + unix_only},
-      {"unix:///t/s?read_spin_us=5&q=@", "has parameter \"q\" beside multiplex="},
-      {"unix:///t/s?x=@&db=1", "has parameter \"x\" beside db= " + unix_only},
+       unknown + " beside multiplex= or read_spin_us= " + unix_only},
+      {"unix:///t/s?read_spin_us=5&q=@", unknown + " beside multiplex="},
+      {"unix:///t/s?x=@&db=1", unknown + " beside db= " + unix_only},
+      {"unix:///t/s?sn=@&db=1", "has parameter \"sn\" beside db= " + unix_only},
       {"unix:///t/s?multiplex=2@", "bad multiplex \"2@\""},
       {"unix:///t/s?db=1@x",
        "bad database in redis URL \"unix:///t/s?db=***\": it is not a number"},
@@ -660,11 +674,11 @@ TEST(UrlReview, ControlBytesInMessagesAreEscaped) {
       {"redis://h:\r\n"s, "the port is not a number (2 bytes, not quoted"},
       {"redis://h/\n1"s, "\"redis://h/***\": it is not a number (2 bytes, not quoted"},
       {"redis://h?multiplex=\x1b[2J"s, "bad multiplex \"\\x1b[2J\""},
-      {"redis://h?x\r\n=1"s, "\"redis://h?x\\x0d\\x0a=***\""},
+      {"redis://h?x\r\n=1"s, "\"redis://h?***\" has an unknown parameter (its name is not quoted"},
       {"rediss://h?ca=/c&x\r\n"s, "\"rediss://h?ca=/c&***\" has a parameter without '='"},
       {"rediss://h?sni=a\rb"s, "\"rediss://h?sni=***\" has a control byte"},
       {"rediss://h?sni=a&sni=\r"s, "\"rediss://h?sni=a&sni=***\" gives parameter \"sni\" twice"},
-      {"rediss://h?x\n=a?b"s, "the value of parameter \"x\\x0a\""},
+      {"rediss://h?x\n=a?b"s, "\"rediss://h?***\" has an unknown parameter (its name is not"},
       {"rediss://h?verify=\xff"s, "has verify=\"\\xff\""},
       {"rediss://h?verify=\r\n"s, "a control byte in the value of parameter \"verify\""},
       {"rediss://h?ca=/c\r\n"s, "\"rediss://h?ca=***\" has a control byte"},
@@ -682,11 +696,15 @@ TEST(UrlReview, ControlBytesInMessagesAreEscaped) {
       {"redis-sentinel://s\r\n:x/m"s, "has a bad sentinel \"s\\x0d\\x0a:***\""},
       {"redis-sentinel://s\r\n/m"s, "has a bad sentinel \"s\\x0d\\x0a\""},
       {"redis-sentinel://s/m/\r\n"s, "in MASTER_NAME \"m/...\" (use ?db=N"},
-      {"redis-sentinel://s/m?db=1&x\r\n=1"s, "has an unknown parameter \"x\\x0d\\x0a\""},
-      {"redis-sentinel://s/m?x\n=a?b"s, "the value of parameter \"x\\x0a\""},
+      {"redis-sentinel://s/m?db=1&x\r\n=1"s, "has an unknown parameter (its name is not quoted"},
+      {"redis-sentinel://s/m?x\n=a?b"s, "has an unknown parameter (its name is not quoted"},
+      {"rediss://h?sni=a?\n"s, "the value of parameter \"sni\""},
       {"redis-sentinel://s/m\r\n"s, "master name \"m\\x0d\\x0a\""},
       {"unix:///t/s?db=\r"s, "\"unix:///t/s?db=***\": it is not a number (1 bytes"},
-      {"unix:///t/s?multiplex=1&x\r=1"s, "has parameter \"x\\x0d\" beside multiplex="},
+      {"unix:///t/s?multiplex=1&x\r=1"s,
+       "has an unknown parameter (its name is not quoted: it is "
+       "no likely misspelling of a known one, and may be a "
+       "password) beside multiplex="},
       {"http://\r\n"s, "\"http://\\x0d\\x0a\" must start with"},
       // No "://" right after the scheme characters, and no ':' or '/' there:
       // nothing is shown (redacted_url).
@@ -725,9 +743,9 @@ TEST(UrlReview, RedactedUrlShowsEveryNonSecretParameter) {
   EXPECT_EQ(redis::detail::redacted_url("redis://u:s3cret@h/2?multiplex=300&read_spin_us=5"),
             "redis://u:***@h/2?multiplex=300&read_spin_us=5");
   EXPECT_EQ(redis::detail::redacted_url("rediss://h?ca=/c&ca_dir=/d&cert=/e&key=/k&sni=s&"
-                                        "verify=none&multiplex=1&read_spin_us=2&pasword=s3cret"),
+                                        "verify=none&multiplex=1&read_spin_us=2&sni_=s3cret"),
             "rediss://h?ca=/c&ca_dir=/d&cert=/e&key=/k&sni=s&verify=none&multiplex=1&"
-            "read_spin_us=2&pasword=***");
+            "read_spin_us=2&sni_=***");
   EXPECT_EQ(redis::detail::redacted_url("redis-sentinel://:s3cret@s/m?db=1&sentinel_user=u&"
                                         "sentinel_password=s3cret&multiplex=2&read_spin_us=3&"
                                         "sentinel_pasword=s3cret"),
@@ -831,12 +849,10 @@ TEST(UrlReview, PortThatIsNoNumberIsNotQuoted) {
   EXPECT_EQ(redis::detail::redacted_url("redis-sentinel://a:1,b:hunter2,[::1]:x/m"),
             "redis-sentinel://a:1,b:***,[::1]:***/m");
   EXPECT_EQ(redis::detail::redacted_url("redis://u:p@h:6379/2"), "redis://u:***@h:6379/2");
-  // Numbers out of range are still named, in the message and the URL.
-  EXPECT_NE(refusal("redis://h:99999").find("bad port \"99999\" in redis URL \"redis://h:99999\""),
+  // Numbers out of range are not quoted either (PortOutOfRangeIsNotQuoted);
+  // an empty port has nothing to hide.
+  EXPECT_NE(refusal("redis://h:").find("bad port \"\" in redis URL \"redis://h:\""),
             std::string::npos);
-  EXPECT_NE(refusal("redis://h:0").find("bad port \"0\""), std::string::npos);
-  EXPECT_NE(refusal("redis-cluster://a:70000").find("bad node \"a:70000\""), std::string::npos);
-  EXPECT_NE(refusal("redis-sentinel://h:0/m").find("bad sentinel \"h:0\""), std::string::npos);
 }
 
 // Verifies that a parameter name after sentinel_password= that is no
@@ -1126,6 +1142,12 @@ TEST(UrlReview, NoSecretInAnyMessageOfATypo) {
       "redis://u:p@h?multiplex=2#password=S3CRET",
       // A bracketed host that is no IPv6 address.
       "redis://[S3CRET]",
+      // A TLS value run on with ';'.
+      "rediss://h?sni=x;password=S3CRET",
+      "rediss://h?verify=none;password=S3CRET",
+      // A secret given as a parameter name.
+      "redis://h?S3CRET=1",
+      "redis://h/1&S3CRET=1",
   };
   for (const std::string& url : urls) {
     SCOPED_TRACE(url);
@@ -1144,6 +1166,110 @@ TEST(UrlReview, NoSecretInAnyMessageOfATypo) {
   EXPECT_EQ(redis::detail::redacted_url("unix:///tmp/s;password=S3CRET"), "unix:///tmp/s***");
   EXPECT_EQ(redis::detail::redacted_url("redis://h/S3CRET"), "redis://h/***");
   EXPECT_EQ(redis::detail::redacted_url("redis://[S3CRET]:6379"), "redis://[***]:6379");
+}
+
+// Verifies that an unknown query parameter name is quoted only when it is
+// a likely misspelling of a known one (likely_misspelling: [a-z_] only,
+// within edit distance 2, or 1 of db, ca, key, sni), in the message and in
+// the URL it quotes: a password pasted in the wrong place
+// (`redis://h?S3CRET=1`, `redis://h/1&S3CRET=1`) was quoted as unknown
+// parameter "S3CRET", or shown as `S3CRET=***` in the URL.
+TEST(UrlReview, UnknownNameThatIsNoLikelyMisspellingIsNotQuoted) {
+  const std::string unknown = "unknown parameter (its name is not quoted";
+  for (const std::string url :
+       {"redis://h?S3CRET=1", "rediss://h?S3CRET=1", "rediss://h?sni=x&S3CRET=",
+        "rediss://h?S3CRET=1&S3CRET=1", "rediss://h?S3CRET=a?b", "redis-cluster://h:1?S3CRET=1",
+        "rediss-cluster://h:1?S3CRET=1", "redis-sentinel://s/m?S3CRET=1",
+        "redis-sentinel://s/m?db=1&S3CRET=a?b", "unix:///t/s?db=1&S3CRET=1",
+        "unix:///t/s?multiplex=1&S3CRET=1", "redis://u:p@h?multiplex=1&S3CRET=1"}) {
+    EXPECT_TRUE(refused_saying(url, unknown));
+  }
+  // Elsewhere in the URL: the name is hidden with its value.
+  EXPECT_TRUE(refused_saying("redis://h/1&S3CRET=1", "bad database \"1&...\""));
+  EXPECT_EQ(redis::detail::redacted_url("redis://h/1&S3CRET=1"), "redis://h/1&***");
+  EXPECT_EQ(redis::detail::redacted_url("rediss://h?sni=a&S3CRET=1&verify=none"),
+            "rediss://h?sni=a&***&verify=none");
+  // Lowercase letters far from every known name are no likely misspelling.
+  const std::string why = refusal("redis://h?hunterhunter=1");
+  EXPECT_NE(why.find(unknown), std::string::npos) << why;
+  EXPECT_EQ(why.find("hunter"), std::string::npos) << why;
+  // Likely misspellings are still named, in the message and the URL.
+  for (const std::string name : {"multiplx", "sentinel_pasword", "sni_", "verfy", "ca_dri"}) {
+    EXPECT_TRUE(redis::detail::likely_misspelling(name)) << name;
+    const std::string typo = refusal("rediss://h?" + name + "=1");
+    EXPECT_NE(typo.find("\"rediss://h?" + name + "=***\" has unknown parameter \"" + name + "\""),
+              std::string::npos)
+        << typo;
+  }
+  for (const std::string name : {"", "S3CRET", "s3cret", "hunter", "abcd", "Db", "x\n"}) {
+    EXPECT_FALSE(redis::detail::likely_misspelling(name)) << name;
+  }
+  EXPECT_TRUE(redis::detail::likely_misspelling("dbb"));
+  EXPECT_TRUE(redis::detail::likely_misspelling("kex"));
+}
+
+// Verifies that a port that is all digits but no number from 1 to 65535 is
+// not quoted, in the message or the URL: `redis://:123456` and
+// `redis://default:123456` (a numeric password whose "USER@HOST" was left
+// out, read as the port) said bad port "123456". A valid port is still
+// shown.
+TEST(UrlReview, PortOutOfRangeIsNotQuoted) {
+  for (const std::string url :
+       {"redis://:123456", "redis://default:123456", "redis://default:1234567890123",
+        "rediss://default:123456?sni=a", "redis://default:123456/1", "redis://h:99999",
+        "redis://h:0", "redis-cluster://default:123456", "redis-cluster://a:7000,b:123456",
+        "rediss-cluster://default:123456?sni=a", "redis-sentinel://default:123456/m",
+        "redis-sentinel://a:26379,default:123456/m?db=1"}) {
+    SCOPED_TRACE(url);
+    const std::string why = refusal(url);
+    EXPECT_NE(why.find("port is not a number from 1 to 65535 ("), std::string::npos) << why;
+    for (const char* digits : {"123456", "99999", ":0"}) {
+      EXPECT_EQ(why.find(digits), std::string::npos) << why;
+    }
+  }
+  EXPECT_EQ(redis::detail::redacted_url("redis://default:123456"), "redis://default:***");
+  EXPECT_EQ(redis::detail::redacted_url("redis://h:6379/x"), "redis://h:6379/***");
+  EXPECT_EQ(redis::detail::redacted_url("redis-cluster://a:1,b:65535,c:65536"),
+            "redis-cluster://a:1,b:65535,c:***");
+}
+
+// Verifies that a ';' or '=' in a TLS parameter's value (or in
+// sentinel_user's) is refused, naming the parameter without quoting the
+// value: `rediss://h?sni=x;password=S3CRET` (';' typed for '&') was taken
+// as the server name "x;password=S3CRET", which TLS and connect errors
+// quote. A unix:// socket path may hold ';' (a legal path), but connect
+// errors quote it only up to its first '&', ';' or '=', as the URL is shown.
+TEST(UrlReview, SeparatorInATlsValueIsRefused) {
+  const auto said = [](const std::string& name) {
+    return "in the value of parameter \"" + name + "\" (not quoted";
+  };
+  EXPECT_TRUE(refused_saying("rediss://h?sni=x;password=S3CRET", "a ';' " + said("sni")));
+  EXPECT_TRUE(refused_saying("rediss://h?ca=/x;password=S3CRET", said("ca")));
+  EXPECT_TRUE(refused_saying("rediss://h?ca_dir=/d;S3CRET&sni=a", said("ca_dir")));
+  EXPECT_TRUE(refused_saying("rediss://h?cert=/c;S3CRET&key=/k", said("cert")));
+  EXPECT_TRUE(refused_saying("rediss://h?key=/k=S3CRET", "a '=' " + said("key")));
+  EXPECT_TRUE(refused_saying("rediss://h?verify=none;password=S3CRET", said("verify")));
+  EXPECT_TRUE(refused_saying("rediss-cluster://h:1?sni=x;password=S3CRET", said("sni")));
+  EXPECT_TRUE(refused_saying(
+      "redis-sentinel://s/m?sentinel_user=u;sentinel_password=S3CRET&sentinel_password=p",
+      said("sentinel_user")));
+  EXPECT_TRUE(refused_saying("redis-sentinel://s/m?sentinel_user=u=S3CRET&sentinel_password=p",
+                             said("sentinel_user")));
+  // Values without them are taken.
+  const auto o = redis::parse_url("rediss://h?sni=a.b-c&ca=/etc/ssl/c:a.pem&verify=chain");
+  EXPECT_EQ(o.tls.server_name, "a.b-c");
+  EXPECT_EQ(o.tls.ca_file, "/etc/ssl/c:a.pem");
+  // A socket path holding ';' is taken; connect errors cut it there.
+  const auto u = redis::parse_url("unix:///nonexistent-rltest/s;password=S3CRET");
+  EXPECT_EQ(u.unix_socket, "/nonexistent-rltest/s;password=S3CRET");
+  try {
+    redis::connection c(u);
+    ADD_FAILURE() << "connected";
+  } catch (const redis::connection_error& e) {
+    const std::string why = e.what();
+    EXPECT_NE(why.find("/nonexistent-rltest/s;..."), std::string::npos) << why;
+    EXPECT_EQ(why.find("S3"), std::string::npos) << why;
+  }
 }
 
 }  // namespace

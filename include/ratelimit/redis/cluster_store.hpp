@@ -286,7 +286,7 @@ class cluster_store {
     for (const std::string& k : ks) args.push_back(k);
     reply_ptr r = shared_->single(key_slot(ks.front()), args.data(), args.size());
     if (r->type == REDIS_REPLY_ERROR) {
-      throw script_error("ratelimit: redis: DEL failed: " + std::string(r->str, r->len));
+      throw script_error("ratelimit: redis: DEL failed: " + detail::reply_text(*r));
     }
   }
 
@@ -303,7 +303,7 @@ class cluster_store {
       reply_ptr r = lease->command(args, 1, deadline_clock::now() + shared_->command_timeout);
       if (r->type == REDIS_REPLY_ERROR) {
         throw connection_error("ratelimit: redis: PING " + detail::escaped_name(n->name) +
-                               " failed: " + std::string(r->str, r->len));
+                               " failed: " + detail::reply_text(*r));
       }
     }
   }
@@ -661,7 +661,9 @@ class cluster_store {
     /// generation `started` on. CLUSTER SLOTS carries no config epoch, so
     /// anything learned after the read began may be newer than the reply: a
     /// map installed since wins over it whole, a MOVED since wins for its
-    /// slot. Forgets the nodes the installed map leaves out.
+    /// slot. Forgets the nodes the installed map leaves out. A master host
+    /// that a MOVED could not name (detail::plausible_node_host) makes the
+    /// reply bad.
     install apply_slots(const redisReply& r, const std::string& asked_host, std::uint64_t started) {
       if (r.type != REDIS_REPLY_ARRAY || r.elements == 0) return install::bad;
       struct range {
@@ -683,6 +685,10 @@ class cluster_store {
           return install::bad;
         }
         std::string host(m.element[0]->str, m.element[0]->len);
+        // The rule of MOVED and ASK: a host holding a control byte, a space
+        // or a byte past ASCII, or over 255 bytes, makes the reply
+        // unreadable (it was connected to, and quoted in messages, as is).
+        if (!detail::plausible_node_host(host)) return install::bad;
         if (host.empty() || host == "?") host = asked_host;
         ranges.push_back(
             range{static_cast<std::uint16_t>(lo.integer), static_cast<std::uint16_t>(hi.integer),

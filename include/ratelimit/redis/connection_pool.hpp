@@ -60,6 +60,15 @@ inline void append_command(std::string& out, const std::string_view* args, std::
 
 namespace detail {
 
+/// The text of the error (or status) reply `r` as a message quotes it,
+/// escaped as escaped_name does: a hostile or broken server, or a
+/// man in the middle of a plain connection, could otherwise put CR, LF, ESC
+/// or other control bytes into a log line through an exception message
+/// (`-ERR a\nb\x1b[31m` reads `ERR a\x0ab\x1b[31m`).
+[[nodiscard]] inline std::string reply_text(const redisReply& r) {
+  return r.str == nullptr ? std::string() : escaped_name(std::string_view(r.str, r.len));
+}
+
 /// True for an error reply by which the server says it cannot serve checks
 /// at all now, whatever the command: it became a replica (READONLY), is
 /// loading its dataset, lost its master, is stuck in a script (BUSY), refuses
@@ -478,7 +487,7 @@ class connection {
     reply_ptr r = read_reply(until);
     if (detail::is_node_failure(*r)) {
       fail<connection_error>("ratelimit: redis: " + where_ +
-                             " cannot serve checks now: " + std::string(r->str, r->len));
+                             " cannot serve checks now: " + detail::reply_text(*r));
     }
     return r;
   }
@@ -696,7 +705,7 @@ class connection {
                                (o.user.empty()
                                     ? std::string("with password")
                                     : "as user \"" + detail::escaped_name(o.user) + "\"") +
-                               " at " + where_ + " failed: " + std::string(r->str, r->len));
+                               " at " + where_ + " failed: " + detail::reply_text(*r));
       }
     }
     if (o.database != 0) {
@@ -705,7 +714,7 @@ class connection {
       reply_ptr r = exchange(args, 2, until);
       if (r->type == REDIS_REPLY_ERROR) {
         throw connection_error("ratelimit: redis: SELECT " + db + " at " + where_ +
-                               " failed: " + std::string(r->str, r->len));
+                               " failed: " + detail::reply_text(*r));
       }
     }
   }
@@ -767,9 +776,11 @@ class connection {
 
   /// where(): the host or socket path escaped as detail::escaped_name does
   /// (set in code, they may hold CR, LF or other control bytes that would
-  /// forge a log line through a connect or TLS error).
+  /// forge a log line through a connect or TLS error); the socket path cut
+  /// after its first '&', ';' or '=' (detail::quoted_part), which parse_url
+  /// takes in a path: `unix:///tmp/s;password=S3CRET` reads "/tmp/s;...".
   static std::string describe(const options& o) {
-    if (!o.unix_socket.empty()) return detail::escaped_name(o.unix_socket);
+    if (!o.unix_socket.empty()) return detail::quoted_part(o.unix_socket);
     const std::string host = detail::escaped_name(o.host);
     const bool v6 = o.host.find(':') != std::string::npos;
     return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(o.port);
@@ -838,7 +849,7 @@ class connection_pool {
     if (options_.tls.enabled) {
       if (!options_.unix_socket.empty()) {
         throw std::invalid_argument("ratelimit: redis: TLS is for TCP; unix socket \"" +
-                                    detail::escaped_name(options_.unix_socket) + "\" takes none");
+                                    detail::quoted_part(options_.unix_socket) + "\" takes none");
       }
       (void)detail::tls_context_for(options_.tls);  // files are read now, and named if bad
     }
@@ -1004,7 +1015,8 @@ class connection_pool {
     // allkeys-* may evict any key; volatile-ttl evicts the keys nearest to
     // expiry first, and a limiter's keys carry the shortest TTLs there are.
     if (!policy.starts_with("allkeys-") && policy != "volatile-ttl") return;
-    const std::string line = "ratelimit: redis: " + c.where() + " has maxmemory-policy " + policy +
+    const std::string line = "ratelimit: redis: " + c.where() + " has maxmemory-policy " +
+                             detail::escaped_name(policy) +
                              ": under memory pressure Redis may evict rate-limit keys, which "
                              "resets their counts; use noeviction (see docs/redis.md)";
     if (options_.on_warning) {

@@ -753,7 +753,7 @@ class multiplexer {
         }
         if (detail::is_node_failure(*r)) {
           const std::string what = "ratelimit: redis: " + l.conn->where() +
-                                   " cannot serve checks now: " + std::string(r->str, r->len);
+                                   " cannot serve checks now: " + detail::reply_text(*r);
           drop(l, std::make_exception_ptr(connection_error(what)));
           return false;
         }

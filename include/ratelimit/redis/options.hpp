@@ -7,10 +7,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <iterator>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ratelimit/decision.hpp"
@@ -222,6 +224,60 @@ namespace detail {
          name == "sentinel_user" || name == "sentinel_password";
 }
 
+/// The edit distance (Levenshtein: insertions, deletions, substitutions)
+/// between `a` and `b`, or `most + 1` when it is larger than `most`.
+[[nodiscard]] inline std::size_t edit_distance(std::string_view a, std::string_view b,
+                                               std::size_t most) noexcept {
+  if (a.size() > b.size()) std::swap(a, b);
+  if (b.size() - a.size() > most || b.size() > 32) return most + 1;
+  std::size_t row[33];  // distances from a prefix of b to all of a's prefixes
+  for (std::size_t i = 0; i <= a.size(); ++i) row[i] = i;
+  for (std::size_t j = 1; j <= b.size(); ++j) {
+    std::size_t diagonal = row[0];
+    row[0] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i) {
+      const std::size_t up = row[i];
+      row[i] = std::min({row[i] + 1, row[i - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return std::min(row[a.size()], most + 1);
+}
+
+/// True when a query parameter name that is no known_parameter may be quoted
+/// in a message, as a likely misspelling of a known one: it is made of
+/// [a-z_] only and lies within edit distance 2 of a known name (1 of the
+/// names of up to 3 bytes: db, ca, key, sni; else any short lowercase word
+/// would do). Any other name is not quoted (nor shown by redacted_url): a
+/// password pasted in the wrong place (`redis://h?S3CRET=1`,
+/// `redis://h/1&S3CRET=1`) would otherwise reach the logs as "unknown
+/// parameter \"S3CRET\"". The cost: a name far from every known one
+/// (`?tls=1`, `?cafile=x`) is refused without being named.
+[[nodiscard]] inline bool likely_misspelling(std::string_view name) noexcept {
+  if (name.empty() ||
+      name.find_first_not_of("abcdefghijklmnopqrstuvwxyz_") != std::string_view::npos) {
+    return false;
+  }
+  for (const std::string_view known :
+       {"db", "multiplex", "read_spin_us", "ca", "ca_dir", "cert", "key", "sni", "verify",
+        "sentinel_user", "sentinel_password"}) {
+    const std::size_t most = known.size() <= 3 ? 1 : 2;
+    if (edit_distance(name, known, most) <= most) return true;
+  }
+  return false;
+}
+
+/// How a message names the query parameter `name` (known or not):
+/// `parameter "NAME"` for a known name or a likely_misspelling, else
+/// `an unknown parameter (not quoted: ...)`.
+[[nodiscard]] inline std::string parameter_named(std::string_view name) {
+  if (known_parameter(name) || likely_misspelling(name)) {
+    return "parameter \"" + escaped_name(name) + "\"";
+  }
+  return "an unknown parameter (its name is not quoted: it is no likely misspelling of a known "
+         "one, and may be a password)";
+}
+
 /// True for the known parameters whose values are no secret, which
 /// redacted_url shows: all but `sentinel_password`.
 [[nodiscard]] inline bool shown_parameter(std::string_view name) noexcept {
@@ -242,24 +298,36 @@ namespace detail {
 
 /// True when the port `port` of a URL may be quoted: its text before the
 /// first '&' (what follows is the query run on, which quoted_part cuts) is
-/// decimal digits only, or empty. Anything else may be a password whose
-/// user was read as the host because the "USER@HOST" was left out
-/// (`redis://default:hunter2` has host `default`, port `hunter2`): such a
-/// port is hidden from every message (redacted_url, parse_url_port,
-/// quoted_host_item).
+/// a port, 1..65535 in 1 to 5 decimal digits, or empty. Anything else may be
+/// a password whose user was read as the host because the "USER@HOST" was
+/// left out (`redis://default:hunter2` has host `default`, port `hunter2`;
+/// `redis://:123456` and `redis://default:123456` a numeric password as
+/// the port): such a port is hidden from every message (redacted_url,
+/// parse_url_port, quoted_host_item).
 [[nodiscard]] inline bool quotable_port(std::string_view port) noexcept {
   port = port.substr(0, port.find('&'));
-  return std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (port.empty()) return true;
+  if (port.size() > 5) return false;
+  int v = 0;
+  for (const char c : port) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  return v >= 1 && v <= 65535;
 }
 
 /// What a message says of a port that quotable_port refuses: that it is
-/// no number, its length (before any '&'), and the likely cause; never its
-/// text. One holding ':' may also be the rest of an IPv6 address written
-/// without brackets.
+/// no number (or, all digits, no number from 1 to 65535), its length
+/// (before any '&'), and the likely cause; never its text. One holding ':'
+/// may also be the rest of an IPv6 address written without brackets.
 [[nodiscard]] inline std::string unquoted_port_text(std::string_view port) {
   port = port.substr(0, port.find('&'));
-  return "is not a number (" + std::to_string(port.size()) +
-         " bytes, not quoted: it may be a password given without \"USER@HOST\"; is the '@' "
+  const bool digits = std::all_of(port.begin(), port.end(),
+                                  [](char c) { return c >= '0' && c <= '9'; });
+  return (digits ? "is not a number from 1 to 65535 (" + std::to_string(port.size()) +
+                       (port.size() == 1 ? " digit" : " digits")
+                 : "is not a number (" + std::to_string(port.size()) + " bytes") +
+         ", not quoted: it may be a password given without \"USER@HOST\"; is the '@' "
          "missing?" +
          (port.find(':') == std::string_view::npos
               ? std::string(")")
@@ -281,7 +349,10 @@ namespace detail {
 /// (`?sentinel_password:s3cret`), and all of every item (its name too)
 /// that is no known parameter and follows, anywhere later in the query, an
 /// item whose value is hidden: `?sentinel_password=p&ss=1` may be the
-/// password "p&ss=1", so `ss` is no name to show. A port that is not a number
+/// password "p&ss=1", so `ss` is no name to show, and all of every item
+/// `NAME=...` anywhere whose NAME is no known parameter nor a
+/// likely_misspelling of one (`redis://h?S3CRET=1`, `redis://h/1&S3CRET=1`
+/// read `redis://h?***`, `redis://h/1&***`). A port that is not a number
 /// (quotable_port) is hidden as well: `redis://default:hunter2` (the
 /// "USER@" left out) has the password as its port. Each hidden stretch
 /// reads `***`. A URL where "://" does not directly follow its leading run
@@ -437,6 +508,14 @@ namespace detail {
       }
       continue;
     }
+    if (const std::string_view name = item.substr(0, eq);
+        !known_parameter(name) && !likely_misspelling(name)) {
+      // `redis://h?S3CRET=1`, `redis://h/1&S3CRET=1`: a name that no
+      // message quotes (likely_misspelling) is hidden with its value.
+      hide_range(i + 1, at > i ? std::min(end, at) : end);
+      after_secret = true;
+      continue;
+    }
     const std::size_t from = i + 1 + eq + 1;
     if (from == end) continue;
     // A value is shown only when the name is a known, non-secret one and the
@@ -519,9 +598,9 @@ namespace detail {
   throw std::invalid_argument("ratelimit: redis URL \"" + redacted_url(url) + "\" " + why);
 }
 
-/// The port `s` of `url`, 1..65535. A port that is not a number is not
-/// quoted (quotable_port: it may be a password whose "USER@" was left out);
-/// a number out of range is.
+/// The port `s` of `url`, 1..65535. A port that is not a number from 1 to
+/// 65535 is not quoted (quotable_port: it may be a password whose "USER@"
+/// was left out, `redis://:123456`), only the empty one is.
 /// @throws std::invalid_argument saying so (the URL redacted)
 [[nodiscard]] inline int parse_url_port(std::string_view s, std::string_view url) {
   if (!quotable_port(s)) {
@@ -768,10 +847,16 @@ inline void refuse_unnamed_item(std::string_view item, std::string_view url) {
   }
   const std::string tls_names = "ca, ca_dir, cert, key, sni, verify";
   const std::string own = cluster ? "multiplex" : "multiplex, read_spin_us";
-  bad_url(url,
-          "has unknown parameter " + quoted + " (known: " +
-              (tls ? tls_names + ", " + own : own + "; with " + tls_scheme + " also " + tls_names) +
-              ")");
+  const std::string known = "known: " + (tls ? tls_names + ", " + own
+                                             : own + "; with " + tls_scheme + " also " + tls_names);
+  if (!likely_misspelling(name)) {
+    // `redis://h?S3CRET=1`: a secret in the wrong place (see likely_misspelling).
+    bad_url(url,
+            "has an unknown parameter (its name is not quoted: it is no likely misspelling "
+            "of a known one, and may be a password; " +
+                known + ")");
+  }
+  bad_url(url, "has unknown parameter " + quoted + " (" + known + ")");
 }
 
 /// Applies the query `k=v&k=v` of a `rediss://` URL to `t`: ca, ca_dir, cert,
@@ -788,6 +873,10 @@ inline void apply_tls_query(tls_options& t, std::string_view query, std::string_
     const auto eq = item.find('=');
     const std::string_view name = item.substr(0, eq);
     refuse_unnamed_item(item, url);
+    // Before any message that quotes the name (a value missing, given
+    // twice): misplaced_parameter quotes an unknown one only when it is a
+    // likely misspelling.
+    if (!tls_parameter(name)) misplaced_parameter(name, url, true, cluster);
     if (eq == std::string_view::npos || eq + 1 == item.size()) {
       bad_url(url, "has parameter \"" + escaped_name(name) + "\" without a value (NAME=VALUE)");
     }
@@ -806,6 +895,16 @@ inline void apply_tls_query(tls_options& t, std::string_view query, std::string_
       // `?ca=/x?multiplex=2` would read the file "/x?multiplex=2".
       bad_url(url, "has a '?' in the value of parameter \"" + escaped_name(name) +
                        "\" (parameters are separated by '&')");
+    }
+    if (const auto bad = value.find_first_of(";="); bad != std::string::npos) {
+      // `?sni=x;password=S3CRET` (';' typed for '&') named the server
+      // "x;password=S3CRET", which TLS and connect errors quote. No host
+      // name holds ';' or '='; a file name holding one is set in code.
+      // The value is not quoted.
+      bad_url(url, "has a '" + std::string(1, value[bad]) + "' in the value of parameter \"" +
+                       escaped_name(name) +
+                       "\" (not quoted; parameters are separated by '&'; set options::tls in code "
+                       "for such a value)");
     }
     if (name == "ca") {
       t.ca_file = value;
@@ -827,8 +926,6 @@ inline void apply_tls_query(tls_options& t, std::string_view query, std::string_
       } else {
         bad_url(url, "has verify=\"" + escaped_name(value) + "\" (expected full, chain or none)");
       }
-    } else {
-      misplaced_parameter(name, url, true, cluster);
     }
     if (amp == std::string_view::npos) break;
     query.remove_prefix(amp + 1);
@@ -982,8 +1079,8 @@ inline void check_read_spin(std::chrono::microseconds spin) {
   if ((seen || db_items > 0) && not_db) {
     // `unix:///t/s?multiplex=2&x=1&db=1` would connect to "/t/s?x=1&db=1".
     refuse_unnamed_item(not_unix, url);
-    bad_url(url, "has parameter \"" + escaped_name(not_unix.substr(0, not_unix.find('='))) +
-                     "\" beside " + std::string(beside) +
+    bad_url(url, "has " + parameter_named(not_unix.substr(0, not_unix.find('='))) + " beside " +
+                     std::string(beside) +
                      " (a unix:// URL takes only db=, multiplex= and read_spin_us=)");
   }
   if (!elsewhere.empty()) {
@@ -1137,6 +1234,19 @@ namespace detail {
               "of a password holding '&', which cannot be written in a URL; set "
               "options::sentinel.password in code for such a password)");
     }
+    if (!known_parameter(key)) {
+      // Before any message that quotes the name: quoted only when it is a
+      // likely misspelling (`?S3CRET=1` is no name to quote).
+      const std::string known =
+          "known: db, sentinel_user, sentinel_password, multiplex, read_spin_us";
+      if (!likely_misspelling(key)) {
+        bad_url(url,
+                "has an unknown parameter (its name is not quoted: it is no likely "
+                "misspelling of a known one, and may be a password; " +
+                    known + ")");
+      }
+      bad_url(url, "has an unknown parameter \"" + escaped_name(key) + "\" (" + known + ")");
+    }
     if (value.find('?') != std::string_view::npos) {
       // `?sentinel_user=u?db=2` would hide the database in the user name.
       bad_url(url, "has a '?' in the value of parameter \"" + escaped_name(key) +
@@ -1158,6 +1268,14 @@ namespace detail {
     } else if (key == "sentinel_user") {
       once(seen_user);
       if (value.empty()) no_value();
+      if (const auto bad = value.find_first_of(";="); bad != std::string_view::npos) {
+        // `?sentinel_user=u;sentinel_password=S3CRET` (';' typed for '&')
+        // was the user "u;sentinel_password=S3CRET", which messages quote.
+        bad_url(url, "has a '" + std::string(1, value[bad]) +
+                         "' in the value of parameter \"sentinel_user\" (not quoted; parameters "
+                         "are separated by '&'; set options::sentinel.user in code for such a "
+                         "user)");
+      }
       o.sentinel.user = std::string(value);
     } else if (key == "sentinel_password") {
       once(seen_password);
@@ -1176,9 +1294,6 @@ namespace detail {
       bad_url(url, "has TLS parameter \"" + std::string(key) +
                        "\": a redis-sentinel:// URL takes none (set options::tls in code; it "
                        "applies to the sentinels and the master)");
-    } else {
-      bad_url(url, "has an unknown parameter \"" + escaped_name(key) +
-                       "\" (known: db, sentinel_user, sentinel_password, multiplex, read_spin_us)");
     }
     if (amp == std::string_view::npos) break;
     query.remove_prefix(amp + 1);
@@ -1217,15 +1332,20 @@ namespace detail {
 /// means nothing here, and `redis://h#x` connected to the host "h#x"; a
 /// host, path, master name or value holding '#' is set in code; so is a
 /// host holding a space, a control byte (0x00-0x1f, 0x7f), '&', ';' or '='
-/// (no host name holds one: `redis://h;password=S3CRET`), and a socket
-/// path or TLS parameter value holding a control byte. Error messages quote
+/// (no host name holds one: `redis://h;password=S3CRET`), a socket path
+/// or TLS parameter value holding a control byte, and a TLS parameter or
+/// `sentinel_user` value holding ';' or '=' (`?sni=x;password=S3CRET`,
+/// refused naming the parameter, the value not quoted). A socket path may
+/// hold ';', '&' and '=', which connect errors quote it up to
+/// (detail::quoted_part). Error messages quote
 /// the URL with its password replaced by `***` (and a port that is not a
-/// number, which may be a password whose "USER@" was left out, as in
-/// `redis://default:hunter2`: never quoted), every byte outside
+/// number from 1 to 65535, which may be a password whose "USER@" was left
+/// out, as in `redis://default:hunter2` or `redis://:123456`: never
+/// quoted), every byte outside
 /// printable ASCII (and `"`, `\`) escaped as `\xNN` (detail::printable).
 /// `rediss://` is `redis://` over TLS (options::tls), with optional
 /// parameters `?ca=FILE&ca_dir=DIR&cert=FILE&key=FILE&sni=NAME&verify=full|chain|none`
-/// (values without `&`, `@`, `?`, `#` or a control byte, see above); files are read
+/// (values without `&`, `@`, `?`, `#`, `;`, `=` or a control byte, see above); files are read
 /// when the store is made.
 /// `redis://`, `rediss://` and `unix://` also take `?multiplex=N` (0..256,
 /// at most once; options::multiplex), alone or among the other parameters
@@ -1238,6 +1358,9 @@ namespace detail {
 /// parameter after its '?'. A parameter the form does not take is refused by
 /// name, saying where it belongs (misplaced_parameter: `?db=` on redis://, a
 /// TLS parameter without rediss://, a Sentinel one outside redis-sentinel://).
+/// An unknown parameter is named only when it is a likely_misspelling of a
+/// known one (`?multiplx=2`); any other name (`?S3CRET=1`, a password
+/// pasted in the wrong place) is not quoted.
 /// A `unix://` path may hold '?' (and '@'), except where the text after the
 /// first '?' past the userinfo holds, at its start or after a '&' or '?',
 /// `db=`, `multiplex=`, `read_spin_us=` or a TLS or Sentinel `NAME=`: that

@@ -265,7 +265,7 @@ class redis_store {
     auto lease = acquire();
     reply_ptr r = lease->command(args.data(), args.size(), command_deadline());
     if (r->type == REDIS_REPLY_ERROR)
-      throw script_error("ratelimit: redis: DEL failed: " + std::string(r->str, r->len));
+      throw script_error("ratelimit: redis: DEL failed: " + detail::reply_text(*r));
   }
 
   /// Round trip to the server (PING).
@@ -276,7 +276,7 @@ class redis_store {
     auto lease = acquire();
     reply_ptr r = lease->command(args, 1, command_deadline());
     if (r->type == REDIS_REPLY_ERROR)
-      throw connection_error("ratelimit: redis: PING failed: " + std::string(r->str, r->len));
+      throw connection_error("ratelimit: redis: PING failed: " + detail::reply_text(*r));
   }
 
   /// The Redis keys holding `key`'s state under `cfg`: one,

@@ -156,7 +156,7 @@ template <class Config>
 template <class Config>
 [[nodiscard]] decision parse_reply(const Config& cfg, const redisReply& r) {
   if (r.type == REDIS_REPLY_ERROR) {
-    throw script_error("ratelimit: redis: script failed: " + std::string(r.str, r.len));
+    throw script_error("ratelimit: redis: script failed: " + detail::reply_text(r));
   }
   // Five integers, or six when the script reports the decision's limit
   // (compound), or seven when it also reports a repeat (leases).

@@ -342,8 +342,11 @@ class transport {
     sockaddr_un a{};
     a.sun_family = AF_UNIX;
     // Set in code, the path may hold CR, LF or other control bytes: every
-    // message quotes it escaped, as URL parts are.
-    const std::string shown = detail::escaped_name(path);
+    // message quotes it escaped, as URL parts are, and cut after its first
+    // '&', ';' or '=' (detail::quoted_part), as redacted_url shows it: a
+    // path may hold them, but `unix:///tmp/s;password=S3CRET` (';' typed
+    // for '?') is a path holding a secret.
+    const std::string shown = detail::quoted_part(path);
     if (path.size() >= sizeof a.sun_path) {
       throw connection_error("ratelimit: redis: cannot connect to " + shown +
                              ": the path is too long for a unix socket");

@@ -226,17 +226,17 @@ struct cluster_store::check_job final : detail::cluster_job {
         s->request_refresh();
         fail(std::make_exception_ptr(
             connection_error("ratelimit: redis: " + detail::escaped_name(node->name) +
-                             " answered " + std::string(r->str, r->len))));
+                             " answered " + detail::reply_text(*r))));
         return;
       } else {
         fail(std::make_exception_ptr(
-            script_error("ratelimit: redis: script failed: " + std::string(r->str, r->len))));
+            script_error("ratelimit: redis: script failed: " + detail::reply_text(*r))));
         return;
       }
       if (!again) {
         fail(std::make_exception_ptr(
             script_error("ratelimit: redis: more than " + std::to_string(s->max_redirects) +
-                         " redirects for one check (last: " + std::string(r->str, r->len) + ")")));
+                         " redirects for one check (last: " + detail::reply_text(*r) + ")")));
         return;
       }
     } catch (...) {

@@ -280,18 +280,18 @@ void cluster_store::classify(const Config& cfg, item& it, const redisReply& r,
     it.state = fate::failed;
     it.error = std::make_exception_ptr(
         connection_error("ratelimit: redis: " + detail::escaped_name(node->name) + " answered " +
-                         std::string(r.str, r.len)));
+                         detail::reply_text(r)));
     return;
   } else {
     it.state = fate::failed;
     it.error = std::make_exception_ptr(
-        script_error("ratelimit: redis: script failed: " + std::string(r.str, r.len)));
+        script_error("ratelimit: redis: script failed: " + detail::reply_text(r)));
     return;
   }
   it.state = fate::failed;
   it.error = std::make_exception_ptr(
       script_error("ratelimit: redis: more than " + std::to_string(s.max_redirects) +
-                   " redirects for one check (last: " + std::string(r.str, r.len) + ")"));
+                   " redirects for one check (last: " + detail::reply_text(r) + ")"));
 }
 
 }  // namespace ratelimit::redis

@@ -20,6 +20,19 @@ namespace ratelimit::redis::detail {
   return a.host + ":" + std::to_string(a.port);
 }
 
+/// True when `host`, as a node names another node (a MOVED or ASK answer,
+/// a CLUSTER SLOTS reply), may be connected to and quoted: at most 255
+/// bytes, each printable ASCII other than a space. An empty one (or `?`)
+/// passes: it means the host of the node that answered. Anything else (CR,
+/// LF, NUL, ...) would only reach connect() and the error messages.
+[[nodiscard]] inline bool plausible_node_host(std::string_view host) noexcept {
+  if (host.size() > 255) return false;
+  for (const char c : host) {
+    if (c <= ' ' || c > '~') return false;
+  }
+  return true;
+}
+
 /// Parses the `host:port` of a MOVED/ASK answer; an empty host means the
 /// host of the node that answered.
 [[nodiscard]] inline std::optional<node_address> parse_endpoint(std::string_view s,
@@ -36,13 +49,8 @@ namespace ratelimit::redis::detail {
   // No node listens on port 0 or past 65535: such an answer is not a redirect.
   if (port < 1 || port > 65535) return std::nullopt;
   std::string host(s.substr(0, colon));
-  // A host name or address is printable ASCII without spaces (at most 255
-  // bytes): anything else (CR, LF, NUL, ...) is not a redirect, and would
-  // only reach connect() and the error messages.
-  if (host.size() > 255) return std::nullopt;
-  for (const char c : host) {
-    if (c <= ' ' || c > '~') return std::nullopt;
-  }
+  // Any other host is not a redirect.
+  if (!plausible_node_host(host)) return std::nullopt;
   if (host.empty() || host == "?") host = asked_host;
   if (host.size() > 2 && host.front() == '[' && host.back() == ']')
     host = host.substr(1, host.size() - 2);
