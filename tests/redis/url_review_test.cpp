@@ -1272,4 +1272,57 @@ TEST(UrlReview, SeparatorInATlsValueIsRefused) {
   }
 }
 
+// Verifies that a port with leading zeros is taken as before (`:006379` is
+// 6379, up to ten digits in all, as parse_url_int reads it) in every form:
+// the rule that hides a port that is no number from 1 to 65535 refused
+// them as six digits or more.
+TEST(UrlReview, PortWithLeadingZerosIsTaken) {
+  EXPECT_EQ(redis::parse_url("redis://h:006379").port, 6379);
+  EXPECT_EQ(redis::parse_url("redis://h:0000065535").port, 65535);
+  EXPECT_EQ(redis::parse_cluster_url("redis-cluster://a:0006379").seeds.at(0).port, 6379);
+  EXPECT_EQ(redis::parse_url("redis-sentinel://s:0026379/m").sentinel.sentinels.at(0).port, 26379);
+  EXPECT_EQ(redis::detail::redacted_url("redis://h:006379"), "redis://h:006379");
+  // Eleven digits are more than any port is written with: not quoted.
+  EXPECT_TRUE(refused_saying("redis://h:00000006379", "not a number from 1 to 65535 (11 digits"));
+  EXPECT_EQ(refusal("redis://h:00000006379").find("6379"), std::string::npos);
+}
+
+// Verifies the redactions a review of the message rules found missing: a
+// ',' in a redis:// or rediss:// host item is part of it (the port of
+// `redis://default:abc,S3CRET`, "USER@" left out, was shown from the ','
+// on); an item without '=' in the path (`redis://h/0&S3CRET`) is hidden as
+// it is in the query; a unix socket path is cut at a ',' in connect errors
+// as redacted_url cuts it.
+TEST(UrlReview, CommaInAHostAndBareItemInThePathAreHidden) {
+  for (const std::string url :
+       {"redis://default:abc,S3CRET", "rediss://default:abc,S3CRET/0", "redis://:ab,S3CRET",
+        "redis://[::1]:ab,S3CRET", "redis://h;password=ab,S3CRET", "redis://h/0&S3CRET",
+        "redis-sentinel://s/m&S3CRET", "redis://h/0&S3CRET&multiplex=2"}) {
+    SCOPED_TRACE(url);
+    const std::string why = refusal(url);
+    ASSERT_FALSE(why.empty()) << "accepted";
+    EXPECT_EQ(why.find("S3"), std::string::npos) << why;
+    EXPECT_EQ(redis::detail::redacted_url(url).find("S3"), std::string::npos);
+  }
+  EXPECT_EQ(redis::detail::redacted_url("redis://default:abc,S3CRET"), "redis://default:***");
+  EXPECT_EQ(redis::detail::redacted_url("redis://h/0&S3CRET"), "redis://h/0&***");
+  // The forms listing several hosts still split at ',' and show each.
+  EXPECT_EQ(redis::detail::redacted_url("redis-cluster://a:7000,b:S3CRET,c:7002"),
+            "redis-cluster://a:7000,b:***,c:7002");
+  // A known name without '=' is still shown (and refused by name).
+  EXPECT_EQ(redis::detail::redacted_url("redis://h/0&multiplex"), "redis://h/0&multiplex");
+  const auto u = redis::parse_url("unix:///nonexistent-rltest/s,S3CRET");
+  EXPECT_EQ(u.unix_socket, "/nonexistent-rltest/s,S3CRET");
+  EXPECT_EQ(redis::detail::redacted_url("unix:///nonexistent-rltest/s,S3CRET"),
+            "unix:///nonexistent-rltest/s***");
+  try {
+    redis::connection c(u);
+    ADD_FAILURE() << "connected";
+  } catch (const redis::connection_error& e) {
+    const std::string why = e.what();
+    EXPECT_NE(why.find("/nonexistent-rltest/s,..."), std::string::npos) << why;
+    EXPECT_EQ(why.find("S3"), std::string::npos) << why;
+  }
+}
+
 }  // namespace

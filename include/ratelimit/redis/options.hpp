@@ -267,15 +267,24 @@ namespace detail {
   return false;
 }
 
+/// What a message says of an unknown parameter whose name is no
+/// likely_misspelling (it may be a password pasted in the wrong place):
+/// `an unknown parameter (its name is not quoted: ...)`, ending with
+/// `known` ("known: ...") when that is not empty.
+[[nodiscard]] inline std::string unquoted_parameter(std::string_view known = {}) {
+  return "an unknown parameter (its name is not quoted: it is no likely misspelling of a known "
+         "one, and may be a password" +
+         (known.empty() ? std::string(")") : "; " + std::string(known) + ")");
+}
+
 /// How a message names the query parameter `name` (known or not):
 /// `parameter "NAME"` for a known name or a likely_misspelling, else
-/// `an unknown parameter (not quoted: ...)`.
+/// unquoted_parameter().
 [[nodiscard]] inline std::string parameter_named(std::string_view name) {
   if (known_parameter(name) || likely_misspelling(name)) {
     return "parameter \"" + escaped_name(name) + "\"";
   }
-  return "an unknown parameter (its name is not quoted: it is no likely misspelling of a known "
-         "one, and may be a password)";
+  return unquoted_parameter();
 }
 
 /// True for the known parameters whose values are no secret, which
@@ -307,8 +316,10 @@ namespace detail {
 [[nodiscard]] inline bool quotable_port(std::string_view port) noexcept {
   port = port.substr(0, port.find('&'));
   if (port.empty()) return true;
-  if (port.size() > 5) return false;
-  int v = 0;
+  // Leading zeros are taken (`:06380` is 6380), up to parse_url_int's ten
+  // digits in all.
+  if (port.size() > 10) return false;
+  long long v = 0;
   for (const char c : port) {
     if (c < '0' || c > '9') return false;
     v = v * 10 + (c - '0');
@@ -436,11 +447,16 @@ namespace detail {
   bool after_secret = false;  // an item before this one had its value hidden
   if (scheme != std::string_view::npos && !url.starts_with("unix://")) {
     // The hosts: from the userinfo's end to the path, query or fragment,
-    // split at ',' (the cluster and Sentinel forms list several).
+    // split at ',' in the cluster and Sentinel forms, which list several;
+    // elsewhere a ',' is part of the one host item (`redis://u:abc,S3CRET`,
+    // "USER@" left out, has all of `abc,S3CRET` as its port).
     std::size_t from = at != std::string_view::npos ? at + 1 : scheme + 3;
     const std::size_t hosts_end = std::min(url.find_first_of("/?#", from), url.size());
+    const bool several = url.starts_with("redis-cluster://") ||
+                         url.starts_with("rediss-cluster://") ||
+                         url.starts_with("redis-sentinel://");
     while (from < hosts_end) {
-      const std::size_t comma = std::min(url.find(',', from), hosts_end);
+      const std::size_t comma = several ? std::min(url.find(',', from), hosts_end) : hosts_end;
       std::string_view item = url.substr(from, comma - from);
       if (const auto bad = item.find_first_of("&;="); bad != std::string_view::npos) {
         // No host holds one (parse_url refuses it): what follows may be
@@ -496,13 +512,19 @@ namespace detail {
   const std::size_t query = url.find('?', at != std::string_view::npos       ? at + 1
                                           : scheme != std::string_view::npos ? scheme + 3
                                                                              : 0);
+  // Where the hosts (or a unix:// path) begin: past the userinfo.
+  const std::size_t hosts_start = at != std::string_view::npos ? at + 1 : scheme + 3;
   for (std::size_t i = 0; i < fragment; ++i) {
     if (url[i] != '?' && url[i] != '&') continue;
     const std::size_t end = std::min(url.find('&', i + 1), fragment);
     const std::string_view item = url.substr(i + 1, end - i - 1);
     const auto eq = item.find('=');
     if (eq == std::string_view::npos || (after_secret && !known_parameter(item.substr(0, eq)))) {
-      if ((i >= query || after_secret) && !item.empty() && !known_parameter(item)) {
+      // In the query, after a hidden item, or after the hosts (a path's
+      // `&S3CRET`: `redis://h/0&S3CRET`), such an item is no known name and
+      // hidden; before the hosts it is in the userinfo.
+      if ((i >= query || after_secret || i >= hosts_start) && !item.empty() &&
+          !known_parameter(item)) {
         std::fill(hide.begin() + static_cast<std::ptrdiff_t>(i + 1),
                   hide.begin() + static_cast<std::ptrdiff_t>(end), 1);
       }
@@ -555,6 +577,14 @@ namespace detail {
 /// "1&sentinel_password=s3cret"; `redis://h;password=s3cret` the host).
 [[nodiscard]] inline std::string quoted_part(std::string_view s) {
   const auto cut = s.find_first_of("&;=");
+  if (cut == std::string_view::npos) return escaped_name(s);
+  return escaped_name(s.substr(0, cut + 1)) + "...";
+}
+
+/// A unix socket path `s` as a message quotes it: quoted_part, but cut at a
+/// ',' as well, as redacted_url shows the path of a unix:// URL.
+[[nodiscard]] inline std::string quoted_path(std::string_view s) {
+  const auto cut = s.find_first_of("&;=,");
   if (cut == std::string_view::npos) return escaped_name(s);
   return escaped_name(s.substr(0, cut + 1)) + "...";
 }
@@ -851,10 +881,7 @@ inline void refuse_unnamed_item(std::string_view item, std::string_view url) {
                                              : own + "; with " + tls_scheme + " also " + tls_names);
   if (!likely_misspelling(name)) {
     // `redis://h?S3CRET=1`: a secret in the wrong place (see likely_misspelling).
-    bad_url(url,
-            "has an unknown parameter (its name is not quoted: it is no likely misspelling "
-            "of a known one, and may be a password; " +
-                known + ")");
+    bad_url(url, "has " + unquoted_parameter(known));
   }
   bad_url(url, "has unknown parameter " + quoted + " (" + known + ")");
 }
@@ -1225,9 +1252,9 @@ namespace detail {
     // parameter) is not quoted, here or in any later message: it may be the
     // tail of a password holding '&' (`?sentinel_password=p&ss=1` said
     // unknown parameter "ss", the end of the password "p&ss=1"). An unknown
-    // name before it, or with no sentinel_password= at all, is quoted as a
-    // likely misspelling, with the known names. redacted_url hides such an
-    // item whole in the quoted URL.
+    // name before it, or with no sentinel_password= at all, is quoted only
+    // when it is a likely misspelling, with the known names. redacted_url
+    // hides such an item whole in the quoted URL.
     if (seen_password && !known_parameter(key)) {
       bad_url(url,
               "has an unknown parameter after sentinel_password= (not quoted: it may be the end "
@@ -1239,12 +1266,7 @@ namespace detail {
       // likely misspelling (`?S3CRET=1` is no name to quote).
       const std::string known =
           "known: db, sentinel_user, sentinel_password, multiplex, read_spin_us";
-      if (!likely_misspelling(key)) {
-        bad_url(url,
-                "has an unknown parameter (its name is not quoted: it is no likely "
-                "misspelling of a known one, and may be a password; " +
-                    known + ")");
-      }
+      if (!likely_misspelling(key)) bad_url(url, "has " + unquoted_parameter(known));
       bad_url(url, "has an unknown parameter \"" + escaped_name(key) + "\" (" + known + ")");
     }
     if (value.find('?') != std::string_view::npos) {
