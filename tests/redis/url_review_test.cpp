@@ -699,7 +699,7 @@ TEST(UrlReview, ControlBytesInMessagesAreEscaped) {
       {"redis-sentinel://s/m?db=1&x\r\n=1"s, "has an unknown parameter (its name is not quoted"},
       {"redis-sentinel://s/m?x\n=a?b"s, "has an unknown parameter (its name is not quoted"},
       {"rediss://h?sni=a?\n"s, "the value of parameter \"sni\""},
-      {"redis-sentinel://s/m\r\n"s, "master name \"m\\x0d\\x0a\""},
+      {"redis-sentinel://s/m\r\n"s, "master name \"m\\x0d...\""},
       {"unix:///t/s?db=\r"s, "\"unix:///t/s?db=***\": it is not a number (1 bytes"},
       {"unix:///t/s?multiplex=1&x\r=1"s,
        "has an unknown parameter (its name is not quoted: it is "
@@ -1275,13 +1275,16 @@ TEST(UrlReview, SeparatorInATlsValueIsRefused) {
 // Verifies that a port with leading zeros is taken as before (`:006379` is
 // 6379, up to ten digits in all, as parse_url_int reads it) in every form:
 // the rule that hides a port that is no number from 1 to 65535 refused
-// them as six digits or more.
+// them as six digits or more. Such a port is still hidden where a URL is
+// quoted: `redis://default:0001234` ("USER@" left out) may be a password.
 TEST(UrlReview, PortWithLeadingZerosIsTaken) {
   EXPECT_EQ(redis::parse_url("redis://h:006379").port, 6379);
   EXPECT_EQ(redis::parse_url("redis://h:0000065535").port, 65535);
   EXPECT_EQ(redis::parse_cluster_url("redis-cluster://a:0006379").seeds.at(0).port, 6379);
   EXPECT_EQ(redis::parse_url("redis-sentinel://s:0026379/m").sentinel.sentinels.at(0).port, 26379);
-  EXPECT_EQ(redis::detail::redacted_url("redis://h:006379"), "redis://h:006379");
+  EXPECT_EQ(redis::detail::redacted_url("redis://h:006379"), "redis://h:***");
+  EXPECT_EQ(redis::detail::redacted_url("redis://:0000012345"), "redis://:***");
+  EXPECT_EQ(refusal("redis://:0000012345").find("12345"), std::string::npos);
   // Eleven digits are more than any port is written with: not quoted.
   EXPECT_TRUE(refused_saying("redis://h:00000006379", "not a number from 1 to 65535 (11 digits"));
   EXPECT_EQ(refusal("redis://h:00000006379").find("6379"), std::string::npos);
@@ -1297,7 +1300,12 @@ TEST(UrlReview, CommaInAHostAndBareItemInThePathAreHidden) {
   for (const std::string url :
        {"redis://default:abc,S3CRET", "rediss://default:abc,S3CRET/0", "redis://:ab,S3CRET",
         "redis://[::1]:ab,S3CRET", "redis://h;password=ab,S3CRET", "redis://h/0&S3CRET",
-        "redis-sentinel://s/m&S3CRET", "redis://h/0&S3CRET&multiplex=2"}) {
+        "redis-sentinel://s/m&S3CRET", "redis://h/0&S3CRET&multiplex=2",
+        // A second review's: text after a bracketed host, a ',' in a
+        // redis:// host, a '/' after a ';' in a master name, a space in it.
+        "redis://[::1],default:S3CRET", "redis://h,[S3CRET]", "redis://u:p@h,S3CRET",
+        "redis-sentinel://s/m;password=S3CRET/0", "redis-sentinel://s/m&S3CRET/x",
+        "redis-sentinel://s/mymaster password S3CRET"}) {
     SCOPED_TRACE(url);
     const std::string why = refusal(url);
     ASSERT_FALSE(why.empty()) << "accepted";
@@ -1311,6 +1319,18 @@ TEST(UrlReview, CommaInAHostAndBareItemInThePathAreHidden) {
             "redis-cluster://a:7000,b:***,c:7002");
   // A known name without '=' is still shown (and refused by name).
   EXPECT_EQ(redis::detail::redacted_url("redis://h/0&multiplex"), "redis://h/0&multiplex");
+  // A socket path is quoted up to a '?' too (`unix:///tmp/s?S3CRET` is a
+  // path: a unix:// query begins with a known parameter).
+  for (const std::string path : {"/nonexistent-rltest/s?S3CRET", "/nonexistent-rltest/s S3CRET"}) {
+    redis::options q;
+    q.unix_socket = path;
+    try {
+      redis::connection c(q);
+      ADD_FAILURE() << "connected";
+    } catch (const redis::connection_error& e) {
+      EXPECT_EQ(std::string(e.what()).find("S3"), std::string::npos) << e.what();
+    }
+  }
   const auto u = redis::parse_url("unix:///nonexistent-rltest/s,S3CRET");
   EXPECT_EQ(u.unix_socket, "/nonexistent-rltest/s,S3CRET");
   EXPECT_EQ(redis::detail::redacted_url("unix:///nonexistent-rltest/s,S3CRET"),

@@ -777,10 +777,10 @@ class connection {
   /// where(): the host or socket path escaped as detail::escaped_name does
   /// (set in code, they may hold CR, LF or other control bytes that would
   /// forge a log line through a connect or TLS error); the socket path cut
-  /// after its first '&', ';', '=' or ',' (detail::quoted_path), which parse_url
+  /// after its first '&', ';', '=', ',', '?' or space (detail::quoted_part), which parse_url
   /// takes in a path: `unix:///tmp/s;password=S3CRET` reads "/tmp/s;...".
   static std::string describe(const options& o) {
-    if (!o.unix_socket.empty()) return detail::quoted_path(o.unix_socket);
+    if (!o.unix_socket.empty()) return detail::quoted_part(o.unix_socket);
     const std::string host = detail::escaped_name(o.host);
     const bool v6 = o.host.find(':') != std::string::npos;
     return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(o.port);
@@ -849,7 +849,7 @@ class connection_pool {
     if (options_.tls.enabled) {
       if (!options_.unix_socket.empty()) {
         throw std::invalid_argument("ratelimit: redis: TLS is for TCP; unix socket \"" +
-                                    detail::quoted_path(options_.unix_socket) + "\" takes none");
+                                    detail::quoted_part(options_.unix_socket) + "\" takes none");
       }
       (void)detail::tls_context_for(options_.tls);  // files are read now, and named if bad
     }

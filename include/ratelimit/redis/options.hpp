@@ -316,10 +316,10 @@ namespace detail {
 [[nodiscard]] inline bool quotable_port(std::string_view port) noexcept {
   port = port.substr(0, port.find('&'));
   if (port.empty()) return true;
-  // Leading zeros are taken (`:06380` is 6380), up to parse_url_int's ten
-  // digits in all.
-  if (port.size() > 10) return false;
-  long long v = 0;
+  // Five digits at most: `:0001234` may be a numeric password too
+  // (parse_url_port takes such a port, and no message quotes it).
+  if (port.size() > 5) return false;
+  int v = 0;
   for (const char c : port) {
     if (c < '0' || c > '9') return false;
     v = v * 10 + (c - '0');
@@ -337,7 +337,8 @@ namespace detail {
                                   [](char c) { return c >= '0' && c <= '9'; });
   return (digits ? "is not a number from 1 to 65535 (" + std::to_string(port.size()) +
                        (port.size() == 1 ? " digit" : " digits")
-                 : "is not a number (" + std::to_string(port.size()) + " bytes") +
+                 : "is not a number (" + std::to_string(port.size()) +
+                       (port.size() == 1 ? " byte" : " bytes")) +
          ", not quoted: it may be a password given without \"USER@HOST\"; is the '@' "
          "missing?" +
          (port.find(':') == std::string_view::npos
@@ -458,10 +459,14 @@ namespace detail {
     while (from < hosts_end) {
       const std::size_t comma = several ? std::min(url.find(',', from), hosts_end) : hosts_end;
       std::string_view item = url.substr(from, comma - from);
-      if (const auto bad = item.find_first_of("&;="); bad != std::string_view::npos) {
+      if (const auto bad = item.find_first_of(several ? "&;=" : "&;=,");
+          bad != std::string_view::npos) {
         // No host holds one (parse_url refuses it): what follows may be
-        // `password=SECRET` (`redis://h;password=S3CRET`).
-        std::fill(hide.begin() + static_cast<std::ptrdiff_t>(from + bad + 1),
+        // `password=SECRET` (`redis://h;password=S3CRET`), or after a ','
+        // in a one-host form anything (`redis://[::1],default:S3CRET`).
+        // The ',' itself is hidden with what follows (it joins no list here).
+        const std::size_t start = from + bad + (item[bad] == ',' ? 0 : 1);
+        std::fill(hide.begin() + static_cast<std::ptrdiff_t>(start),
                   hide.begin() + static_cast<std::ptrdiff_t>(comma), 1);
         item = item.substr(0, bad);
       }
@@ -569,22 +574,15 @@ namespace detail {
   return out;
 }
 
-/// A part `s` of a URL's host, port or path as a message quotes it:
-/// escaped_name of the text up to its first '&', ';' or '=', then `...`
-/// when cut there (`&...`), since what follows may be `NAME=SECRET` (or
-/// the SECRET of one), which redacted_url hides
-/// (`redis://h/1&sentinel_password=s3cret` quoted the database
-/// "1&sentinel_password=s3cret"; `redis://h;password=s3cret` the host).
+/// A part `s` of a URL's host, port or path, or a unix socket path, as a
+/// message quotes it: escaped_name of the text up to its first '&', ';',
+/// '=', ',', '?' or space, then `...` when cut there (`&...`), since what
+/// follows may be `NAME=SECRET` (or the SECRET of one), which redacted_url
+/// hides (`redis://h/1&sentinel_password=s3cret` quoted the database
+/// "1&sentinel_password=s3cret"; `redis://h;password=s3cret` the host;
+/// `unix:///tmp/s?S3CRET`, a path, the whole path).
 [[nodiscard]] inline std::string quoted_part(std::string_view s) {
-  const auto cut = s.find_first_of("&;=");
-  if (cut == std::string_view::npos) return escaped_name(s);
-  return escaped_name(s.substr(0, cut + 1)) + "...";
-}
-
-/// A unix socket path `s` as a message quotes it: quoted_part, but cut at a
-/// ',' as well, as redacted_url shows the path of a unix:// URL.
-[[nodiscard]] inline std::string quoted_path(std::string_view s) {
-  const auto cut = s.find_first_of("&;=,");
+  const auto cut = s.find_first_of("&;=,? ");
   if (cut == std::string_view::npos) return escaped_name(s);
   return escaped_name(s.substr(0, cut + 1)) + "...";
 }
@@ -633,6 +631,13 @@ namespace detail {
 /// was left out, `redis://:123456`), only the empty one is.
 /// @throws std::invalid_argument saying so (the URL redacted)
 [[nodiscard]] inline int parse_url_port(std::string_view s, std::string_view url) {
+  // Leading zeros are taken (`:006379` is 6379), up to ten digits in all as
+  // parse_url_int reads them, though quotable_port hides such a port.
+  if (s.size() > 5 && s.size() <= 10 &&
+      std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    const auto v = std::stoll(std::string(s));
+    if (v >= 1 && v <= 65535) return static_cast<int>(v);
+  }
   if (!quotable_port(s)) {
     throw std::invalid_argument("ratelimit: bad port in redis URL \"" + redacted_url(url) +
                                 "\": the port " + unquoted_port_text(s));
@@ -734,10 +739,11 @@ namespace detail {
 /// name could never match.
 [[nodiscard]] inline std::string bad_master_name(std::string_view name) {
   if (name.empty()) return "is empty";
-  for (const char c : name) {
-    const auto b = static_cast<unsigned char>(c);
+  for (std::size_t at = 0; at < name.size(); ++at) {
+    const auto b = static_cast<unsigned char>(name[at]);
     if (b <= 0x20 || b == 0x7f) {
-      return "\"" + escaped_name(name) +
+      // Quoted up to that byte: `/mymaster password S3CRET` is no name.
+      return "\"" + escaped_name(name.substr(0, at + 1)) + (at + 1 < name.size() ? "..." : "") +
              "\" holds a space or control byte (the sentinels name a master in space-separated "
              "lines)";
     }
@@ -1187,9 +1193,11 @@ namespace detail {
   if (slash == std::string_view::npos) bad_url(url, "has no /MASTER_NAME after the sentinels");
   const std::string_view name = rest.substr(slash + 1);
   if (name.empty()) bad_url(url, "has an empty MASTER_NAME");
-  if (const auto second = name.find('/'); second != std::string_view::npos) {
+  if (const auto second = name.find('/');
+      second != std::string_view::npos && second < name.find_first_of("&;=,")) {
     // Quoted up to that '/' (the URL's second): `/m/sentinel_password=S3CRET`
-    // ('/' for '?') quoted the secret.
+    // ('/' for '?') quoted the secret. A '&', ';', '=' or ',' before it
+    // is the one named (below): `/m;password=S3CRET/0` quoted the secret.
     bad_url(url, "has a '/' in MASTER_NAME \"" + escaped_name(name.substr(0, second + 1)) +
                      (second + 1 < name.size() ? "..." : "") + "\" (use ?db=N for a database)");
   }
@@ -1517,9 +1525,10 @@ namespace detail {
   }
   if (has_port) o.port = detail::parse_url_port(port, url);
   if (host.empty()) detail::bad_url(url, "has no host");
-  if (const auto bad = host.find_first_of("&;="); bad != std::string_view::npos) {
+  if (const auto bad = host.find_first_of("&;=,"); bad != std::string_view::npos) {
     // `redis://h&password=S3CRET` took the host "h&password=S3CRET", which
-    // every connect error quotes; no host name holds one of these bytes.
+    // every connect error quotes; no host name holds one of these bytes
+    // (a ',' lists hosts only in the cluster and Sentinel forms).
     detail::bad_url(url, "has a '" + std::string(1, host[bad]) + "' in host \"" +
                              detail::quoted_part(host) +
                              "\" (no host name holds one; parameters follow '?')");

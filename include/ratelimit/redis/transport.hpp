@@ -343,10 +343,10 @@ class transport {
     a.sun_family = AF_UNIX;
     // Set in code, the path may hold CR, LF or other control bytes: every
     // message quotes it escaped, as URL parts are, and cut after its first
-    // '&', ';', '=' or ',' (detail::quoted_path), as redacted_url shows it: a
+    // '&', ';', '=', ',', '?' or space (detail::quoted_part), as redacted_url shows it: a
     // path may hold them, but `unix:///tmp/s;password=S3CRET` (';' typed
     // for '?') is a path holding a secret.
-    const std::string shown = detail::quoted_path(path);
+    const std::string shown = detail::quoted_part(path);
     if (path.size() >= sizeof a.sun_path) {
       throw connection_error("ratelimit: redis: cannot connect to " + shown +
                              ": the path is too long for a unix socket");
