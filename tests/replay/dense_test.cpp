@@ -93,11 +93,14 @@ analysis_options options_for(const run_case& c) {
 // reference's, on an ordered and an out-of-order dense log.
 TEST(DenseReplay, AllPoliciesPrintExactlyWhatTheReferencePrints) {
   // 40,000 calls from 2,000 keys up to 30 ms apart: about 10 minutes, each
-  // key calling every 30 s on average (a quarter of both under TSan in CI).
+  // key calling every 30 s on average. Under TSan in CI a quarter of the
+  // calls and keys, each step 4x as long: the same 10 minutes and 30 s
+  // gaps, so keys still go quiet for a minute and their rings are reused.
   const auto events = static_cast<std::uint64_t>(rltest::scaled(40'000));
   const auto keys = static_cast<std::uint64_t>(rltest::scaled(2'000));
-  const std::string logs[] = {dense_log(events, keys, 30'000, 3),
-                              shuffle_neighbours(dense_log(events, keys, 30'000, 4), 5)};
+  const auto step = static_cast<std::int64_t>(30'000 * 40'000 / events);
+  const std::string logs[] = {dense_log(events, keys, step, 3),
+                              shuffle_neighbours(dense_log(events, keys, step, 4), 5)};
   for (const std::string& log : logs) {
     for (const run_case& c : cases) {
       const analysis_options o = options_for(c);
@@ -114,8 +117,10 @@ TEST(DenseReplay, AllPoliciesPrintExactlyWhatTheReferencePrints) {
 // One policy (what `--policy P` runs): its row, and everything else printed,
 // is exactly the reference's row for P.
 TEST(DenseReplay, OnePolicyPrintsExactlyTheReferenceRow) {
-  const std::string log = dense_log(static_cast<std::uint64_t>(rltest::scaled(30'000)),
-                                    static_cast<std::uint64_t>(rltest::scaled(1'500)), 30'000, 6);
+  // As above: fewer calls and keys under TSan, the same span of time.
+  const auto events = static_cast<std::uint64_t>(rltest::scaled(30'000));
+  const std::string log = dense_log(events, static_cast<std::uint64_t>(rltest::scaled(1'500)),
+                                    static_cast<std::int64_t>(30'000 * 30'000 / events), 6);
   for (const run_case& c : cases) {
     if (!c.sweep.empty()) continue;
     analysis_options all = options_for(c);
