@@ -200,8 +200,9 @@ TEST(SentinelOptions, MasterNameWithControlBytesIsRefusedByValue) {
   } catch (const std::invalid_argument& e) {
     why = e.what();
   }
-  EXPECT_NE(why.find("\"m\\x0d\\x0aQUIT\""), std::string::npos) << why;
-  EXPECT_NE(url_error("redis-sentinel://a/m\r\nQUIT").find("\"m\\x0d\\x0aQUIT\""),
+  // Quoted escaped, up to the first bad byte (what follows may be anything).
+  EXPECT_NE(why.find("\"m\\x0d...\""), std::string::npos) << why;
+  EXPECT_NE(url_error("redis-sentinel://a/m\r\nQUIT").find("\"m\\x0d...\""),
             std::string::npos);
   // Printable names stay accepted.
   redis::options ok;
