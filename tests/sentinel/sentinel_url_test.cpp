@@ -202,8 +202,7 @@ TEST(SentinelOptions, MasterNameWithControlBytesIsRefusedByValue) {
   }
   // Quoted escaped, up to the first bad byte (what follows may be anything).
   EXPECT_NE(why.find("\"m\\x0d...\""), std::string::npos) << why;
-  EXPECT_NE(url_error("redis-sentinel://a/m\r\nQUIT").find("\"m\\x0d...\""),
-            std::string::npos);
+  EXPECT_NE(url_error("redis-sentinel://a/m\r\nQUIT").find("\"m\\x0d...\""), std::string::npos);
   // Printable names stay accepted.
   redis::options ok;
   ok.sentinel.master_name = "my-master.1_x";
