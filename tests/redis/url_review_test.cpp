@@ -670,7 +670,7 @@ TEST(UrlReview, ControlBytesInMessagesAreEscaped) {
     std::string shown;  // what the message must hold
   };
   const row rows[] = {
-      {"redis://h\r\nX-Forged:1"s, "\"redis://h\\x0d\\x0aX-Forged:1\""},
+      {"redis://h\r\nX-Forged:1"s, "\"redis://h\\x0d***\""},
       {"redis://h:\r\n"s, "the port is not a number (2 bytes, not quoted"},
       {"redis://h/\n1"s, "\"redis://h/***\": it is not a number (2 bytes, not quoted"},
       {"redis://h?multiplex=\x1b[2J"s, "bad multiplex \"\\x1b[2J\""},
@@ -682,14 +682,14 @@ TEST(UrlReview, ControlBytesInMessagesAreEscaped) {
       {"rediss://h?verify=\xff"s, "has verify=\"\\xff\""},
       {"rediss://h?verify=\r\n"s, "a control byte in the value of parameter \"verify\""},
       {"rediss://h?ca=/c\r\n"s, "\"rediss://h?ca=***\" has a control byte"},
-      {"redis://h\0x:1"s, "\"redis://h\\x00x:1\" has a host holding a space or a control byte"},
+      {"redis://h\0x:1"s, "\"redis://h\\x00***\" has a host holding a space or a control byte"},
       {"redis://h x"s, "has a host holding a space or a control byte"},
       {"redis://h\xc3\xa9:x"s, "\"redis://h\\xc3\\xa9:***\""},
-      {"redis://[::1\r]:1"s, "\"redis://[::1\\x0d]:1\" has a host holding"},
-      {"redis://[::1\r:1"s, "\"redis://[::1\\x0d:1\" opens [ without closing ]"},
-      {"redis://[h\r]:1"s, "\"redis://[***]:1\" holds a bracketed host of 2 bytes without ':'"},
-      {"unix:///t/s\n"s, "\"unix:///t/s\\x0a\" has a socket path holding a control byte"},
-      {"redis://[::1]\r\n"s, "has \"\\x0d\\x0a\" after the IPv6 address"},
+      {"redis://[::1\r]:1"s, "\"redis://[::1\\x0d***\" has a host holding"},
+      {"redis://[::1\r:1"s, "\"redis://[::1\\x0d***\" opens [ without closing ]"},
+      {"redis://[h\r]:1"s, "\"redis://[***\" holds a bracketed host of 2 bytes without ':'"},
+      {"unix:///t/s\n"s, "\"unix:///t/s***\" has a socket path holding a control byte"},
+      {"redis://[::1]\r\n"s, "has 2 bytes after the IPv6 address"},
       {"redis-cluster://a:7000,b\r\n:x"s, "bad node \"b\\x0d\\x0a:***\""},
       {"rediss-cluster://a:7000?verify=\n"s, "control byte in the value of parameter \"verify\""},
       {"redis-cluster://a:7000,b\r\n"s, "bad node \"b\\x0d\\x0a\""},
@@ -705,7 +705,7 @@ TEST(UrlReview, ControlBytesInMessagesAreEscaped) {
        "has an unknown parameter (its name is not quoted: it is "
        "no likely misspelling of a known one, and may be a "
        "password) beside multiplex="},
-      {"http://\r\n"s, "\"http://\\x0d\\x0a\" must start with"},
+      {"http://\r\n"s, "\"http://\\x0d***\" must start with"},
       // No "://" right after the scheme characters, and no ':' or '/' there:
       // nothing is shown (redacted_url).
       {"redis-cluster\r\n://h"s, "\"***\" must start with"},
@@ -727,9 +727,10 @@ TEST(UrlReview, ControlBytesInMessagesAreEscaped) {
     EXPECT_NE(why.find(r.shown), std::string::npos) << why;
   }
   // redacted_url itself (also used by examples to log a store's URL): every
-  // shown byte escaped, secrets still hidden.
+  // shown byte escaped, secrets still hidden, a host shown up to its first
+  // control byte.
   EXPECT_EQ(redis::detail::redacted_url("redis://u\r:p\n@h\x01:1?db=\x7f"s),
-            "redis://u\\x0d:***@h\\x01:1?db=***");
+            "redis://u\\x0d:***@h\\x01***?db=***");
   EXPECT_EQ(redis::detail::redacted_url("redis://\"h\\\""), "redis://\\x22h\\x5c\\x22");
   EXPECT_EQ(redis::detail::redacted_url("redis://u:@h"), "redis://u:***@h");
 }
@@ -795,7 +796,7 @@ TEST(UrlReview, SecretsAfterAnAmpersandOrAMistypedEqualsAreNotQuoted) {
       {"unix:///t/s?multiplex=1&s3cret", unnamed},
       {"redis://h/1&sentinel_password=s3cret", "bad database \"1&...\""},
       {"redis://h:1&sentinel_password=s3cret", "bad port \"1&...\""},
-      {"redis://[::1]x&p=s3cret", "has \"x&...\" after the IPv6 address"},
+      {"redis://[::1]x&p=s3cret", "has 10 bytes after the IPv6 address"},
       {"redis-sentinel://s:1&p=s3cret/m", "has a bad sentinel \"s:1&...\""},
       {"redis-cluster://a:1&p=s3cret", "bad node \"a:1&...\""},
   };
@@ -1305,7 +1306,14 @@ TEST(UrlReview, CommaInAHostAndBareItemInThePathAreHidden) {
         // redis:// host, a '/' after a ';' in a master name, a space in it.
         "redis://[::1],default:S3CRET", "redis://h,[S3CRET]", "redis://u:p@h,S3CRET",
         "redis-sentinel://s/m;password=S3CRET/0", "redis-sentinel://s/m&S3CRET/x",
-        "redis-sentinel://s/mymaster password S3CRET"}) {
+        "redis-sentinel://s/mymaster password S3CRET",
+        // A third's: a space before a master name's '/' or ';', a space in
+        // a socket path or host, text after an IPv6 address's ']'.
+        "redis-sentinel://h/mymaster password S3CRET/0", "redis-sentinel://h/m S3CRET;x",
+        "redis-sentinel://h/m\tS3CRET/x", "unix:///tmp/s S3CRET?db=x",
+        "unix://u:pw@/tmp/s S3CRET#x", "redis-sentinel://h S3CRET/m",
+        "redis-cluster://u:pw@h S3CRET", "redis://u:pw@[::1]x S3CRET", "redis://u:pw@h S3CRET",
+        "redis://[::1]x:S3CRET", "redis-cluster://[::1]x:S3CRET", "redis://[::1]S3CRET"}) {
     SCOPED_TRACE(url);
     const std::string why = refusal(url);
     ASSERT_FALSE(why.empty()) << "accepted";

@@ -346,6 +346,17 @@ namespace detail {
               : std::string(" Or an IPv6 address needs brackets: [::1]:6379)"));
 }
 
+/// The index of the first space or control byte (0x00-0x20, 0x7f) in `s`,
+/// npos when none: no host, master name or socket path of a URL holds one,
+/// and what follows one may be anything (`/mymaster password S3CRET`).
+[[nodiscard]] inline std::size_t first_blank(std::string_view s) noexcept {
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c <= 0x20 || c == 0x7f) return i;
+  }
+  return std::string_view::npos;
+}
+
 /// `url` as error messages quote it, without its secrets and with every
 /// byte escaped as escaped_name does: the password of
 /// its userinfo (all of a userinfo without ':', which parse_url reads as a
@@ -459,6 +470,20 @@ namespace detail {
     while (from < hosts_end) {
       const std::size_t comma = several ? std::min(url.find(',', from), hosts_end) : hosts_end;
       std::string_view item = url.substr(from, comma - from);
+      // What follows a space or control byte, or a bracketed address's ']'
+      // when no ':' does (`redis://[::1]x:S3CRET`), is hidden: no host holds
+      // one, and parse_url quotes neither.
+      if (const auto blank = first_blank(item); blank != std::string_view::npos) {
+        hide_range(from + blank + 1, comma);
+        item = item.substr(0, blank + 1);
+      }
+      if (item.starts_with('[')) {
+        if (const auto close = item.find(']');
+            close != std::string_view::npos && close + 1 < item.size() && item[close + 1] != ':') {
+          hide_range(from + close + 1, from + item.size());
+          item = item.substr(0, close + 1);
+        }
+      }
       if (const auto bad = item.find_first_of(several ? "&;=" : "&;=,");
           bad != std::string_view::npos) {
         // No host holds one (parse_url refuses it): what follows may be
@@ -508,7 +533,10 @@ namespace detail {
     // ';', '=' or ',' (`unix:///tmp/s;password=S3CRET`).
     const std::size_t from = at != std::string_view::npos ? at + 1 : scheme + 3;
     const std::size_t path_end = std::min(url.find_first_of("?#", from), url.size());
-    if (const std::size_t cut = std::min(url.find_first_of("&;=,", from), path_end);
+    const std::size_t blank = first_blank(url.substr(from, path_end - from));
+    if (const std::size_t cut = std::min(
+            {url.find_first_of("&;=,", from),
+             blank == std::string_view::npos ? std::string_view::npos : from + blank, path_end});
         cut < path_end) {
       hide_range(cut, path_end);
       after_secret = true;
@@ -657,6 +685,11 @@ namespace detail {
     if (const std::string_view inside = part.substr(1, close - 1);
         !inside.empty() && inside != "***" && inside.find(':') == std::string_view::npos) {
       return quoted_host_item("[***" + std::string(part.substr(close)));
+    }
+    // Only ":PORT" may follow the ']': anything else is hidden, as
+    // redacted_url hides it (`[::1]x:S3CRET`).
+    if (close + 1 < part.size() && part[close + 1] != ':') {
+      return "\"" + escaped_name(part.substr(0, close + 1)) + "***\"";
     }
   }
   const std::string_view head = part.substr(0, part.find_first_of("&;="));
@@ -1193,6 +1226,12 @@ namespace detail {
   if (slash == std::string_view::npos) bad_url(url, "has no /MASTER_NAME after the sentinels");
   const std::string_view name = rest.substr(slash + 1);
   if (name.empty()) bad_url(url, "has an empty MASTER_NAME");
+  if (const auto blank = first_blank(name);
+      blank != std::string_view::npos && blank < name.find_first_of("/&;=,")) {
+    // A space or control byte first: quoted up to it (bad_master_name), as
+    // `/mymaster password S3CRET/0` would quote the rest up to the '/'.
+    bad_url(url, "has master name " + bad_master_name(name));
+  }
   if (const auto second = name.find('/');
       second != std::string_view::npos && second < name.find_first_of("&;=,")) {
     // Quoted up to that '/' (the URL's second): `/m/sentinel_password=S3CRET`
@@ -1503,7 +1542,10 @@ namespace detail {
     const std::string_view after = rest.substr(close + 1);
     if (!after.empty()) {
       if (after.front() != ':') {
-        detail::bad_url(url, "has \"" + detail::quoted_part(after) + "\" after the IPv6 address");
+        // Not quoted: only ":PORT" may follow, and this may be anything.
+        detail::bad_url(url, "has " + std::to_string(after.size()) +
+                                 " bytes after the IPv6 address where only :PORT may follow "
+                                 "(not quoted)");
       }
       port = after.substr(1);
       has_port = true;
