@@ -217,11 +217,101 @@ namespace detail {
   return ratelimit::detail::printable(s, std::string_view::npos);
 }
 
+/// The forms of Redis URL, as bits of url_parameter::forms.
+inline constexpr unsigned url_form_redis = 1U;           ///< redis://
+inline constexpr unsigned url_form_rediss = 2U;          ///< rediss://
+inline constexpr unsigned url_form_cluster = 4U;         ///< redis-cluster://
+inline constexpr unsigned url_form_rediss_cluster = 8U;  ///< rediss-cluster://
+inline constexpr unsigned url_form_unix = 16U;           ///< unix://
+inline constexpr unsigned url_form_sentinel = 32U;       ///< redis-sentinel://
+inline constexpr unsigned url_form_all = 63U;
+
+/// A query parameter of the Redis URL forms: its name, the url_form_ bits
+/// of the forms that take it, and whether it is a connection setting the
+/// forms share (`shared`: taken out of the query by take_multiplex_query,
+/// and named after a form's own parameters in a "known: ..." list).
+struct url_parameter {
+  std::string_view name;
+  unsigned forms;
+  bool shared;
+};
+
+/// Every query parameter a Redis URL form takes, in the order messages
+/// name them: the one list known_parameter, likely_misspelling,
+/// tls_parameter and the "known: ..." of messages (parameter_list) read.
+/// The cluster forms refuse read_spin_us= by name (the cluster store never
+/// spins).
+inline constexpr url_parameter url_parameters[] = {
+    {"db", url_form_unix | url_form_sentinel, false},
+    {"multiplex", url_form_all, true},
+    {"read_spin_us", url_form_all & ~(url_form_cluster | url_form_rediss_cluster), true},
+    {"ca", url_form_rediss | url_form_rediss_cluster, false},
+    {"ca_dir", url_form_rediss | url_form_rediss_cluster, false},
+    {"cert", url_form_rediss | url_form_rediss_cluster, false},
+    {"key", url_form_rediss | url_form_rediss_cluster, false},
+    {"sni", url_form_rediss | url_form_rediss_cluster, false},
+    {"verify", url_form_rediss | url_form_rediss_cluster, false},
+    {"sentinel_user", url_form_sentinel, false},
+    {"sentinel_password", url_form_sentinel, false},
+};
+
+/// The url_form_ bits of the forms that take query parameter `name`; 0
+/// for a name no form takes.
+[[nodiscard]] constexpr unsigned parameter_forms(std::string_view name) noexcept {
+  for (const url_parameter& p : url_parameters) {
+    if (p.name == name) return p.forms;
+  }
+  return 0;
+}
+
 /// True for the name of every query parameter a Redis URL form takes.
-[[nodiscard]] inline bool known_parameter(std::string_view name) noexcept {
-  return name == "db" || name == "multiplex" || name == "read_spin_us" || name == "ca" ||
-         name == "ca_dir" || name == "cert" || name == "key" || name == "sni" || name == "verify" ||
-         name == "sentinel_user" || name == "sentinel_password";
+[[nodiscard]] constexpr bool known_parameter(std::string_view name) noexcept {
+  return parameter_forms(name) != 0;
+}
+
+/// True for the names of the TLS parameters (apply_tls_query): those only
+/// the rediss forms take.
+[[nodiscard]] constexpr bool tls_parameter(std::string_view name) noexcept {
+  const unsigned forms = parameter_forms(name);
+  return forms != 0 && (forms & ~(url_form_rediss | url_form_rediss_cluster)) == 0;
+}
+
+/// True for the names of the parameters only `redis-sentinel://` takes.
+[[nodiscard]] constexpr bool sentinel_parameter(std::string_view name) noexcept {
+  return parameter_forms(name) == url_form_sentinel;
+}
+
+/// True for the name of a shared parameter (url_parameter::shared).
+[[nodiscard]] constexpr bool shared_parameter(std::string_view name) noexcept {
+  for (const url_parameter& p : url_parameters) {
+    if (p.shared && p.name == name) return true;
+  }
+  return false;
+}
+
+/// The names of the parameters the form `form` (a url_form_ bit) takes and
+/// none of the forms `except` does, its own before the shared ones, each
+/// followed by `suffix`, separated by ", " but the last by `last`:
+/// `multiplex, read_spin_us` (redis://), `db=, multiplex= and read_spin_us=`
+/// (unix://, suffix "=", last " and ").
+[[nodiscard]] inline std::string parameter_list(unsigned form, unsigned except = 0,
+                                                std::string_view suffix = {},
+                                                std::string_view last = ", ") {
+  std::vector<std::string_view> names;
+  for (const bool shared : {false, true}) {
+    for (const url_parameter& p : url_parameters) {
+      if (p.shared == shared && (p.forms & form) != 0 && (p.forms & except) == 0) {
+        names.push_back(p.name);
+      }
+    }
+  }
+  std::string out;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) out += i + 1 == names.size() ? last : std::string_view(", ");
+    out += names[i];
+    out += suffix;
+  }
+  return out;
 }
 
 /// The edit distance (Levenshtein: insertions, deletions, substitutions)
@@ -258,11 +348,9 @@ namespace detail {
       name.find_first_not_of("abcdefghijklmnopqrstuvwxyz_") != std::string_view::npos) {
     return false;
   }
-  for (const std::string_view known :
-       {"db", "multiplex", "read_spin_us", "ca", "ca_dir", "cert", "key", "sni", "verify",
-        "sentinel_user", "sentinel_password"}) {
-    const std::size_t most = known.size() <= 3 ? 1 : 2;
-    if (edit_distance(name, known, most) <= most) return true;
+  for (const url_parameter& known : url_parameters) {
+    const std::size_t most = known.name.size() <= 3 ? 1 : 2;
+    if (edit_distance(name, known.name, most) <= most) return true;
   }
   return false;
 }
@@ -885,12 +973,6 @@ inline void refuse_unnamed_item(std::string_view item, std::string_view url) {
           "holding '&', which cannot be written in a URL, or a secret with a mistyped '=')");
 }
 
-/// True for the names of the TLS parameters (apply_tls_query).
-[[nodiscard]] inline bool tls_parameter(std::string_view name) noexcept {
-  return name == "ca" || name == "ca_dir" || name == "cert" || name == "key" || name == "sni" ||
-         name == "verify";
-}
-
 /// Refuses parameter `name` of the query of a `redis://` or `rediss://` URL
 /// (with `cluster`, `redis-cluster://` or `rediss-cluster://`; `tls` for
 /// the rediss forms) that takes no such parameter, saying where it belongs:
@@ -911,13 +993,14 @@ inline void refuse_unnamed_item(std::string_view item, std::string_view url) {
   if (!tls && tls_parameter(name)) {
     bad_url(url, "has TLS parameter " + quoted + ": TLS parameters need " + tls_scheme);
   }
-  if (name == "sentinel_user" || name == "sentinel_password") {
+  if (sentinel_parameter(name)) {
     bad_url(url, "has parameter " + quoted + ", which only a redis-sentinel:// URL takes");
   }
-  const std::string tls_names = "ca, ca_dir, cert, key, sni, verify";
-  const std::string own = cluster ? "multiplex" : "multiplex, read_spin_us";
-  const std::string known = "known: " + (tls ? tls_names + ", " + own
-                                             : own + "; with " + tls_scheme + " also " + tls_names);
+  const unsigned plain_form = cluster ? url_form_cluster : url_form_redis;
+  const unsigned tls_form = cluster ? url_form_rediss_cluster : url_form_rediss;
+  const std::string known = "known: " + (tls ? parameter_list(tls_form)
+                                             : parameter_list(plain_form) + "; with " + tls_scheme +
+                                                   " also " + parameter_list(tls_form, plain_form));
   if (!likely_misspelling(name)) {
     // `redis://h?S3CRET=1`: a secret in the wrong place (see likely_misspelling).
     bad_url(url, "has " + unquoted_parameter(known));
@@ -1045,12 +1128,8 @@ inline void check_read_spin(std::chrono::microseconds spin) {
     const std::string_view item = query.substr(0, end);
     const auto eq = item.find('=');
     const std::string_view name = item.substr(0, eq);
-    if (eq != std::string_view::npos &&
-        (name == "db" || name == "multiplex" || name == "read_spin_us" || tls_parameter(name) ||
-         name == "sentinel_user" || name == "sentinel_password")) {
-      return true;
-    }
-    if (item == "multiplex" || item == "read_spin_us") return true;
+    if (eq != std::string_view::npos && known_parameter(name)) return true;
+    if (shared_parameter(item)) return true;
     if (end == std::string_view::npos) return false;
     query.remove_prefix(end + 1);
   }
@@ -1121,8 +1200,8 @@ inline void check_read_spin(std::chrono::microseconds spin) {
     } else {
       if (unix_path && item.starts_with("db=")) ++db_items;
       if (const std::string_view name = item.substr(0, item.find('='));
-          unix_path && elsewhere.empty() && name.size() < item.size() &&
-          (tls_parameter(name) || name == "sentinel_user" || name == "sentinel_password")) {
+          unix_path && elsewhere.empty() && name.size() < item.size() && known_parameter(name) &&
+          (parameter_forms(name) & url_form_unix) == 0) {
         elsewhere = name;
       }
       if (unix_path && !item.empty() && !item.starts_with("db=") && !not_db) {
@@ -1146,14 +1225,14 @@ inline void check_read_spin(std::chrono::microseconds spin) {
     // `unix:///t/s?multiplex=2&x=1&db=1` would connect to "/t/s?x=1&db=1".
     refuse_unnamed_item(not_unix, url);
     bad_url(url, "has " + parameter_named(not_unix.substr(0, not_unix.find('='))) + " beside " +
-                     std::string(beside) +
-                     " (a unix:// URL takes only db=, multiplex= and read_spin_us=)");
+                     std::string(beside) + " (a unix:// URL takes only " +
+                     parameter_list(url_form_unix, 0, "=", " and ") + ")");
   }
   if (!elsewhere.empty()) {
     // `unix:///t/s?sni=x` would connect to the path "/t/s?sni=x".
     bad_url(url, "has parameter \"" + std::string(elsewhere) +
-                     "\", which a unix:// URL does not take (a unix:// URL takes only db=, "
-                     "multiplex= and read_spin_us=)");
+                     "\", which a unix:// URL does not take (a unix:// URL takes only " +
+                     parameter_list(url_form_unix, 0, "=", " and ") + ")");
   }
   // With multiplex= the '?' surely starts a query: an empty parameter there
   // (`unix:///t/s?&multiplex=2&db=1`) would leave the rest read as a path.
@@ -1311,8 +1390,7 @@ namespace detail {
     if (!known_parameter(key)) {
       // Before any message that quotes the name: quoted only when it is a
       // likely misspelling (`?S3CRET=1` is no name to quote).
-      const std::string known =
-          "known: db, sentinel_user, sentinel_password, multiplex, read_spin_us";
+      const std::string known = "known: " + parameter_list(url_form_sentinel);
       if (!likely_misspelling(key)) bad_url(url, "has " + unquoted_parameter(known));
       bad_url(url, "has an unknown parameter \"" + escaped_name(key) + "\" (" + known + ")");
     }
