@@ -758,7 +758,8 @@ TEST(RedisUrl, UnixSocketPathsMayHoldAnAt) {
   EXPECT_EQ(c.password, "pw");
   EXPECT_EQ(c.unix_socket, "/tmp/s");
   const std::string what = url_error("unix:///tmp/a@b.sock?db=x");
-  EXPECT_NE(what.find("unix:///tmp/a@b.sock?db=x"), std::string::npos) << what;
+  // The path is shown whole; a database that is no number is not.
+  EXPECT_NE(what.find("unix:///tmp/a@b.sock?db=***"), std::string::npos) << what;
   EXPECT_EQ(url_error("unix://:s3cret@/tmp/a@b?db=x").find("s3cret"), std::string::npos);
 }
 

@@ -227,13 +227,16 @@ inline constexpr unsigned url_form_sentinel = 32U;       ///< redis-sentinel://
 inline constexpr unsigned url_form_all = 63U;
 
 /// A query parameter of the Redis URL forms: its name, the url_form_ bits
-/// of the forms that take it, and whether it is a connection setting the
-/// forms share (`shared`: taken out of the query by take_multiplex_query,
-/// and named after a form's own parameters in a "known: ..." list).
+/// of the forms that take it, whether it is a connection setting the forms
+/// share (`shared`: taken out of the query by take_multiplex_query, and
+/// named after a form's own parameters in a "known: ..." list), and whether
+/// its value is a number (`number`: read by parse_url_int, and shown by
+/// redacted_url only when quotable_number).
 struct url_parameter {
   std::string_view name;
   unsigned forms;
   bool shared;
+  bool number;
 };
 
 /// Every query parameter a Redis URL form takes, in the order messages
@@ -242,17 +245,17 @@ struct url_parameter {
 /// The cluster forms refuse read_spin_us= by name (the cluster store never
 /// spins).
 inline constexpr url_parameter url_parameters[] = {
-    {"db", url_form_unix | url_form_sentinel, false},
-    {"multiplex", url_form_all, true},
-    {"read_spin_us", url_form_all & ~(url_form_cluster | url_form_rediss_cluster), true},
-    {"ca", url_form_rediss | url_form_rediss_cluster, false},
-    {"ca_dir", url_form_rediss | url_form_rediss_cluster, false},
-    {"cert", url_form_rediss | url_form_rediss_cluster, false},
-    {"key", url_form_rediss | url_form_rediss_cluster, false},
-    {"sni", url_form_rediss | url_form_rediss_cluster, false},
-    {"verify", url_form_rediss | url_form_rediss_cluster, false},
-    {"sentinel_user", url_form_sentinel, false},
-    {"sentinel_password", url_form_sentinel, false},
+    {"db", url_form_unix | url_form_sentinel, false, true},
+    {"multiplex", url_form_all, true, true},
+    {"read_spin_us", url_form_all & ~(url_form_cluster | url_form_rediss_cluster), true, true},
+    {"ca", url_form_rediss | url_form_rediss_cluster, false, false},
+    {"ca_dir", url_form_rediss | url_form_rediss_cluster, false, false},
+    {"cert", url_form_rediss | url_form_rediss_cluster, false, false},
+    {"key", url_form_rediss | url_form_rediss_cluster, false, false},
+    {"sni", url_form_rediss | url_form_rediss_cluster, false, false},
+    {"verify", url_form_rediss | url_form_rediss_cluster, false, false},
+    {"sentinel_user", url_form_sentinel, false, false},
+    {"sentinel_password", url_form_sentinel, false, false},
 };
 
 /// The url_form_ bits of the forms that take query parameter `name`; 0
@@ -279,6 +282,15 @@ inline constexpr url_parameter url_parameters[] = {
 /// True for the names of the parameters only `redis-sentinel://` takes.
 [[nodiscard]] constexpr bool sentinel_parameter(std::string_view name) noexcept {
   return parameter_forms(name) == url_form_sentinel;
+}
+
+/// True for the name of a parameter whose value is a number
+/// (url_parameter::number).
+[[nodiscard]] constexpr bool number_parameter(std::string_view name) noexcept {
+  for (const url_parameter& p : url_parameters) {
+    if (p.number && p.name == name) return true;
+  }
+  return false;
 }
 
 /// True for the name of a shared parameter (url_parameter::shared).
@@ -415,6 +427,16 @@ inline constexpr url_parameter url_parameters[] = {
   return v >= 1 && v <= 65535;
 }
 
+/// True when `s`, a number of a URL that parse_url_int reads (a database,
+/// a multiplex= or read_spin_us= value), may be quoted in a message or
+/// shown by redacted_url: it is empty or all decimal digits. Anything else
+/// may be a secret, a password pasted in the wrong place
+/// (`redis://h?multiplex=S3CRET` said bad multiplex "S3CRET"), and is given
+/// by its length only. A port follows stricter rules (quotable_port).
+[[nodiscard]] constexpr bool quotable_number(std::string_view s) noexcept {
+  return s.find_first_not_of("0123456789") == std::string_view::npos;
+}
+
 /// What a message says of a port that quotable_port refuses: that it is
 /// no number (or, all digits, no number from 1 to 65535), its length
 /// (before any '&'), and the likely cause; never its text. One holding ':'
@@ -479,7 +501,9 @@ inline constexpr url_parameter url_parameters[] = {
 /// Past the userinfo and the hosts only what is known to be safe is shown
 /// (an allow-list, so that no typo shows a secret): the value of a
 /// shown_parameter only when it holds nothing but [A-Za-z0-9._/:-]
-/// (`?multiplex=2;password=S3CRET` reads `?multiplex=***`); the path
+/// (`?multiplex=2;password=S3CRET` reads `?multiplex=***`), and that of a
+/// number_parameter only when quotable_number (`?multiplex=S3CRET` reads
+/// `?multiplex=***`); the path
 /// (after the hosts' '/', up to a '&', '?' or '#') only when all digits
 /// (`redis://h/***`), or for `redis-sentinel://` the master name up to its
 /// first byte outside [A-Za-z0-9._:-] (`redis-sentinel://s/m***`); a
@@ -666,11 +690,15 @@ inline constexpr url_parameter url_parameters[] = {
     // (';' typed for '&') hides all of `2;password=S3CRET`.
     // Such a value in a userinfo (`redis://s3cret@h?sni=a:b@c`) is hidden
     // up to the '@' only: what follows is the host.
+    // The value of a number (db=, multiplex=, read_spin_us=) only when
+    // quotable_number: `?multiplex=S3CRET` reads `?multiplex=***`.
     const bool shown = shown_parameter(item.substr(0, eq));
     const std::size_t to = shown && at > i ? std::min(end, at) : end;
-    if (shown && url.substr(from, to - from)
-                         .find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                            "0123456789._/:-") == std::string_view::npos) {
+    if (const std::string_view value = url.substr(from, to - from);
+        shown &&
+        value.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                "0123456789._/:-") == std::string_view::npos &&
+        (!number_parameter(item.substr(0, eq)) || quotable_number(value))) {
       continue;
     }
     after_secret = true;
@@ -704,9 +732,9 @@ inline constexpr url_parameter url_parameters[] = {
 }
 
 /// The decimal number `s` (digits only), which must lie in lo..hi.
-/// @throws std::invalid_argument naming `s` and the URL; a database
-///   (`what`) whose text before any '&', ';' or '=' is not all digits is
-///   not quoted, only its length
+/// @throws std::invalid_argument naming `s` and the URL; a value (`what`:
+///   a database, multiplex, read_spin_us) whose text before any '&', ';'
+///   or '=' is no quotable_number is not quoted, only its length
 [[nodiscard]] inline int parse_url_int(std::string_view s, std::string_view url, const char* what,
                                        long long lo, long long hi) {
   bool ok = !s.empty() && s.size() <= 10;
@@ -719,15 +747,17 @@ inline constexpr url_parameter url_parameters[] = {
     v = v * 10 + (c - '0');
   }
   if (const std::string_view head = s.substr(0, s.find_first_of("&;="));
-      !ok && std::string_view(what) == "database" &&
-      !std::all_of(head.begin(), head.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      !ok && !quotable_number(head)) {
     // `redis://h/sentinel_password=S3CRET` ('/' typed for '?') said bad
-    // database "sentinel_password=S3CRET": a database that is no number may
-    // be anything, a secret too. Digits up to a '&', ';' or '=' are quoted
-    // as quoted_part cuts them (`"1&..."`).
-    throw std::invalid_argument("ratelimit: bad database in redis URL \"" + redacted_url(url) +
-                                "\": it is not a number (" + std::to_string(s.size()) +
-                                " bytes, not quoted; parameters follow '?') (expected " +
+    // database "sentinel_password=S3CRET", and `redis://h?multiplex=S3CRET`
+    // bad multiplex "S3CRET": a value that is no number may be anything, a
+    // secret too. Digits up to a '&', ';' or '=' are quoted as quoted_part
+    // cuts them (`"1&..."`).
+    const bool database = std::string_view(what) == "database";
+    throw std::invalid_argument("ratelimit: bad " + std::string(what) + " in redis URL \"" +
+                                redacted_url(url) + "\": it is not a number (" +
+                                std::to_string(s.size()) + " bytes, not quoted" +
+                                (database ? "; parameters follow '?'" : "") + ") (expected " +
                                 std::to_string(lo) + ".." + std::to_string(hi) + ")");
   }
   if (!ok || v < lo || v > hi) {
