@@ -974,7 +974,11 @@ TEST(RedisUrl, HostsPortsAndDatabases) {
             std::string::npos);
   EXPECT_NE(url_error("redis://h/-1").find("not a number (2 bytes"), std::string::npos);
   EXPECT_NE(url_error("unix:///tmp/s?db=z").find("bad database in redis URL"), std::string::npos);
-  EXPECT_NE(url_error("redis://h/99999999999").find("database \"99999999999\""), std::string::npos);
+  // Nor is one of more than 10 digits (NumberOfMoreThanTenDigitsIsNotQuoted).
+  EXPECT_NE(url_error("redis://h/99999999999")
+                .find("\"redis://h/***\": it is not a number from 0 to 999999999 (11 digits"),
+            std::string::npos);
+  EXPECT_NE(url_error("redis://h/9999999999").find("database \"9999999999\""), std::string::npos);
   EXPECT_NE(url_error("http://h").find("must start with"), std::string::npos);
   EXPECT_NE(url_error("redis://h?ca=/x").find("need rediss://"), std::string::npos);
 }

@@ -1406,4 +1406,48 @@ TEST(UrlReview, NumericParameterThatIsNoNumberIsNotQuoted) {
   EXPECT_NE(refusal("redis://h?multiplex=").find("bad multiplex \"\""), std::string::npos);
 }
 
+// Verifies that a number of a URL with more than 10 digits (a database, a
+// multiplex= or read_spin_us= value) is quoted neither in the message nor
+// in the URL it shows: `redis://h/12345678901234` said bad database
+// "12345678901234" in redis URL "redis://h/12345678901234", and a long
+// number may be a numeric password pasted in the wrong place. Its number of
+// digits is given. Ten digits (as many as parse_url_int reads) are quoted.
+TEST(UrlReview, NumberOfMoreThanTenDigitsIsNotQuoted) {
+  const std::string digits = "12345678901234";
+  const std::pair<std::string, std::string> rows[] = {
+      {"redis://h/" + digits,
+       "bad database in redis URL \"redis://h/***\": it is not a number from 0 to 999999999 (14 "
+       "digits, not quoted)"},
+      {"rediss://u:pw@h:6380/" + digits + "?sni=x", "it is not a number from 0 to 999999999 (14"},
+      {"redis://h/" + digits + "&x=1", "\"redis://h/***&***\": it is not a number from 0 to"},
+      {"unix:///t/s?db=" + digits, "\"unix:///t/s?db=***\": it is not a number from 0 to"},
+      {"redis-sentinel://s/m?db=" + digits, "\"redis-sentinel://s/m?db=***\": it is not a number"},
+      {"redis-sentinel://s/m/" + digits, "\"redis-sentinel://s/m***\" has a '/' in MASTER_NAME"},
+      {"redis://h?multiplex=" + digits,
+       "bad multiplex in redis URL \"redis://h?multiplex=***\": it is not a number from 0 to 256 "
+       "(14 digits, not quoted)"},
+      {"redis-cluster://a:7000?multiplex=" + digits, "it is not a number from 0 to 256 (14 digits"},
+      {"redis-sentinel://s/m?read_spin_us=" + digits,
+       "\"redis-sentinel://s/m?read_spin_us=***\": it is not a number from 0 to 1000 (14 digits"},
+      {"unix:///t/s?read_spin_us=00000000001", "it is not a number from 0 to 1000 (11 digits"},
+  };
+  for (const auto& [url, said] : rows) {
+    SCOPED_TRACE(url);
+    const std::string why = refusal(url);
+    EXPECT_NE(why.find(said), std::string::npos) << why;
+    EXPECT_EQ(why.find("1234567890"), std::string::npos) << why;
+    EXPECT_EQ(why.find("0000000000"), std::string::npos) << why;
+  }
+  EXPECT_EQ(redis::detail::redacted_url("redis://h/" + digits), "redis://h/***");
+  EXPECT_EQ(redis::detail::redacted_url("unix:///t/s?db=" + digits + "&multiplex=2"),
+            "unix:///t/s?db=***&multiplex=2");
+  // Ten digits are quoted, and shown.
+  EXPECT_NE(refusal("redis://h/9999999999")
+                .find("bad database \"9999999999\" in redis URL \"redis://h/9999999999\""),
+            std::string::npos);
+  EXPECT_NE(refusal("redis://h?multiplex=0000000257").find("bad multiplex \"0000000257\""),
+            std::string::npos);
+  EXPECT_EQ(redis::parse_url("redis://h/0000000007").database, 7);
+}
+
 }  // namespace

@@ -429,12 +429,14 @@ inline constexpr url_parameter url_parameters[] = {
 
 /// True when `s`, a number of a URL that parse_url_int reads (a database,
 /// a multiplex= or read_spin_us= value), may be quoted in a message or
-/// shown by redacted_url: it is empty or all decimal digits. Anything else
-/// may be a secret, a password pasted in the wrong place
-/// (`redis://h?multiplex=S3CRET` said bad multiplex "S3CRET"), and is given
-/// by its length only. A port follows stricter rules (quotable_port).
+/// shown by redacted_url: it is empty or all decimal digits, at most 10 of
+/// them (as many as parse_url_int reads). Anything else may be a secret, a
+/// password pasted in the wrong place (`redis://h?multiplex=S3CRET` said
+/// bad multiplex "S3CRET", `redis://h/12345678901234` bad database
+/// "12345678901234"), and is given by its length only. A port follows
+/// stricter rules (quotable_port).
 [[nodiscard]] constexpr bool quotable_number(std::string_view s) noexcept {
-  return s.find_first_not_of("0123456789") == std::string_view::npos;
+  return s.size() <= 10 && s.find_first_not_of("0123456789") == std::string_view::npos;
 }
 
 /// What a message says of a port that quotable_port refuses: that it is
@@ -504,8 +506,8 @@ inline constexpr url_parameter url_parameters[] = {
 /// (`?multiplex=2;password=S3CRET` reads `?multiplex=***`), and that of a
 /// number_parameter only when quotable_number (`?multiplex=S3CRET` reads
 /// `?multiplex=***`); the path
-/// (after the hosts' '/', up to a '&', '?' or '#') only when all digits
-/// (`redis://h/***`), or for `redis-sentinel://` the master name up to its
+/// (after the hosts' '/', up to a '&', '?' or '#') only when a
+/// quotable_number (`redis://h/***`), or for `redis-sentinel://` the master name up to its
 /// first byte outside [A-Za-z0-9._:-] (`redis-sentinel://s/m***`); a
 /// `unix://` socket path up to its first '&', ';', '=' or ','; a fragment
 /// as `#***`; a bracketed host without ':' (no IPv6 address) as `[***]`.
@@ -623,7 +625,7 @@ inline constexpr url_parameter url_parameters[] = {
     }
     if (hosts_end < url.size() && url[hosts_end] == '/') {
       // The path (a database, a master name) up to a '&', '?' or '#': a
-      // database is shown only when all digits, a master name up to its
+      // database is shown only when quotable_number, a master name up to its
       // first byte that no master name of a URL holds; what follows may be
       // a secret (`redis://h/S3CRET`, `redis-sentinel://s/m;auth:S3CRET`).
       const std::size_t path_end = std::min(url.find_first_of("&?#", hosts_end + 1), url.size());
@@ -632,8 +634,8 @@ inline constexpr url_parameter url_parameters[] = {
           url.starts_with("redis-sentinel://")
               ? item.find_first_not_of(
                     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
-          : item.find_first_not_of("0123456789") == std::string_view::npos ? std::string_view::npos
-                                                                           : 0,
+          : quotable_number(item) ? std::string_view::npos
+                                  : 0,
           item.size());
       if (cut < item.size()) {
         hide_range(hosts_end + 1 + cut, path_end);
@@ -754,6 +756,13 @@ inline constexpr url_parameter url_parameters[] = {
     // secret too. Digits up to a '&', ';' or '=' are quoted as quoted_part
     // cuts them (`"1&..."`).
     const bool database = std::string_view(what) == "database";
+    if (head.find_first_not_of("0123456789") == std::string_view::npos) {
+      // More than 10 digits (`redis://h/12345678901234`): a numeric secret?
+      throw std::invalid_argument("ratelimit: bad " + std::string(what) + " in redis URL \"" +
+                                  redacted_url(url) + "\": it is not a number from " +
+                                  std::to_string(lo) + " to " + std::to_string(hi) + " (" +
+                                  std::to_string(head.size()) + " digits, not quoted)");
+    }
     throw std::invalid_argument("ratelimit: bad " + std::string(what) + " in redis URL \"" +
                                 redacted_url(url) + "\": it is not a number (" +
                                 std::to_string(s.size()) + " bytes, not quoted" +
