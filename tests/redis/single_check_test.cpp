@@ -293,8 +293,11 @@ TEST(RedisSingleCheck, ReadSpinIsValidatedInOptionsAndUrls) {
     EXPECT_NE(why.find(part), std::string::npos) << url << ": " << why;
   };
   refused("redis://h?read_spin_us=1001", "bad read_spin_us \"1001\"");
-  refused("redis://h?read_spin_us=-1", "bad read_spin_us \"-1\"");
-  refused("redis://h?read_spin_us=5us", "bad read_spin_us \"5us\"");
+  // No number: not quoted (it may be a password pasted in the wrong place).
+  refused("redis://h?read_spin_us=-1",
+          "bad read_spin_us in redis URL \"redis://h?read_spin_us=***\": it is not a number (2 "
+          "bytes, not quoted)");
+  refused("redis://h?read_spin_us=5us", "it is not a number (3 bytes, not quoted)");
   refused("redis://h?read_spin_us=", "bad read_spin_us \"\"");
   refused("redis://h?read_spin_us", "bad read_spin_us \"\"");
   refused("redis://h?read_spin_us=5&read_spin_us=5", "\"read_spin_us\" twice");

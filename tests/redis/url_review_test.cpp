@@ -331,7 +331,10 @@ TEST(UrlReview, ReadSpinOnAClusterUrlIsRefusedByName) {
         << url << ": " << why;
     EXPECT_EQ(why.find("TLS"), std::string::npos) << why;
   }
-  EXPECT_NE(refusal("redis-cluster://a:7000?read_spin_us=x").find("bad read_spin_us \"x\""),
+  // A value that is no number is not quoted (NumericParameterThatIsNoNumberIsNotQuoted).
+  EXPECT_NE(refusal("redis-cluster://a:7000?read_spin_us=x")
+                .find("bad read_spin_us in redis URL \"redis-cluster://a:7000?read_spin_us=***\": "
+                      "it is not a number (1 bytes, not quoted)"),
             std::string::npos);
   EXPECT_NE(refusal("redis-cluster://a:7000?read_spin_us=1&read_spin_us=1").find("twice"),
             std::string::npos);
@@ -582,7 +585,8 @@ TEST(UrlReview, UnixQueryAfterAnAtOrASecondQuestionMark) {
       {"unix:///t/s?read_spin_us=5&q=@", unknown + " beside multiplex="},
       {"unix:///t/s?x=@&db=1", unknown + " beside db= " + unix_only},
       {"unix:///t/s?sn=@&db=1", "has parameter \"sn\" beside db= " + unix_only},
-      {"unix:///t/s?multiplex=2@", "bad multiplex \"2@\""},
+      {"unix:///t/s?multiplex=2@",
+       "bad multiplex in redis URL \"unix:///t/s?multiplex=***\": it is not a number (2 bytes"},
       {"unix:///t/s?db=1@x",
        "bad database in redis URL \"unix:///t/s?db=***\": it is not a number"},
       {"unix:///t/s?sni=x@y", "has parameter \"sni\", which a unix:// URL does not take"},
@@ -673,7 +677,8 @@ TEST(UrlReview, ControlBytesInMessagesAreEscaped) {
       {"redis://h\r\nX-Forged:1"s, "\"redis://h\\x0d***\""},
       {"redis://h:\r\n"s, "the port is not a number (2 bytes, not quoted"},
       {"redis://h/\n1"s, "\"redis://h/***\": it is not a number (2 bytes, not quoted"},
-      {"redis://h?multiplex=\x1b[2J"s, "bad multiplex \"\\x1b[2J\""},
+      {"redis://h?multiplex=\x1b[2J"s,
+       "\"redis://h?multiplex=***\": it is not a number (4 bytes, not quoted"},
       {"redis://h?x\r\n=1"s, "\"redis://h?***\" has an unknown parameter (its name is not quoted"},
       {"rediss://h?ca=/c&x\r\n"s, "\"rediss://h?ca=/c&***\" has a parameter without '='"},
       {"rediss://h?sni=a\rb"s, "\"rediss://h?sni=***\" has a control byte"},
@@ -761,7 +766,8 @@ TEST(UrlReview, RedactedUrlShowsEveryNonSecretParameter) {
           .find("bad multiplex \"300\" in redis URL \"redis://h?multiplex=300&read_spin_us=5\""),
       std::string::npos);
   EXPECT_NE(
-      refusal("redis-cluster://a:7000?multiplex=x").find("\"redis-cluster://a:7000?multiplex=x\""),
+      refusal("redis-cluster://a:7000?multiplex=999")
+          .find("bad multiplex \"999\" in redis URL \"redis-cluster://a:7000?multiplex=999\""),
       std::string::npos);
   EXPECT_NE(refusal("redis-sentinel://s/m?read_spin_us=2000&sentinel_password=s3cret")
                 .find("\"redis-sentinel://s/m?read_spin_us=2000&sentinel_password=***\""),
@@ -1351,6 +1357,97 @@ TEST(UrlReview, CommaInAHostAndBareItemInThePathAreHidden) {
     EXPECT_NE(why.find("/nonexistent-rltest/s,..."), std::string::npos) << why;
     EXPECT_EQ(why.find("S3"), std::string::npos) << why;
   }
+}
+
+// Verifies that a multiplex= or read_spin_us= value that is no number is
+// quoted neither in the message nor in the URL it shows, on every form:
+// `redis://h?multiplex=S3CRET` said bad multiplex "S3CRET" in redis URL
+// "redis://h?multiplex=S3CRET" (a password pasted in the wrong place). Only
+// its length is given, as for a database or a port that is no number. A
+// number (all digits) out of range is still quoted, and so are digits up to
+// a '&', ';' or '=' (quoted_part cuts there).
+TEST(UrlReview, NumericParameterThatIsNoNumberIsNotQuoted) {
+  const std::string not_number = "it is not a number (6 bytes, not quoted) (expected 0..";
+  const std::pair<std::string, std::string> rows[] = {
+      {"redis://h?multiplex=S3CRET",
+       "bad multiplex in redis URL \"redis://h?multiplex=***\": " + not_number + "256)"},
+      {"rediss://h?sni=a&read_spin_us=S3CRET",
+       "bad read_spin_us in redis URL \"rediss://h?sni=a&read_spin_us=***\": " + not_number +
+           "1000)"},
+      {"redis-cluster://a:7000?multiplex=S3CRET",
+       "bad multiplex in redis URL \"redis-cluster://a:7000?multiplex=***\": " + not_number},
+      {"rediss-cluster://a:7000?multiplex=S3CRET&sni=x", "bad multiplex in redis URL"},
+      {"redis-cluster://a:7000?read_spin_us=S3CRET", "bad read_spin_us in redis URL"},
+      {"redis-sentinel://s/m?multiplex=S3CRET",
+       "bad multiplex in redis URL \"redis-sentinel://s/m?multiplex=***\": " + not_number},
+      {"redis-sentinel://s/m?db=1&read_spin_us=S3CRET",
+       "bad read_spin_us in redis URL \"redis-sentinel://s/m?db=1&read_spin_us=***\": " +
+           not_number},
+      {"unix:///t/s?multiplex=S3CRET",
+       "bad multiplex in redis URL \"unix:///t/s?multiplex=***\": " + not_number},
+      {"unix:///t/s?db=1&read_spin_us=S3CRET", "bad read_spin_us in redis URL"},
+      {"redis://h?multiplex=2S3CRET", "it is not a number (7 bytes, not quoted)"},
+      {"redis://h?multiplex=-S3CRET", "it is not a number (7 bytes, not quoted)"},
+      {"redis://h?read_spin_us=S3CRET;x=1", "it is not a number (10 bytes, not quoted)"},
+  };
+  for (const auto& [url, said] : rows) EXPECT_TRUE(refused_saying(url, said));
+  EXPECT_EQ(redis::detail::redacted_url("redis://h?multiplex=S3CRET&read_spin_us=S3CRET"),
+            "redis://h?multiplex=***&read_spin_us=***");
+  EXPECT_EQ(redis::detail::redacted_url("redis-sentinel://s/m?db=S3CRET&multiplex=2"),
+            "redis-sentinel://s/m?db=***&multiplex=2");
+  // Numbers are quoted.
+  EXPECT_NE(refusal("redis://h?multiplex=300")
+                .find("bad multiplex \"300\" in redis URL "
+                      "\"redis://h?multiplex=300\" (expected 0..256)"),
+            std::string::npos);
+  EXPECT_NE(refusal("redis-sentinel://s/m?read_spin_us=2000").find("bad read_spin_us \"2000\""),
+            std::string::npos);
+  EXPECT_NE(refusal("redis://h?multiplex=2;x").find("bad multiplex \"2;...\""), std::string::npos);
+  EXPECT_NE(refusal("redis://h?multiplex=").find("bad multiplex \"\""), std::string::npos);
+}
+
+// Verifies that a number of a URL with more than 10 digits (a database, a
+// multiplex= or read_spin_us= value) is quoted neither in the message nor
+// in the URL it shows: `redis://h/12345678901234` said bad database
+// "12345678901234" in redis URL "redis://h/12345678901234", and a long
+// number may be a numeric password pasted in the wrong place. Its number of
+// digits is given. Ten digits (as many as parse_url_int reads) are quoted.
+TEST(UrlReview, NumberOfMoreThanTenDigitsIsNotQuoted) {
+  const std::string digits = "12345678901234";
+  const std::pair<std::string, std::string> rows[] = {
+      {"redis://h/" + digits,
+       "bad database in redis URL \"redis://h/***\": it is not a number from 0 to 999999999 (14 "
+       "digits, not quoted)"},
+      {"rediss://u:pw@h:6380/" + digits + "?sni=x", "it is not a number from 0 to 999999999 (14"},
+      {"redis://h/" + digits + "&x=1", "\"redis://h/***&***\": it is not a number from 0 to"},
+      {"unix:///t/s?db=" + digits, "\"unix:///t/s?db=***\": it is not a number from 0 to"},
+      {"redis-sentinel://s/m?db=" + digits, "\"redis-sentinel://s/m?db=***\": it is not a number"},
+      {"redis-sentinel://s/m/" + digits, "\"redis-sentinel://s/m***\" has a '/' in MASTER_NAME"},
+      {"redis://h?multiplex=" + digits,
+       "bad multiplex in redis URL \"redis://h?multiplex=***\": it is not a number from 0 to 256 "
+       "(14 digits, not quoted)"},
+      {"redis-cluster://a:7000?multiplex=" + digits, "it is not a number from 0 to 256 (14 digits"},
+      {"redis-sentinel://s/m?read_spin_us=" + digits,
+       "\"redis-sentinel://s/m?read_spin_us=***\": it is not a number from 0 to 1000 (14 digits"},
+      {"unix:///t/s?read_spin_us=00000000001", "it is not a number from 0 to 1000 (11 digits"},
+  };
+  for (const auto& [url, said] : rows) {
+    SCOPED_TRACE(url);
+    const std::string why = refusal(url);
+    EXPECT_NE(why.find(said), std::string::npos) << why;
+    EXPECT_EQ(why.find("1234567890"), std::string::npos) << why;
+    EXPECT_EQ(why.find("0000000000"), std::string::npos) << why;
+  }
+  EXPECT_EQ(redis::detail::redacted_url("redis://h/" + digits), "redis://h/***");
+  EXPECT_EQ(redis::detail::redacted_url("unix:///t/s?db=" + digits + "&multiplex=2"),
+            "unix:///t/s?db=***&multiplex=2");
+  // Ten digits are quoted, and shown.
+  EXPECT_NE(refusal("redis://h/9999999999")
+                .find("bad database \"9999999999\" in redis URL \"redis://h/9999999999\""),
+            std::string::npos);
+  EXPECT_NE(refusal("redis://h?multiplex=0000000257").find("bad multiplex \"0000000257\""),
+            std::string::npos);
+  EXPECT_EQ(redis::parse_url("redis://h/0000000007").database, 7);
 }
 
 }  // namespace

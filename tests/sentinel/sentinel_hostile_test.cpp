@@ -161,6 +161,8 @@ TEST(SentinelHostile, GarbageAnswersAreSkipped) {
       {"*-1\r\n", "knows no master named \"m\""},
       {"*2\r\n" + bulk("127.0.0.1"), "sentinel 127.0.0.1:"},  // never completed: a timeout
       {huge_error, "answered \"ERR xxx"},
+      // Escaped as \xNN, as every message of the library quotes a server.
+      {"-ERR a\x1b[31mb\"c\\\r\n", "answered \"ERR a\\x1b[31mb\\x22c\\x5c\""},
   };
   for (const auto& [answer, expected] : cases) {
     fake_server s({{0ms, answer}});
@@ -192,6 +194,10 @@ TEST(SentinelHostile, OddRoleAnswersAreRefused) {
       {"-NOPERM no\r\n", "answers ROLE with \"NOPERM no\""},
       {"-LOADING wait\r\n", "cannot serve checks now: LOADING wait"},
       {"*1\r\n" + bulk(std::string(100'000, 'r')), "is a rrrr"},
+      {"*1\r\n" + bulk("mas\x01ter"), "is a mas\\x01ter (ROLE)"},
+      {"-NOPERM a\x7f\"\r\n", "answers ROLE with \"NOPERM a\\x7f\\x22\""},
+      // A library message (escaped once already) is not escaped again.
+      {"-LOADING a\x1b\r\n", "cannot serve checks now: LOADING a\\x1b"},
   };
   for (const auto& [answer, expected] : cases) {
     fake_server master({{0ms, answer}});

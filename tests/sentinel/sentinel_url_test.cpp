@@ -210,4 +210,25 @@ TEST(SentinelOptions, MasterNameWithControlBytesIsRefusedByValue) {
   EXPECT_NO_THROW(redis::redis_store{ok});
 }
 
+// Verifies that what a server said (a sentinel's error, a master's ROLE
+// answer) is quoted as the rest of the library quotes hostile bytes, each
+// byte outside printable ASCII, '"' and '\' as \xNN
+// (detail::printable, as detail::reply_text), not as '?': "ERR a?b" told
+// neither which byte it was nor a '?' the server sent from one it did not.
+// Still at most `most` bytes of it, then "...".
+TEST(SentinelOptions, ServerAnswersAreQuotedEscaped) {
+  EXPECT_EQ(redis::detail::shown("ERR a\r\nb\x1b[31m\x7f\xff\"\\?"),
+            "ERR a\\x0d\\x0ab\\x1b[31m\\x7f\\xff\\x22\\x5c?");
+  EXPECT_EQ(redis::detail::shown("master"), "master");
+  EXPECT_EQ(redis::detail::shown(std::string(200, 'x')), std::string(120, 'x') + "...");
+  EXPECT_EQ(redis::detail::shown(std::string(5, '\n'), 3), "\\x0a\\x0a\\x0a...");
+  // A message of the library (already escaped, '"' in it) is quoted as is, cut.
+  EXPECT_EQ(redis::detail::shown_message("cannot resolve \"h\\x0d\": x", 400),
+            "cannot resolve \"h\\x0d\": x");
+  EXPECT_EQ(redis::detail::shown_message(std::string(500, 'y'), 400),
+            std::string(400, 'y') + "...");
+  // Should one hold a raw control byte, it is escaped whole.
+  EXPECT_EQ(redis::detail::shown_message("a\"\nb", 400), "a\\x22\\x0ab");
+}
+
 }  // namespace

@@ -217,11 +217,113 @@ namespace detail {
   return ratelimit::detail::printable(s, std::string_view::npos);
 }
 
+/// The forms of Redis URL, as bits of url_parameter::forms.
+inline constexpr unsigned url_form_redis = 1U;           ///< redis://
+inline constexpr unsigned url_form_rediss = 2U;          ///< rediss://
+inline constexpr unsigned url_form_cluster = 4U;         ///< redis-cluster://
+inline constexpr unsigned url_form_rediss_cluster = 8U;  ///< rediss-cluster://
+inline constexpr unsigned url_form_unix = 16U;           ///< unix://
+inline constexpr unsigned url_form_sentinel = 32U;       ///< redis-sentinel://
+inline constexpr unsigned url_form_all = 63U;
+
+/// A query parameter of the Redis URL forms: its name, the url_form_ bits
+/// of the forms that take it, whether it is a connection setting the forms
+/// share (`shared`: taken out of the query by take_multiplex_query, and
+/// named after a form's own parameters in a "known: ..." list), and whether
+/// its value is a number (`number`: read by parse_url_int, and shown by
+/// redacted_url only when quotable_number).
+struct url_parameter {
+  std::string_view name;
+  unsigned forms;
+  bool shared;
+  bool number;
+};
+
+/// Every query parameter a Redis URL form takes, in the order messages
+/// name them: the one list known_parameter, likely_misspelling,
+/// tls_parameter and the "known: ..." of messages (parameter_list) read.
+/// The cluster forms refuse read_spin_us= by name (the cluster store never
+/// spins).
+inline constexpr url_parameter url_parameters[] = {
+    {"db", url_form_unix | url_form_sentinel, false, true},
+    {"multiplex", url_form_all, true, true},
+    {"read_spin_us", url_form_all & ~(url_form_cluster | url_form_rediss_cluster), true, true},
+    {"ca", url_form_rediss | url_form_rediss_cluster, false, false},
+    {"ca_dir", url_form_rediss | url_form_rediss_cluster, false, false},
+    {"cert", url_form_rediss | url_form_rediss_cluster, false, false},
+    {"key", url_form_rediss | url_form_rediss_cluster, false, false},
+    {"sni", url_form_rediss | url_form_rediss_cluster, false, false},
+    {"verify", url_form_rediss | url_form_rediss_cluster, false, false},
+    {"sentinel_user", url_form_sentinel, false, false},
+    {"sentinel_password", url_form_sentinel, false, false},
+};
+
+/// The url_form_ bits of the forms that take query parameter `name`; 0
+/// for a name no form takes.
+[[nodiscard]] constexpr unsigned parameter_forms(std::string_view name) noexcept {
+  for (const url_parameter& p : url_parameters) {
+    if (p.name == name) return p.forms;
+  }
+  return 0;
+}
+
 /// True for the name of every query parameter a Redis URL form takes.
-[[nodiscard]] inline bool known_parameter(std::string_view name) noexcept {
-  return name == "db" || name == "multiplex" || name == "read_spin_us" || name == "ca" ||
-         name == "ca_dir" || name == "cert" || name == "key" || name == "sni" || name == "verify" ||
-         name == "sentinel_user" || name == "sentinel_password";
+[[nodiscard]] constexpr bool known_parameter(std::string_view name) noexcept {
+  return parameter_forms(name) != 0;
+}
+
+/// True for the names of the TLS parameters (apply_tls_query): those only
+/// the rediss forms take.
+[[nodiscard]] constexpr bool tls_parameter(std::string_view name) noexcept {
+  const unsigned forms = parameter_forms(name);
+  return forms != 0 && (forms & ~(url_form_rediss | url_form_rediss_cluster)) == 0;
+}
+
+/// True for the names of the parameters only `redis-sentinel://` takes.
+[[nodiscard]] constexpr bool sentinel_parameter(std::string_view name) noexcept {
+  return parameter_forms(name) == url_form_sentinel;
+}
+
+/// True for the name of a parameter whose value is a number
+/// (url_parameter::number).
+[[nodiscard]] constexpr bool number_parameter(std::string_view name) noexcept {
+  for (const url_parameter& p : url_parameters) {
+    if (p.number && p.name == name) return true;
+  }
+  return false;
+}
+
+/// True for the name of a shared parameter (url_parameter::shared).
+[[nodiscard]] constexpr bool shared_parameter(std::string_view name) noexcept {
+  for (const url_parameter& p : url_parameters) {
+    if (p.shared && p.name == name) return true;
+  }
+  return false;
+}
+
+/// The names of the parameters the form `form` (a url_form_ bit) takes and
+/// none of the forms `except` does, its own before the shared ones, each
+/// followed by `suffix`, separated by ", " but the last by `last`:
+/// `multiplex, read_spin_us` (redis://), `db=, multiplex= and read_spin_us=`
+/// (unix://, suffix "=", last " and ").
+[[nodiscard]] inline std::string parameter_list(unsigned form, unsigned except = 0,
+                                                std::string_view suffix = {},
+                                                std::string_view last = ", ") {
+  std::vector<std::string_view> names;
+  for (const bool shared : {false, true}) {
+    for (const url_parameter& p : url_parameters) {
+      if (p.shared == shared && (p.forms & form) != 0 && (p.forms & except) == 0) {
+        names.push_back(p.name);
+      }
+    }
+  }
+  std::string out;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) out += i + 1 == names.size() ? last : std::string_view(", ");
+    out += names[i];
+    out += suffix;
+  }
+  return out;
 }
 
 /// The edit distance (Levenshtein: insertions, deletions, substitutions)
@@ -258,11 +360,9 @@ namespace detail {
       name.find_first_not_of("abcdefghijklmnopqrstuvwxyz_") != std::string_view::npos) {
     return false;
   }
-  for (const std::string_view known :
-       {"db", "multiplex", "read_spin_us", "ca", "ca_dir", "cert", "key", "sni", "verify",
-        "sentinel_user", "sentinel_password"}) {
-    const std::size_t most = known.size() <= 3 ? 1 : 2;
-    if (edit_distance(name, known, most) <= most) return true;
+  for (const url_parameter& known : url_parameters) {
+    const std::size_t most = known.name.size() <= 3 ? 1 : 2;
+    if (edit_distance(name, known.name, most) <= most) return true;
   }
   return false;
 }
@@ -325,6 +425,18 @@ namespace detail {
     v = v * 10 + (c - '0');
   }
   return v >= 1 && v <= 65535;
+}
+
+/// True when `s`, a number of a URL that parse_url_int reads (a database,
+/// a multiplex= or read_spin_us= value), may be quoted in a message or
+/// shown by redacted_url: it is empty or all decimal digits, at most 10 of
+/// them (as many as parse_url_int reads). Anything else may be a secret, a
+/// password pasted in the wrong place (`redis://h?multiplex=S3CRET` said
+/// bad multiplex "S3CRET", `redis://h/12345678901234` bad database
+/// "12345678901234"), and is given by its length only. A port follows
+/// stricter rules (quotable_port).
+[[nodiscard]] constexpr bool quotable_number(std::string_view s) noexcept {
+  return s.size() <= 10 && s.find_first_not_of("0123456789") == std::string_view::npos;
 }
 
 /// What a message says of a port that quotable_port refuses: that it is
@@ -391,9 +503,11 @@ namespace detail {
 /// Past the userinfo and the hosts only what is known to be safe is shown
 /// (an allow-list, so that no typo shows a secret): the value of a
 /// shown_parameter only when it holds nothing but [A-Za-z0-9._/:-]
-/// (`?multiplex=2;password=S3CRET` reads `?multiplex=***`); the path
-/// (after the hosts' '/', up to a '&', '?' or '#') only when all digits
-/// (`redis://h/***`), or for `redis-sentinel://` the master name up to its
+/// (`?multiplex=2;password=S3CRET` reads `?multiplex=***`), and that of a
+/// number_parameter only when quotable_number (`?multiplex=S3CRET` reads
+/// `?multiplex=***`); the path
+/// (after the hosts' '/', up to a '&', '?' or '#') only when a
+/// quotable_number (`redis://h/***`), or for `redis-sentinel://` the master name up to its
 /// first byte outside [A-Za-z0-9._:-] (`redis-sentinel://s/m***`); a
 /// `unix://` socket path up to its first '&', ';', '=' or ','; a fragment
 /// as `#***`; a bracketed host without ':' (no IPv6 address) as `[***]`.
@@ -511,7 +625,7 @@ namespace detail {
     }
     if (hosts_end < url.size() && url[hosts_end] == '/') {
       // The path (a database, a master name) up to a '&', '?' or '#': a
-      // database is shown only when all digits, a master name up to its
+      // database is shown only when quotable_number, a master name up to its
       // first byte that no master name of a URL holds; what follows may be
       // a secret (`redis://h/S3CRET`, `redis-sentinel://s/m;auth:S3CRET`).
       const std::size_t path_end = std::min(url.find_first_of("&?#", hosts_end + 1), url.size());
@@ -520,8 +634,8 @@ namespace detail {
           url.starts_with("redis-sentinel://")
               ? item.find_first_not_of(
                     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
-          : item.find_first_not_of("0123456789") == std::string_view::npos ? std::string_view::npos
-                                                                           : 0,
+          : quotable_number(item) ? std::string_view::npos
+                                  : 0,
           item.size());
       if (cut < item.size()) {
         hide_range(hosts_end + 1 + cut, path_end);
@@ -578,11 +692,15 @@ namespace detail {
     // (';' typed for '&') hides all of `2;password=S3CRET`.
     // Such a value in a userinfo (`redis://s3cret@h?sni=a:b@c`) is hidden
     // up to the '@' only: what follows is the host.
+    // The value of a number (db=, multiplex=, read_spin_us=) only when
+    // quotable_number: `?multiplex=S3CRET` reads `?multiplex=***`.
     const bool shown = shown_parameter(item.substr(0, eq));
     const std::size_t to = shown && at > i ? std::min(end, at) : end;
-    if (shown && url.substr(from, to - from)
-                         .find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                            "0123456789._/:-") == std::string_view::npos) {
+    if (const std::string_view value = url.substr(from, to - from);
+        shown &&
+        value.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                "0123456789._/:-") == std::string_view::npos &&
+        (!number_parameter(item.substr(0, eq)) || quotable_number(value))) {
       continue;
     }
     after_secret = true;
@@ -616,9 +734,9 @@ namespace detail {
 }
 
 /// The decimal number `s` (digits only), which must lie in lo..hi.
-/// @throws std::invalid_argument naming `s` and the URL; a database
-///   (`what`) whose text before any '&', ';' or '=' is not all digits is
-///   not quoted, only its length
+/// @throws std::invalid_argument naming `s` and the URL; a value (`what`:
+///   a database, multiplex, read_spin_us) whose text before any '&', ';'
+///   or '=' is no quotable_number is not quoted, only its length
 [[nodiscard]] inline int parse_url_int(std::string_view s, std::string_view url, const char* what,
                                        long long lo, long long hi) {
   bool ok = !s.empty() && s.size() <= 10;
@@ -631,15 +749,24 @@ namespace detail {
     v = v * 10 + (c - '0');
   }
   if (const std::string_view head = s.substr(0, s.find_first_of("&;="));
-      !ok && std::string_view(what) == "database" &&
-      !std::all_of(head.begin(), head.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      !ok && !quotable_number(head)) {
     // `redis://h/sentinel_password=S3CRET` ('/' typed for '?') said bad
-    // database "sentinel_password=S3CRET": a database that is no number may
-    // be anything, a secret too. Digits up to a '&', ';' or '=' are quoted
-    // as quoted_part cuts them (`"1&..."`).
-    throw std::invalid_argument("ratelimit: bad database in redis URL \"" + redacted_url(url) +
-                                "\": it is not a number (" + std::to_string(s.size()) +
-                                " bytes, not quoted; parameters follow '?') (expected " +
+    // database "sentinel_password=S3CRET", and `redis://h?multiplex=S3CRET`
+    // bad multiplex "S3CRET": a value that is no number may be anything, a
+    // secret too. Digits up to a '&', ';' or '=' are quoted as quoted_part
+    // cuts them (`"1&..."`).
+    const bool database = std::string_view(what) == "database";
+    if (head.find_first_not_of("0123456789") == std::string_view::npos) {
+      // More than 10 digits (`redis://h/12345678901234`): a numeric secret?
+      throw std::invalid_argument("ratelimit: bad " + std::string(what) + " in redis URL \"" +
+                                  redacted_url(url) + "\": it is not a number from " +
+                                  std::to_string(lo) + " to " + std::to_string(hi) + " (" +
+                                  std::to_string(head.size()) + " digits, not quoted)");
+    }
+    throw std::invalid_argument("ratelimit: bad " + std::string(what) + " in redis URL \"" +
+                                redacted_url(url) + "\": it is not a number (" +
+                                std::to_string(s.size()) + " bytes, not quoted" +
+                                (database ? "; parameters follow '?'" : "") + ") (expected " +
                                 std::to_string(lo) + ".." + std::to_string(hi) + ")");
   }
   if (!ok || v < lo || v > hi) {
@@ -885,12 +1012,6 @@ inline void refuse_unnamed_item(std::string_view item, std::string_view url) {
           "holding '&', which cannot be written in a URL, or a secret with a mistyped '=')");
 }
 
-/// True for the names of the TLS parameters (apply_tls_query).
-[[nodiscard]] inline bool tls_parameter(std::string_view name) noexcept {
-  return name == "ca" || name == "ca_dir" || name == "cert" || name == "key" || name == "sni" ||
-         name == "verify";
-}
-
 /// Refuses parameter `name` of the query of a `redis://` or `rediss://` URL
 /// (with `cluster`, `redis-cluster://` or `rediss-cluster://`; `tls` for
 /// the rediss forms) that takes no such parameter, saying where it belongs:
@@ -911,13 +1032,14 @@ inline void refuse_unnamed_item(std::string_view item, std::string_view url) {
   if (!tls && tls_parameter(name)) {
     bad_url(url, "has TLS parameter " + quoted + ": TLS parameters need " + tls_scheme);
   }
-  if (name == "sentinel_user" || name == "sentinel_password") {
+  if (sentinel_parameter(name)) {
     bad_url(url, "has parameter " + quoted + ", which only a redis-sentinel:// URL takes");
   }
-  const std::string tls_names = "ca, ca_dir, cert, key, sni, verify";
-  const std::string own = cluster ? "multiplex" : "multiplex, read_spin_us";
-  const std::string known = "known: " + (tls ? tls_names + ", " + own
-                                             : own + "; with " + tls_scheme + " also " + tls_names);
+  const unsigned plain_form = cluster ? url_form_cluster : url_form_redis;
+  const unsigned tls_form = cluster ? url_form_rediss_cluster : url_form_rediss;
+  const std::string known = "known: " + (tls ? parameter_list(tls_form)
+                                             : parameter_list(plain_form) + "; with " + tls_scheme +
+                                                   " also " + parameter_list(tls_form, plain_form));
   if (!likely_misspelling(name)) {
     // `redis://h?S3CRET=1`: a secret in the wrong place (see likely_misspelling).
     bad_url(url, "has " + unquoted_parameter(known));
@@ -1045,12 +1167,8 @@ inline void check_read_spin(std::chrono::microseconds spin) {
     const std::string_view item = query.substr(0, end);
     const auto eq = item.find('=');
     const std::string_view name = item.substr(0, eq);
-    if (eq != std::string_view::npos &&
-        (name == "db" || name == "multiplex" || name == "read_spin_us" || tls_parameter(name) ||
-         name == "sentinel_user" || name == "sentinel_password")) {
-      return true;
-    }
-    if (item == "multiplex" || item == "read_spin_us") return true;
+    if (eq != std::string_view::npos && known_parameter(name)) return true;
+    if (shared_parameter(item)) return true;
     if (end == std::string_view::npos) return false;
     query.remove_prefix(end + 1);
   }
@@ -1121,8 +1239,8 @@ inline void check_read_spin(std::chrono::microseconds spin) {
     } else {
       if (unix_path && item.starts_with("db=")) ++db_items;
       if (const std::string_view name = item.substr(0, item.find('='));
-          unix_path && elsewhere.empty() && name.size() < item.size() &&
-          (tls_parameter(name) || name == "sentinel_user" || name == "sentinel_password")) {
+          unix_path && elsewhere.empty() && name.size() < item.size() && known_parameter(name) &&
+          (parameter_forms(name) & url_form_unix) == 0) {
         elsewhere = name;
       }
       if (unix_path && !item.empty() && !item.starts_with("db=") && !not_db) {
@@ -1146,14 +1264,14 @@ inline void check_read_spin(std::chrono::microseconds spin) {
     // `unix:///t/s?multiplex=2&x=1&db=1` would connect to "/t/s?x=1&db=1".
     refuse_unnamed_item(not_unix, url);
     bad_url(url, "has " + parameter_named(not_unix.substr(0, not_unix.find('='))) + " beside " +
-                     std::string(beside) +
-                     " (a unix:// URL takes only db=, multiplex= and read_spin_us=)");
+                     std::string(beside) + " (a unix:// URL takes only " +
+                     parameter_list(url_form_unix, 0, "=", " and ") + ")");
   }
   if (!elsewhere.empty()) {
     // `unix:///t/s?sni=x` would connect to the path "/t/s?sni=x".
     bad_url(url, "has parameter \"" + std::string(elsewhere) +
-                     "\", which a unix:// URL does not take (a unix:// URL takes only db=, "
-                     "multiplex= and read_spin_us=)");
+                     "\", which a unix:// URL does not take (a unix:// URL takes only " +
+                     parameter_list(url_form_unix, 0, "=", " and ") + ")");
   }
   // With multiplex= the '?' surely starts a query: an empty parameter there
   // (`unix:///t/s?&multiplex=2&db=1`) would leave the rest read as a path.
@@ -1311,8 +1429,7 @@ namespace detail {
     if (!known_parameter(key)) {
       // Before any message that quotes the name: quoted only when it is a
       // likely misspelling (`?S3CRET=1` is no name to quote).
-      const std::string known =
-          "known: db, sentinel_user, sentinel_password, multiplex, read_spin_us";
+      const std::string known = "known: " + parameter_list(url_form_sentinel);
       if (!likely_misspelling(key)) bad_url(url, "has " + unquoted_parameter(known));
       bad_url(url, "has an unknown parameter \"" + escaped_name(key) + "\" (" + known + ")");
     }

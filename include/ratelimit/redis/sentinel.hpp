@@ -46,16 +46,28 @@ namespace detail {
   return what;
 }
 
-/// What a server said, as a message quotes it: at most `most` bytes (then
-/// `...`), each byte outside printable ASCII shown as `?`, so that a hostile
-/// or broken server cannot fill a message (or a log line) with megabytes or
-/// control characters.
+/// What a server said, as a message quotes it: at most `most` bytes of it
+/// (then `...`), each byte outside printable ASCII, `"` and `\` as `\xNN`
+/// (ratelimit::detail::printable, as reply_text and escaped_name write
+/// them), so that a hostile or broken server cannot fill a message (or a
+/// log line) with megabytes or control characters (`-ERR a\nb` reads
+/// `ERR a\x0ab`; it read `ERR a?b`, as if the server had sent a '?').
 [[nodiscard]] inline std::string shown(std::string_view said, std::size_t most = 120) {
-  std::string out;
-  out.reserve(std::min(said.size(), most) + 3);
-  for (const char c : said.substr(0, most)) out += c >= ' ' && c <= '~' ? c : '?';
-  if (said.size() > most) out += "...";
-  return out;
+  return ratelimit::detail::printable(said, most);
+}
+
+/// The message `what` of an error of this library (a store_error), without
+/// its leading "ratelimit: redis: " (nested), as another message quotes it:
+/// at most `most` bytes (then `...`). What it quotes is escaped already
+/// (escaped_name, reply_text), so it is not escaped again (its `"` and
+/// `\x0d` stay as they are); should it hold a byte outside printable ASCII
+/// all the same, all of it is escaped as shown() does.
+[[nodiscard]] inline std::string shown_message(std::string_view what, std::size_t most = 400) {
+  what = nested(what);
+  if (!std::all_of(what.begin(), what.end(), [](char c) { return c >= ' ' && c <= '~'; })) {
+    return shown(what, most);
+  }
+  return std::string(what.substr(0, most)) + (what.size() > most ? "..." : "");
 }
 
 /// True when a sentinel's answer is a plausible host: 1..253 characters,
@@ -232,7 +244,7 @@ class sentinel_locator {
           continue;
         }
       } catch (const store_error& e) {
-        note("sentinel " + at + ": " + detail::shown(detail::nested(e.what()), 400));
+        note("sentinel " + at + ": " + detail::shown_message(e.what(), 400));
         continue;
       }
       const std::string master = detail::address_text(host, port);
@@ -273,7 +285,7 @@ class sentinel_locator {
       } catch (const store_error& e) {
         refused.push_back(master);
         note("master \"" + name + "\" at " + master + " named by sentinel " + at + ": " +
-             detail::shown(detail::nested(e.what()), 400));
+             detail::shown_message(e.what(), 400));
       }
     }
     throw connection_error("ratelimit: redis: sentinel: no master \"" + name +
