@@ -78,7 +78,10 @@ Options:
                     run's keys are deleted at the end
   --redis auto      start a throwaway redis-server (no persistence) on a free
                     127.0.0.1 port and stop it at the end (the default when
-                    built with Redis support)
+                    built with Redis support); it is $RATELIMIT_REDIS_SERVER,
+                    else redis-server on PATH. Without one, the default run
+                    leaves the Redis columns out and says so, and an explicit
+                    --redis auto is an error
   --no-redis        skip the Redis columns
   --keys N          keys in the in-process measurement (default 100000)
   --rounds N        timing rounds (default 11)
@@ -91,7 +94,8 @@ Options:
   -h, --help        this text
 
 Exit status: 0 success, 2 usage or input error (the message names the value
-or line), 1 other failure (Redis unreachable, cannot write a file).
+or line; --redis auto without a redis-server), 1 other failure (Redis
+unreachable, cannot write a file).
 )";
 
 /// Parsed command line.
@@ -917,6 +921,25 @@ inline int run_compare(const std::vector<std::string>& args, std::istream& std_i
     err << "ratelimit-compare: error: " << e.what() << '\n';
     return 2;
   }
+#ifdef RATELIMIT_COMPARE_HAVE_REDIS
+  // --redis auto needs a redis-server: looked for before anything is measured.
+  if (o.redis == "auto") {
+    if (const redis_server_lookup found = find_redis_server(); !found.path) {
+      constexpr std::string_view how =
+          "install redis-server (e.g. `apt-get install redis-server`), set "
+          "RATELIMIT_REDIS_SERVER to its path, or give --redis URL for a running server";
+      if (o.redis_set) {
+        err << "ratelimit-compare: error: --redis auto: no redis-server found (" << found.looked
+            << "); " << how << ", or use --no-redis\n";
+        return 2;
+      }
+      err << "ratelimit-compare: no redis-server found (" << found.looked
+          << "), so the Redis columns are left out (as with --no-redis); to get them, " << how
+          << ".\n";
+      o.redis.clear();
+    }
+  }
+#endif
   const std::string path = o.input.empty() ? sample : o.input;
   report rep;
   rep.r = o.r;

@@ -37,12 +37,13 @@ fs::path temp(const std::string& name) {
          ("ratelimit_compare_" + std::to_string(::getpid()) + "_" + name);
 }
 
-/// Runs `exe` through the shell with `args` (already quoted).
-result run_exe(const std::string& exe, const std::string& args) {
+/// Runs `exe` through the shell with `args` (already quoted), after `prefix`
+/// (e.g. "env VAR=value ").
+result run_exe(const std::string& exe, const std::string& args, const std::string& prefix = "") {
   const fs::path out = temp("out.txt");
   const fs::path err = temp("err.txt");
-  const std::string cmd = "'" + exe + "' " + args + " >'" + out.string() + "' 2>'" + err.string() +
-                          "' </dev/null";
+  const std::string cmd = prefix + "'" + exe + "' " + args + " >'" + out.string() + "' 2>'" +
+                          err.string() + "' </dev/null";
   const int raw = std::system(cmd.c_str());
   result r{WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, slurp(out), slurp(err)};
   fs::remove(out);
@@ -567,6 +568,57 @@ TEST(CompareTool, RedisColumnsFromAThrowawayServer) {
   EXPECT_NE(s.find("Redis, one at a time"), std::string::npos);
   fs::remove(csv);
   fs::remove(svg);
+}
+
+/// Runs ratelimit-compare with `args` where no redis-server can be found:
+/// RATELIMIT_REDIS_SERVER unset and PATH an empty directory.
+result compare_without_redis_server(const std::string& args) {
+  const fs::path empty = temp("empty_path");
+  fs::create_directories(empty);
+  const result r = run_exe(RATELIMIT_COMPARE_EXE, args,
+                           "env -u RATELIMIT_REDIS_SERVER PATH='" + empty.string() + "' ");
+  fs::remove(empty);
+  return r;
+}
+
+// The default run (no --redis) on a machine without redis-server: said up
+// front, in the tool's words, then the table without the Redis columns.
+TEST(CompareTool, DefaultRunWithoutRedisServerLeavesTheRedisColumnsOut) {
+  const auto r = compare_without_redis_server("--quick --keys 200 --rounds 1");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto table = table_rows(r.out);
+  ASSERT_EQ(table.size(), policies.size()) << r.out;
+  for (const std::string& p : policies) {
+    SCOPED_TRACE(p);
+    EXPECT_TRUE(is_number(table.at(p)[1])) << table.at(p)[1];
+    EXPECT_EQ(table.at(p)[5], "-");
+    EXPECT_EQ(table.at(p)[7], "-");
+  }
+  EXPECT_NE(r.out.find("- Redis: not measured"), std::string::npos) << r.out;
+  const auto note = r.err.find("no redis-server found");
+  ASSERT_NE(note, std::string::npos) << r.err;
+  // Said before anything was measured.
+  EXPECT_LT(note, r.err.find("accuracy: replaying")) << r.err;
+  EXPECT_NE(r.err.find("RATELIMIT_REDIS_SERVER"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Redis columns are left out"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--redis URL"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("install redis-server"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("RATELIMIT_TEST_REDIS_URL"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("tests"), std::string::npos) << r.err;
+}
+
+// --redis auto asked for explicitly: refused before anything is measured.
+TEST(CompareTool, ExplicitRedisAutoWithoutRedisServerFailsEarly) {
+  const auto r = compare_without_redis_server("--quick --keys 200 --rounds 1 --redis auto");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("--redis auto: no redis-server found"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("RATELIMIT_REDIS_SERVER"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--no-redis"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("accuracy"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("in process"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("RATELIMIT_TEST_REDIS_URL"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("tests"), std::string::npos) << r.err;
 }
 
 TEST(CompareTool, UnreachableRedisIsAFailureNamingTheServer) {
