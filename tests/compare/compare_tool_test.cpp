@@ -206,7 +206,7 @@ const std::string expected_csv_header =
     "policy,rate,ns_per_check,x_floor,threads2_over_1,process_bytes_per_key,redis_checks_per_s,"
     "redis_batch_checks_per_s,redis_bytes_per_key,redis_used_memory_per_key,events,admitted,"
     "rejected,max_in_window,keys_blocked,abusive_keys,abusive_caught,normal_keys,normal_blocked,"
-    "floor_ns_per_check,unavailable";
+    "floor_ns_per_check,floor_threads2_over_1,unavailable";
 
 bool is_number(const std::string& s) {
   return std::regex_match(s, std::regex(R"([0-9]+(\.[0-9]+)?[kM]?)"));
@@ -240,6 +240,12 @@ TEST(CompareTool, TableCsvAndSvgFormats) {
     EXPECT_EQ(cells[7], "-");
   }
   EXPECT_NE(r.out.find("- Redis: not measured"), std::string::npos);
+  // The reference for "2 threads / 1": the floor's own scaling, in the notes.
+  std::smatch floor_scaling;
+  ASSERT_TRUE(std::regex_search(r.out, floor_scaling,
+                                std::regex(R"(2 threads / 1 of the floor itself: ([0-9.]+))")))
+      << r.out;
+  EXPECT_GT(std::stod(floor_scaling[1]), 0.0);
   // Progress went to stderr, not into the table.
   EXPECT_NE(r.err.find("in process: round 3/3"), std::string::npos) << r.err;
   EXPECT_EQ(r.out.find("ratelimit-compare:"), std::string::npos);
@@ -259,6 +265,10 @@ TEST(CompareTool, TableCsvAndSvgFormats) {
     EXPECT_TRUE(is_number(row.at("threads2_over_1")));
     EXPECT_EQ(row.at("redis_checks_per_s"), "");
     EXPECT_EQ(row.at("unavailable"), "");
+    // The floor's figures are the same on every row; its scaling is the notes'.
+    EXPECT_EQ(row.at("floor_ns_per_check"), rows.at(policies[0]).at("floor_ns_per_check"));
+    ASSERT_TRUE(is_number(row.at("floor_threads2_over_1"))) << row.at("floor_threads2_over_1");
+    EXPECT_NEAR(std::stod(row.at("floor_threads2_over_1")), std::stod(floor_scaling[1]), 0.006);
   }
 
   const std::string s = slurp(svg);
