@@ -400,6 +400,32 @@ TEST(CompareTool, TableCsvAndSvgGiveTheSameFigures) {
   fs::remove(svg);
 }
 
+// A bar's label from 1,000 to 9,999 is a plain number, as the table has it
+// ("%.3g" alone printed 1500 as "1.5e+03").
+TEST(CompareTool, BarLabelsInTheThousandsArePlainNumbers) {
+  const fs::path trace = temp("thousands.csv");
+  {
+    std::ofstream f(trace, std::ios::binary);
+    f << "ts,key\n";
+    for (int i = 0; i < 1500; ++i) f << 1'000'000 + i * 100 << ",a\n";
+  }
+  const fs::path svg = temp("thousands.svg");
+  const auto r = compare("--quick --no-redis --keys 100 --rounds 1 --rate 5000/s --svg '" +
+                         svg.string() + "' '" + trace.string() + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto table = table_rows(r.out);
+  const auto bars = svg_bars(slurp(svg));
+  ASSERT_EQ(bars.count("Most calls in any window"), 1u);
+  ASSERT_EQ(bars.at("Most calls in any window").size(), policies.size());
+  for (std::size_t i = 0; i < policies.size(); ++i) {
+    SCOPED_TRACE(policies[i]);
+    EXPECT_EQ(table.at(policies[i])[9], "1500");
+    EXPECT_EQ(bars.at("Most calls in any window")[i], "1500");
+  }
+  fs::remove(trace);
+  fs::remove(svg);
+}
+
 /// Whether `s` is UTF-8 and holds no byte XML 1.0 forbids (control bytes but
 /// tab, newline and carriage return).
 bool xml_chars_only(const std::string& s, std::string& why) {
