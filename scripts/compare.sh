@@ -4,8 +4,9 @@
 #
 # Usage: scripts/compare.sh            every policy at 10/15min: in process, on a throwaway
 #                                      redis-server, and on examples/data/sample_calls.csv
-#                                      (also build/compare/compare.csv and compare.svg)
 #        scripts/compare.sh ARGS...    ratelimit-compare ARGS... (e.g. --help, --rate 100/min my_log.csv)
+# Both also write build/compare/compare.csv and compare.svg, each unless ARGS give
+# --csv or --svg themselves (and neither with --help).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,7 +20,17 @@ cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DRATELIMIT_BUILD_TE
 cmake --build "$build_dir" -j2 --target ratelimit_compare >&2
 
 compare="$build_dir/examples/compare/ratelimit-compare"
-if [ "$#" -eq 0 ]; then
-  set -- --csv "$build_dir/compare.csv" --svg "$build_dir/compare.svg"
-fi
+csv=1
+svg=1
+for arg in "$@"; do
+  case "$arg" in
+    --) break ;;
+    --csv|--csv=*) csv=0 ;;
+    --svg|--svg=*) svg=0 ;;
+    -h|--help) csv=0; svg=0 ;;
+  esac
+done
+# In front of ARGS, so that they stay options even after a "--" in ARGS.
+if [ "$svg" -eq 1 ]; then set -- --svg "$build_dir/compare.svg" "$@"; fi
+if [ "$csv" -eq 1 ]; then set -- --csv "$build_dir/compare.csv" "$@"; fi
 exec "$compare" "$@"

@@ -15,13 +15,17 @@
 
 namespace ratelimit::compare {
 
-/// A bar's value as printed above it: 3 significant digits, thousands as "k", millions as "M".
+/// A bar's value as printed above it: 3 significant digits, from 1,000 to
+/// 9,999 the whole number ("%.3g" would print 1500 as "1.5e+03"), then
+/// thousands as "k" and millions as "M".
 [[nodiscard]] inline std::string bar_label(double v) {
   char buf[32];
   if (v >= 1e6) {
     std::snprintf(buf, sizeof buf, "%.3gM", v / 1e6);
   } else if (v >= 1e4) {
     std::snprintf(buf, sizeof buf, "%.3gk", v / 1e3);
+  } else if (v >= 999.5) {
+    std::snprintf(buf, sizeof buf, "%.0f", v);
   } else {
     std::snprintf(buf, sizeof buf, "%.3g", v);
   }

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -37,12 +38,13 @@ fs::path temp(const std::string& name) {
          ("ratelimit_compare_" + std::to_string(::getpid()) + "_" + name);
 }
 
-/// Runs `exe` through the shell with `args` (already quoted).
-result run_exe(const std::string& exe, const std::string& args) {
+/// Runs `exe` through the shell with `args` (already quoted), after `prefix`
+/// (e.g. "env VAR=value ").
+result run_exe(const std::string& exe, const std::string& args, const std::string& prefix = "") {
   const fs::path out = temp("out.txt");
   const fs::path err = temp("err.txt");
-  const std::string cmd = "'" + exe + "' " + args + " >'" + out.string() + "' 2>'" + err.string() +
-                          "' </dev/null";
+  const std::string cmd = prefix + "'" + exe + "' " + args + " >'" + out.string() + "' 2>'" +
+                          err.string() + "' </dev/null";
   const int raw = std::system(cmd.c_str());
   result r{WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, slurp(out), slurp(err)};
   fs::remove(out);
@@ -205,7 +207,7 @@ const std::string expected_csv_header =
     "policy,rate,ns_per_check,x_floor,threads2_over_1,process_bytes_per_key,redis_checks_per_s,"
     "redis_batch_checks_per_s,redis_bytes_per_key,redis_used_memory_per_key,events,admitted,"
     "rejected,max_in_window,keys_blocked,abusive_keys,abusive_caught,normal_keys,normal_blocked,"
-    "floor_ns_per_check,unavailable";
+    "floor_ns_per_check,floor_threads2_over_1,unavailable";
 
 bool is_number(const std::string& s) {
   return std::regex_match(s, std::regex(R"([0-9]+(\.[0-9]+)?[kM]?)"));
@@ -239,6 +241,12 @@ TEST(CompareTool, TableCsvAndSvgFormats) {
     EXPECT_EQ(cells[7], "-");
   }
   EXPECT_NE(r.out.find("- Redis: not measured"), std::string::npos);
+  // The reference for "2 threads / 1": the floor's own scaling, in the notes.
+  std::smatch floor_scaling;
+  ASSERT_TRUE(std::regex_search(r.out, floor_scaling,
+                                std::regex(R"(2 threads / 1 of the floor itself: ([0-9.]+))")))
+      << r.out;
+  EXPECT_GT(std::stod(floor_scaling[1]), 0.0);
   // Progress went to stderr, not into the table.
   EXPECT_NE(r.err.find("in process: round 3/3"), std::string::npos) << r.err;
   EXPECT_EQ(r.out.find("ratelimit-compare:"), std::string::npos);
@@ -258,6 +266,10 @@ TEST(CompareTool, TableCsvAndSvgFormats) {
     EXPECT_TRUE(is_number(row.at("threads2_over_1")));
     EXPECT_EQ(row.at("redis_checks_per_s"), "");
     EXPECT_EQ(row.at("unavailable"), "");
+    // The floor's figures are the same on every row; its scaling is the notes'.
+    EXPECT_EQ(row.at("floor_ns_per_check"), rows.at(policies[0]).at("floor_ns_per_check"));
+    ASSERT_TRUE(is_number(row.at("floor_threads2_over_1"))) << row.at("floor_threads2_over_1");
+    EXPECT_NEAR(std::stod(row.at("floor_threads2_over_1")), std::stod(floor_scaling[1]), 0.006);
   }
 
   const std::string s = slurp(svg);
@@ -269,6 +281,148 @@ TEST(CompareTool, TableCsvAndSvgFormats) {
   EXPECT_NE(s.find("Abusive keys caught"), std::string::npos);
   EXPECT_EQ(s.find("Redis"), std::string::npos);  // no Redis panels without Redis
   fs::remove(csv);
+  fs::remove(svg);
+}
+
+/// A table or CSV number: "-" and "" are none; "13.4k" and "1.2M" are scaled.
+double number_of(const std::string& s) {
+  EXPECT_TRUE(is_number(s)) << "not a number: \"" << s << "\"";
+  if (!is_number(s)) return -1;
+  const double scale = s.ends_with("k") ? 1e3 : s.ends_with("M") ? 1e6 : 1;
+  return std::stod(s) * scale;
+}
+
+/// Half a unit of the last digit `s` shows ("62.4" 0.05, "13.4k" 50, "120" 0.5).
+double half_unit(const std::string& s) {
+  const double scale = s.ends_with("k") ? 1e3 : s.ends_with("M") ? 1e6 : 1;
+  const auto dot = s.find('.');
+  const std::size_t digits = s.find_first_of("kM");
+  const std::size_t decimals = dot == std::string::npos
+                                   ? 0
+                                   : (digits == std::string::npos ? s.size() : digits) - dot - 1;
+  return 0.5 * std::pow(10.0, -static_cast<double>(decimals)) * scale;
+}
+
+/// Whether the figures `a` and `b`, each as printed, can be the same value.
+bool same_figure(const std::string& a, const std::string& b) {
+  return std::abs(number_of(a) - number_of(b)) <= half_unit(a) + half_unit(b) + 1e-9;
+}
+
+/// The bar labels of each panel of a ratelimit-compare chart, by panel title
+/// ("n/a" where a panel has no figure for a category).
+std::map<std::string, std::vector<std::string>> svg_bars(const std::string& svg) {
+  std::map<std::string, std::vector<std::string>> panels;
+  const std::regex title(
+      R"(font-size='15' font-weight='bold' text-anchor='middle'>([^<]+)</text>)");
+  const std::regex bar(R"(fill-opacity='0\.85'/><text [^>]*>([^<]+)</text>)");
+  const std::regex none(R"(fill='#777' text-anchor='middle'>n/a</text>)");
+  std::string current;
+  for (const std::string& l : lines_of(svg)) {
+    std::smatch m;
+    if (std::regex_search(l, m, title)) {
+      current = m[1];
+      panels[current];
+    } else if (std::regex_search(l, m, bar)) {
+      panels[current].push_back(m[1]);
+    } else if (std::regex_search(l, none)) {
+      panels[current].push_back("n/a");
+    }
+  }
+  return panels;
+}
+
+// The in-process figures are positive and plausible, and the CSV and the
+// chart give the table's figures. One round, so that x floor is exactly
+// ns/check over the floor's ns of that round (with more rounds it is the
+// median of the per-round ratios, not the ratio of the medians).
+TEST(CompareTool, TableCsvAndSvgGiveTheSameFigures) {
+  const fs::path csv = temp("same.csv");
+  const fs::path svg = temp("same.svg");
+  const auto r = compare("--quick --no-redis --keys 500 --rounds 1 --csv '" + csv.string() +
+                         "' --svg '" + svg.string() + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto table = table_rows(r.out);
+  const auto rows = csv_rows(slurp(csv));
+  const auto bars = svg_bars(slurp(svg));
+  std::smatch floor;
+  ASSERT_TRUE(std::regex_search(
+      r.out, floor, std::regex(R"(timed in the same round \(([0-9.]+) ns, ([-0-9.]+) B/key)")))
+      << r.out;
+  const std::string floor_ns = floor[1];
+  EXPECT_GT(number_of(floor_ns), 0.0);
+  ASSERT_EQ(bars.count("Cost per check"), 1u);
+  ASSERT_EQ(bars.count("Memory per key, in process"), 1u);
+  ASSERT_EQ(bars.count("Most calls in any window"), 1u);
+  ASSERT_EQ(bars.at("Cost per check").size(), policies.size());
+  ASSERT_EQ(bars.at("Memory per key, in process").size(), policies.size());
+  ASSERT_EQ(bars.at("Most calls in any window").size(), policies.size());
+  for (std::size_t i = 0; i < policies.size(); ++i) {
+    const std::string& p = policies[i];
+    SCOPED_TRACE(p);
+    const auto& cells = table.at(p);
+    const auto& row = rows.at(p);
+    const std::string &ns = cells[1], &x = cells[2], &two = cells[3], &bytes = cells[4];
+    EXPECT_GT(number_of(ns), 0.0);
+    EXPECT_GT(number_of(x), 0.0);
+    EXPECT_GT(number_of(two), 0.0);
+    // x floor = ns/check / floor ns, each rounded as printed.
+    const double ratio = number_of(ns) / number_of(floor_ns);
+    const double ratio_err = ratio * (half_unit(ns) / number_of(ns) +
+                                      half_unit(floor_ns) / number_of(floor_ns));
+    EXPECT_NEAR(number_of(x), ratio, half_unit(x) + ratio_err + 1e-9)
+        << ns << " / " << floor_ns << " against " << x;
+    // Heap bytes per key: a node and the state, or "-" where malloc does not say.
+    if (bytes != "-") {
+      EXPECT_GE(number_of(bytes), 16.0) << bytes;
+      EXPECT_LE(number_of(bytes), 1024.0) << bytes;
+    }
+    // The CSV row: the table's figures, at more decimals where it has them.
+    EXPECT_EQ(row.at("ns_per_check"), ns);
+    EXPECT_TRUE(same_figure(row.at("x_floor"), x)) << row.at("x_floor") << " vs " << x;
+    EXPECT_TRUE(same_figure(row.at("threads2_over_1"), two))
+        << row.at("threads2_over_1") << " vs " << two;
+    EXPECT_EQ(row.at("process_bytes_per_key"), bytes == "-" ? "" : bytes);
+    EXPECT_EQ(row.at("floor_ns_per_check"), floor_ns);
+    EXPECT_EQ(row.at("redis_used_memory_per_key"), "");
+    EXPECT_EQ(row.at("max_in_window"), cells[9]);
+    // The chart: one bar per policy, in the table's order, with its figure.
+    EXPECT_TRUE(same_figure(bars.at("Cost per check")[i], x))
+        << bars.at("Cost per check")[i] << " vs " << x;
+    if (bytes == "-") {
+      EXPECT_EQ(bars.at("Memory per key, in process")[i], "n/a");
+    } else {
+      EXPECT_TRUE(same_figure(bars.at("Memory per key, in process")[i], bytes))
+          << bars.at("Memory per key, in process")[i] << " vs " << bytes;
+    }
+    EXPECT_EQ(bars.at("Most calls in any window")[i], cells[9]);
+  }
+  fs::remove(csv);
+  fs::remove(svg);
+}
+
+// A bar's label from 1,000 to 9,999 is a plain number, as the table has it
+// ("%.3g" alone printed 1500 as "1.5e+03").
+TEST(CompareTool, BarLabelsInTheThousandsArePlainNumbers) {
+  const fs::path trace = temp("thousands.csv");
+  {
+    std::ofstream f(trace, std::ios::binary);
+    f << "ts,key\n";
+    for (int i = 0; i < 1500; ++i) f << 1'000'000 + i * 100 << ",a\n";
+  }
+  const fs::path svg = temp("thousands.svg");
+  const auto r = compare("--quick --no-redis --keys 100 --rounds 1 --rate 5000/s --svg '" +
+                         svg.string() + "' '" + trace.string() + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto table = table_rows(r.out);
+  const auto bars = svg_bars(slurp(svg));
+  ASSERT_EQ(bars.count("Most calls in any window"), 1u);
+  ASSERT_EQ(bars.at("Most calls in any window").size(), policies.size());
+  for (std::size_t i = 0; i < policies.size(); ++i) {
+    SCOPED_TRACE(policies[i]);
+    EXPECT_EQ(table.at(policies[i])[9], "1500");
+    EXPECT_EQ(bars.at("Most calls in any window")[i], "1500");
+  }
+  fs::remove(trace);
   fs::remove(svg);
 }
 
@@ -559,6 +713,38 @@ TEST(CompareTool, RedisColumnsFromAThrowawayServer) {
   EXPECT_NE(r.out.find("a throwaway redis-server on 127.0.0.1:"), std::string::npos) << r.out;
   // MEMORY USAGE of one key: the sliding log (an entry list) is the largest.
   const auto rows = csv_rows(slurp(csv));
+  const auto bars = svg_bars(slurp(svg));
+  ASSERT_EQ(bars.count("Redis, one at a time"), 1u);
+  ASSERT_EQ(bars.count("Redis memory per key"), 1u);
+  for (std::size_t i = 0; i < policies.size(); ++i) {
+    const std::string& p = policies[i];
+    SCOPED_TRACE(p);
+    const auto& cells = table.at(p);
+    const auto& row = rows.at(p);
+    EXPECT_GT(number_of(cells[5]), 0.0);
+    EXPECT_GT(number_of(cells[6]), 0.0);
+    // A key, its state and its config fingerprint: tens to hundreds of bytes.
+    EXPECT_GE(number_of(cells[7]), 32.0);
+    EXPECT_LE(number_of(cells[7]), 4096.0);
+    EXPECT_TRUE(same_figure(row.at("redis_checks_per_s"), cells[5]))
+        << row.at("redis_checks_per_s") << " vs " << cells[5];
+    EXPECT_TRUE(same_figure(row.at("redis_batch_checks_per_s"), cells[6]))
+        << row.at("redis_batch_checks_per_s") << " vs " << cells[6];
+    EXPECT_TRUE(same_figure(row.at("redis_bytes_per_key"), cells[7]))
+        << row.at("redis_bytes_per_key") << " vs " << cells[7];
+    // INFO used_memory growth adds Redis's own entries to MEMORY USAGE's
+    // figure; allocator arenas make it coarse, so only its order is checked.
+    if (!row.at("redis_used_memory_per_key").empty()) {
+      EXPECT_GT(number_of(row.at("redis_used_memory_per_key")), 0.0);
+      EXPECT_LE(number_of(row.at("redis_used_memory_per_key")), 8192.0);
+    }
+    ASSERT_EQ(bars.at("Redis, one at a time").size(), policies.size());
+    ASSERT_EQ(bars.at("Redis memory per key").size(), policies.size());
+    EXPECT_TRUE(same_figure(bars.at("Redis, one at a time")[i], cells[5]))
+        << bars.at("Redis, one at a time")[i] << " vs " << cells[5];
+    EXPECT_TRUE(same_figure(bars.at("Redis memory per key")[i], cells[7]))
+        << bars.at("Redis memory per key")[i] << " vs " << cells[7];
+  }
   EXPECT_GT(std::stod(rows.at("sliding_log").at("redis_bytes_per_key")),
             std::stod(rows.at("gcra").at("redis_bytes_per_key")));
   std::string why;
@@ -567,6 +753,57 @@ TEST(CompareTool, RedisColumnsFromAThrowawayServer) {
   EXPECT_NE(s.find("Redis, one at a time"), std::string::npos);
   fs::remove(csv);
   fs::remove(svg);
+}
+
+/// Runs ratelimit-compare with `args` where no redis-server can be found:
+/// RATELIMIT_REDIS_SERVER unset and PATH an empty directory.
+result compare_without_redis_server(const std::string& args) {
+  const fs::path empty = temp("empty_path");
+  fs::create_directories(empty);
+  const result r = run_exe(RATELIMIT_COMPARE_EXE, args,
+                           "env -u RATELIMIT_REDIS_SERVER PATH='" + empty.string() + "' ");
+  fs::remove(empty);
+  return r;
+}
+
+// The default run (no --redis) on a machine without redis-server: said up
+// front, in the tool's words, then the table without the Redis columns.
+TEST(CompareTool, DefaultRunWithoutRedisServerLeavesTheRedisColumnsOut) {
+  const auto r = compare_without_redis_server("--quick --keys 200 --rounds 1");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto table = table_rows(r.out);
+  ASSERT_EQ(table.size(), policies.size()) << r.out;
+  for (const std::string& p : policies) {
+    SCOPED_TRACE(p);
+    EXPECT_TRUE(is_number(table.at(p)[1])) << table.at(p)[1];
+    EXPECT_EQ(table.at(p)[5], "-");
+    EXPECT_EQ(table.at(p)[7], "-");
+  }
+  EXPECT_NE(r.out.find("- Redis: not measured"), std::string::npos) << r.out;
+  const auto note = r.err.find("no redis-server found");
+  ASSERT_NE(note, std::string::npos) << r.err;
+  // Said before anything was measured.
+  EXPECT_LT(note, r.err.find("accuracy: replaying")) << r.err;
+  EXPECT_NE(r.err.find("RATELIMIT_REDIS_SERVER"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Redis columns are left out"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--redis URL"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("install redis-server"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("RATELIMIT_TEST_REDIS_URL"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("tests"), std::string::npos) << r.err;
+}
+
+// --redis auto asked for explicitly: refused before anything is measured.
+TEST(CompareTool, ExplicitRedisAutoWithoutRedisServerFailsEarly) {
+  const auto r = compare_without_redis_server("--quick --keys 200 --rounds 1 --redis auto");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("--redis auto: no redis-server found"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("RATELIMIT_REDIS_SERVER"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--no-redis"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("accuracy"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("in process"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("RATELIMIT_TEST_REDIS_URL"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("tests"), std::string::npos) << r.err;
 }
 
 TEST(CompareTool, UnreachableRedisIsAFailureNamingTheServer) {
