@@ -841,18 +841,13 @@ void write_file(const std::string& path, F&& f) {
 }
 
 #ifdef RATELIMIT_COMPARE_HAVE_REDIS
-inline void measure_redis_all(report& rep, const options& o, const progress_fn& progress,
-                              std::ostream& err) {
+/// Measures every policy on Redis: on `server` (the throwaway redis-server
+/// run() started for `--redis auto`), else on the server at o.redis.
+inline void measure_redis_all(report& rep, const options& o,
+                              std::unique_ptr<rltest::redis_server> server,
+                              const progress_fn& progress, std::ostream& err) {
   redis::options base;
-  std::unique_ptr<rltest::redis_server> server;
-  if (o.redis == "auto") {
-    progress("Redis: starting a throwaway redis-server");
-    try {
-      server = std::make_unique<rltest::redis_server>();
-    } catch (const std::runtime_error& e) {
-      throw std::runtime_error(std::string("--redis auto: ") + e.what() +
-                               " (or give --redis URL, or --no-redis)");
-    }
+  if (server) {
     base = server->options();
     rep.redis_where = "a throwaway redis-server on 127.0.0.1:" + std::to_string(server->port());
   } else {
@@ -952,19 +947,36 @@ inline int run_compare(const std::vector<std::string>& args, std::istream& std_i
     return 2;
   }
 #ifdef RATELIMIT_COMPARE_HAVE_REDIS
-  // --redis auto needs a redis-server: looked for before anything is measured.
+  // --redis auto: the throwaway redis-server is found and started before
+  // anything is measured, so a server that cannot run costs no minute of
+  // measuring. Asked for (--redis auto, or RATELIMIT_REDIS_SERVER set), a
+  // failure is an error; by default the Redis columns are left out.
+  std::unique_ptr<rltest::redis_server> server;
   if (o.redis == "auto") {
+    const char* env = std::getenv("RATELIMIT_REDIS_SERVER");
+    const bool asked = o.redis_set || (env != nullptr && *env != '\0');
+    std::string why;
     if (const redis_server_lookup found = find_redis_server(); !found.path) {
+      why = "no redis-server found (" + found.looked + ")";
+    } else {
+      progress("Redis: starting a throwaway redis-server (" + *found.path + ")");
+      try {
+        server = std::make_unique<rltest::redis_server>();
+      } catch (const std::runtime_error& e) {
+        why = *found.path + ": " + e.what();
+      }
+    }
+    if (!why.empty()) {
       constexpr std::string_view how =
           "install redis-server (e.g. `apt-get install redis-server`), set "
           "RATELIMIT_REDIS_SERVER to its path, or give --redis URL for a running server";
-      if (o.redis_set) {
-        err << "ratelimit-compare: error: --redis auto: no redis-server found (" << found.looked
-            << "); " << how << ", or use --no-redis\n";
+      if (asked) {
+        err << "ratelimit-compare: error: --redis auto: " << why << "; " << how
+            << ", or use --no-redis\n";
         return 2;
       }
-      err << "ratelimit-compare: no redis-server found (" << found.looked
-          << "), so the Redis columns are left out (as with --no-redis); to get them, " << how
+      err << "ratelimit-compare: " << why
+          << ", so the Redis columns are left out (as with --no-redis); to get them, " << how
           << ".\n";
       o.redis.clear();
     }
@@ -1002,7 +1014,7 @@ inline int run_compare(const std::vector<std::string>& args, std::istream& std_i
   try {
     measure_in_process(rep, o.keys, o.rounds, progress);
 #ifdef RATELIMIT_COMPARE_HAVE_REDIS
-    if (!o.redis.empty()) detail::measure_redis_all(rep, o, progress, err);
+    if (!o.redis.empty()) detail::measure_redis_all(rep, o, std::move(server), progress, err);
 #endif
     if (o.out.empty()) {
       write_markdown(out, rep);

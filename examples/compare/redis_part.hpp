@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ratelimit/redis.hpp"
+#include "redis_server.hpp"
 
 namespace ratelimit::compare {
 
@@ -104,7 +105,7 @@ struct redis_server_lookup {
 /// in a directory of $PATH (/usr/bin:/usr/local/bin when PATH is unset).
 [[nodiscard]] inline redis_server_lookup find_redis_server() {
   if (const char* p = std::getenv("RATELIMIT_REDIS_SERVER"); p != nullptr && *p != '\0') {
-    if (::access(p, X_OK) == 0) return {std::string(p), {}};
+    if (rltest::executable_file(p)) return {std::string(p), {}};
     return {std::nullopt,
             "RATELIMIT_REDIS_SERVER=" + std::string(p) + " is not an executable file"};
   }
@@ -118,7 +119,7 @@ struct redis_server_lookup {
     const auto colon = dirs.find(':');
     const std::string dir(dirs.substr(0, colon));
     const std::string candidate = (dir.empty() ? "." : dir) + "/redis-server";
-    if (::access(candidate.c_str(), X_OK) == 0) return {candidate, {}};
+    if (rltest::executable_file(candidate)) return {candidate, {}};
     if (colon == std::string_view::npos) break;
     dirs.remove_prefix(colon + 1);
   }

@@ -806,6 +806,58 @@ TEST(CompareTool, ExplicitRedisAutoWithoutRedisServerFailsEarly) {
   EXPECT_EQ(r.err.find("tests"), std::string::npos) << r.err;
 }
 
+// A redis-server that cannot run is found out before anything is measured.
+TEST(CompareTool, RedisServerThatCannotRunIsFoundOutBeforeMeasuring) {
+  const fs::path dir = temp("bad_servers");
+  fs::create_directories(dir / "as_dir" / "redis-server");  // a directory of that name
+  fs::create_directories(dir / "exits");
+  const fs::path script = dir / "exits" / "redis-server";  // runs, serves nothing
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\nexit 1\n";
+  }
+  fs::permissions(script, fs::perms::owner_all);
+  const std::string args = "--quick --keys 200 --rounds 1";
+  const auto with = [&](const std::string& env) {
+    return run_exe(RATELIMIT_COMPARE_EXE, args, "env -u RATELIMIT_REDIS_SERVER " + env + " ");
+  };
+  {
+    SCOPED_TRACE("RATELIMIT_REDIS_SERVER names a directory: asked for, so an error");
+    const auto r = with("RATELIMIT_REDIS_SERVER='" + dir.string() + "' PATH=/usr/bin:/bin");
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_EQ(r.out, "");
+    EXPECT_NE(r.err.find("is not an executable file"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("accuracy"), std::string::npos) << r.err;
+  }
+  {
+    SCOPED_TRACE("RATELIMIT_REDIS_SERVER names a program that exits at once");
+    const auto r = with("RATELIMIT_REDIS_SERVER='" + script.string() + "' PATH=/usr/bin:/bin");
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_EQ(r.out, "");
+    EXPECT_NE(r.err.find("did not start"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("accuracy"), std::string::npos) << r.err;
+  }
+  {
+    SCOPED_TRACE("a directory named redis-server on PATH is skipped, as execvp skips it");
+    const auto r = with("PATH='" + (dir / "as_dir").string() + "'");
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.err.find("no redis-server found"), std::string::npos) << r.err;
+  }
+  {
+    SCOPED_TRACE("by default, a server that does not start leaves the columns out");
+    const auto r = with("PATH='" + (dir / "exits").string() + "'");
+    EXPECT_EQ(r.status, 0) << r.err;
+    const auto note = r.err.find("did not start");
+    ASSERT_NE(note, std::string::npos) << r.err;
+    EXPECT_LT(note, r.err.find("accuracy: replaying")) << r.err;
+    EXPECT_NE(r.err.find("Redis columns are left out"), std::string::npos) << r.err;
+    const auto table = table_rows(r.out);
+    ASSERT_EQ(table.size(), policies.size()) << r.out;
+    for (const std::string& p : policies) EXPECT_EQ(table.at(p)[5], "-") << p;
+  }
+  fs::remove_all(dir);
+}
+
 TEST(CompareTool, UnreachableRedisIsAFailureNamingTheServer) {
   // Port 1 on loopback: nothing listens there.
   const auto r = compare("--quick --keys 100 --rounds 1 --redis redis://127.0.0.1:1");

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,7 +25,15 @@
 
 namespace rltest {
 
-/// Path of redis-server ($RATELIMIT_REDIS_SERVER, else found on $PATH).
+/// True for a regular file this process may execute (a directory passes
+/// access(X_OK) but cannot be run; execvp skips it the same way).
+[[nodiscard]] inline bool executable_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+/// Path of redis-server ($RATELIMIT_REDIS_SERVER, else the first executable
+/// file of that name in a directory of $PATH).
 /// @throws std::runtime_error saying how to install it
 inline std::string redis_server_path() {
   if (const char* p = std::getenv("RATELIMIT_REDIS_SERVER"); p != nullptr && *p != '\0') return p;
@@ -34,7 +43,7 @@ inline std::string redis_server_path() {
     const auto colon = dirs.find(':');
     const std::string dir(dirs.substr(0, colon));
     const std::string candidate = (dir.empty() ? "." : dir) + "/redis-server";
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    if (executable_file(candidate)) return candidate;
     if (colon == std::string_view::npos) break;
     dirs.remove_prefix(colon + 1);
   }
