@@ -263,9 +263,42 @@ void walk_junk() {
   for (std::size_t j = 0; j < junk.size(); j += 64 / sizeof(std::uint64_t)) sum += junk[j];
   benchmark::DoNotOptimize(sum);
 }
+/// The threads of one multi-threaded case meet here around evict_caches,
+/// so that no thread's timed pass overlaps another's walk (whose memory
+/// traffic it would pay for). Threads run the same iterations, so with
+/// slices of one size their passes end together; with slices of unequal
+/// size they would not (a thread would wait for a pass the other never
+/// ends), so then there is no meeting. Set up by thread 0 before the timed
+/// loop, whose start Google Benchmark holds until every thread is in.
+class pass_barrier {
+ public:
+  void reset(std::size_t keys, int threads) noexcept {
+    parties_ = keys % static_cast<std::size_t>(threads) == 0 ? threads : 1;
+    arrived_.store(0, std::memory_order_relaxed);
+  }
+  void wait() noexcept {
+    if (parties_ <= 1) return;
+    const unsigned generation = generation_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == parties_) {
+      arrived_.store(0, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
+      return;
+    }
+    while (generation_.load(std::memory_order_acquire) == generation) std::this_thread::yield();
+  }
+
+ private:
+  int parties_ = 1;
+  std::atomic<int> arrived_{0};
+  std::atomic<unsigned> generation_{0};
+};
+pass_barrier pass_end;
+
 void evict_caches(benchmark::State& state) {
   state.PauseTiming();
+  pass_end.wait();
   walk_junk();
+  pass_end.wait();
   state.ResumeTiming();
 }
 
@@ -273,6 +306,7 @@ template <class P>
 void run_check(benchmark::State& state, const scenario& sc) {
   // Thread 0 builds (or reuses) the shared limiter; the others wait for it.
   if (state.thread_index() == 0) {
+    pass_end.reset(sc.keys, state.threads());
     ready.store(&shared_fixture<P>(sc), std::memory_order_release);
   } else {
     while (ready.load(std::memory_order_acquire) == nullptr) std::this_thread::yield();
@@ -364,6 +398,7 @@ floor_fixture& shared_floor(std::size_t key_count) {
 /// the limiters' threads share one limiter.
 void BM_Floor_UnorderedMap(benchmark::State& state, std::size_t key_count) {
   if (state.thread_index() == 0) {
+    pass_end.reset(key_count, state.threads());
     ready.store(&shared_floor(key_count), std::memory_order_release);
   } else {
     while (ready.load(std::memory_order_acquire) == nullptr) std::this_thread::yield();
