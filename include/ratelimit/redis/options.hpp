@@ -1186,11 +1186,14 @@ inline void check_read_spin(std::chrono::microseconds spin) {
 ///   `db=`, multiplex= or read_spin_us= nothing else, `db=` at most once,
 ///   and no empty parameter; a TLS or Sentinel parameter (`NAME=`) there is
 ///   refused by name
+/// @param spin_refusal when not empty, a `read_spin_us` parameter is
+///   refused with this text before its value is read (the cluster forms,
+///   which take none: a bad value was reported as out of range before)
 /// @return N, or 0 without the parameter
 /// @throws std::invalid_argument naming the bad value and the URL (redacted)
 [[nodiscard]] inline std::size_t take_multiplex_query(
     std::string& rest, std::string_view url, bool unix_path = false,
-    std::chrono::microseconds* read_spin = nullptr) {
+    std::chrono::microseconds* read_spin = nullptr, std::string_view spin_refusal = {}) {
   // The caller refused a userinfo holding '?' (refuse_delimiter_in_userinfo),
   // so an '@' in a query value cannot hide the query in a userinfo here. A
   // unix:// userinfo ends at the first "@/", and its path may hold '@':
@@ -1231,6 +1234,7 @@ inline void check_read_spin(std::chrono::microseconds spin) {
                         static_cast<long long>(max_multiplex_connections)));
     } else if (read_spin != nullptr &&
                (item.starts_with("read_spin_us=") || item == "read_spin_us")) {
+      if (!spin_refusal.empty()) bad_url(url, std::string(spin_refusal));
       if (seen_spin) bad_url(url, "gives parameter \"read_spin_us\" twice");
       seen_spin = true;
       *read_spin = std::chrono::microseconds(
