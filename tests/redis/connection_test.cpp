@@ -970,7 +970,7 @@ TEST(RedisUrl, HostsPortsAndDatabases) {
   // A database that is no number is not quoted (it may be a secret), only its length.
   EXPECT_NE(url_error("redis://h/x")
                 .find("database in redis URL \"redis://h/***\": it is not a "
-                      "number (1 bytes, not quoted"),
+                      "number (1 byte, not quoted; parameters follow '?'"),
             std::string::npos);
   EXPECT_NE(url_error("redis://h/-1").find("not a number (2 bytes"), std::string::npos);
   EXPECT_NE(url_error("unix:///tmp/s?db=z").find("bad database in redis URL"), std::string::npos);

@@ -315,6 +315,23 @@ TEST(UrlReview, CommaBeforeTheLastAtOfAMultiHostUrlIsRefused) {
   EXPECT_EQ(redis::parse_url("rediss://a,b@h?sni=x").password, "a,b");
 }
 
+// Verifies that the hint "parameters follow '?'" is given only for a
+// database written in a URL's path (`redis://h/x`, maybe a '/' typed for
+// '?'), not for a `db=` value of a query, where it was wrong
+// (`redis-sentinel://a:1/m?db=1/S3CRET`); and that counts read "1 byte".
+TEST(UrlReview, PathHintOnlyForADatabaseInThePath) {
+  EXPECT_NE(refusal("redis://h/x").find("(1 byte, not quoted; parameters follow '?')"),
+            std::string::npos);
+  for (const char* url : {"redis-sentinel://a:1/m?db=1/S3CRET", "unix:///t/s?db=1x"}) {
+    const std::string why = refusal(url);
+    EXPECT_NE(why.find("bad database in redis URL"), std::string::npos) << why;
+    EXPECT_EQ(why.find("parameters follow"), std::string::npos) << why;
+    EXPECT_EQ(why.find("S3CRET"), std::string::npos) << why;
+  }
+  EXPECT_NE(refusal("redis://[a]:1").find("a bracketed host of 1 byte without"), std::string::npos);
+  EXPECT_NE(refusal("redis://[::1]x").find("has 1 byte after the IPv6 address"), std::string::npos);
+}
+
 // Verifies that read_spin_us= on a cluster URL is refused by its own name:
 // the cluster store never spins, and the parameter used to fall through to
 // the TLS parser, which told a redis-cluster:// user "TLS parameters need
@@ -704,7 +721,8 @@ TEST(UrlReview, ControlBytesInMessagesAreEscaped) {
       {"redis-sentinel://s/m?x\n=a?b"s, "has an unknown parameter (its name is not quoted"},
       {"rediss://h?sni=a?\n"s, "the value of parameter \"sni\""},
       {"redis-sentinel://s/m\r\n"s, "master name \"m\\x0d...\""},
-      {"unix:///t/s?db=\r"s, "\"unix:///t/s?db=***\": it is not a number (1 bytes"},
+      {"unix:///t/s?db=\r"s,
+       "\"unix:///t/s?db=***\": it is not a number (1 byte, not quoted) (expected"},
       {"unix:///t/s?multiplex=1&x\r=1"s,
        "has an unknown parameter (its name is not quoted: it is "
        "no likely misspelling of a known one, and may be a "

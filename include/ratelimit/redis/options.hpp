@@ -733,12 +733,19 @@ inline constexpr url_parameter url_parameters[] = {
   return escaped_name(s.substr(0, cut + 1)) + "...";
 }
 
+/// "1 byte", "N bytes": a count of `unit` for a message.
+[[nodiscard]] inline std::string count_of(std::size_t n, std::string_view unit) {
+  return std::to_string(n) + ' ' + std::string(unit) + (n == 1 ? "" : "s");
+}
+
 /// The decimal number `s` (digits only), which must lie in lo..hi.
+/// @param in_path `s` is a URL's path (`redis://h/DB`): a value that is no
+///   number gets the hint that parameters follow '?'
 /// @throws std::invalid_argument naming `s` and the URL; a value (`what`:
 ///   a database, multiplex, read_spin_us) whose text before any '&', ';'
 ///   or '=' is no quotable_number is not quoted, only its length
 [[nodiscard]] inline int parse_url_int(std::string_view s, std::string_view url, const char* what,
-                                       long long lo, long long hi) {
+                                       long long lo, long long hi, bool in_path = false) {
   bool ok = !s.empty() && s.size() <= 10;
   long long v = 0;
   for (const char c : s) {
@@ -755,18 +762,17 @@ inline constexpr url_parameter url_parameters[] = {
     // bad multiplex "S3CRET": a value that is no number may be anything, a
     // secret too. Digits up to a '&', ';' or '=' are quoted as quoted_part
     // cuts them (`"1&..."`).
-    const bool database = std::string_view(what) == "database";
     if (head.find_first_not_of("0123456789") == std::string_view::npos) {
       // More than 10 digits (`redis://h/12345678901234`): a numeric secret?
       throw std::invalid_argument("ratelimit: bad " + std::string(what) + " in redis URL \"" +
                                   redacted_url(url) + "\": it is not a number from " +
                                   std::to_string(lo) + " to " + std::to_string(hi) + " (" +
-                                  std::to_string(head.size()) + " digits, not quoted)");
+                                  count_of(head.size(), "digit") + ", not quoted)");
     }
     throw std::invalid_argument("ratelimit: bad " + std::string(what) + " in redis URL \"" +
                                 redacted_url(url) + "\": it is not a number (" +
-                                std::to_string(s.size()) + " bytes, not quoted" +
-                                (database ? "; parameters follow '?'" : "") + ") (expected " +
+                                count_of(s.size(), "byte") + ", not quoted" +
+                                (in_path ? "; parameters follow '?'" : "") + ") (expected " +
                                 std::to_string(lo) + ".." + std::to_string(hi) + ")");
   }
   if (!ok || v < lo || v > hi) {
@@ -1640,7 +1646,7 @@ namespace detail {
   }
   if (const auto slash = rest.find('/'); slash != std::string_view::npos) {
     if (slash + 1 < rest.size()) {
-      o.database = detail::parse_url_int(rest.substr(slash + 1), url, "database", 0, max_db);
+      o.database = detail::parse_url_int(rest.substr(slash + 1), url, "database", 0, max_db, true);
     }
     rest = rest.substr(0, slash);
   }
@@ -1656,16 +1662,16 @@ namespace detail {
       // quoted by its length only, as redacted_url hides it.
       detail::bad_url(
           url, !host.empty() && host.find(':') == std::string_view::npos
-                   ? "holds a bracketed host of " + std::to_string(host.size()) +
-                         " bytes without ':', which is no IPv6 address (not quoted)"
+                   ? "holds a bracketed host of " + detail::count_of(host.size(), "byte") +
+                         " without ':', which is no IPv6 address (not quoted)"
                    : "holds \"[" + detail::escaped_name(host) + "]\", which is no IPv6 address");
     }
     const std::string_view after = rest.substr(close + 1);
     if (!after.empty()) {
       if (after.front() != ':') {
         // Not quoted: only ":PORT" may follow, and this may be anything.
-        detail::bad_url(url, "has " + std::to_string(after.size()) +
-                                 " bytes after the IPv6 address where only :PORT may follow "
+        detail::bad_url(url, "has " + detail::count_of(after.size(), "byte") +
+                                 " after the IPv6 address where only :PORT may follow "
                                  "(not quoted)");
       }
       port = after.substr(1);
