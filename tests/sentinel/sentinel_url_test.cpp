@@ -227,6 +227,18 @@ TEST(SentinelOptions, ServerAnswersAreQuotedEscaped) {
             "cannot resolve \"h\\x0d\": x");
   EXPECT_EQ(redis::detail::shown_message(std::string(500, 'y'), 400),
             std::string(400, 'y') + "...");
+  // The cut never splits an escape the message holds ("\x0d" is 4 bytes):
+  // wherever the limit falls inside one, the escape is left out whole.
+  for (std::size_t at = 396; at <= 400; ++at) {
+    const std::string escaped = std::string(at, 'y') + "\\x0d" + std::string(100, 'z');
+    const std::string cut = redis::detail::shown_message(escaped, 400);
+    SCOPED_TRACE(at);
+    if (at + 4 <= 400) {
+      EXPECT_EQ(cut, std::string(at, 'y') + "\\x0d" + std::string(396 - at, 'z') + "...");
+    } else {
+      EXPECT_EQ(cut, std::string(at, 'y') + "...");
+    }
+  }
   // Should one hold a raw control byte, it is escaped whole.
   EXPECT_EQ(redis::detail::shown_message("a\"\nb", 400), "a\\x22\\x0ab");
 }

@@ -67,7 +67,16 @@ namespace detail {
   if (!std::all_of(what.begin(), what.end(), [](char c) { return c >= ' ' && c <= '~'; })) {
     return shown(what, most);
   }
-  return std::string(what.substr(0, most)) + (what.size() > most ? "..." : "");
+  if (what.size() <= most) return std::string(what);
+  // Not inside an escape the message already holds ("\x0d"): cut before it.
+  std::size_t cut = most;
+  for (std::size_t k = 1; k <= 3 && k <= cut; ++k) {
+    if (what[cut - k] == '\\' && what[cut - k + 1] == 'x') {
+      cut -= k;
+      break;
+    }
+  }
+  return std::string(what.substr(0, cut)) + "...";
 }
 
 /// True when a sentinel's answer is a plausible host: 1..253 characters,
