@@ -956,7 +956,7 @@ inline int run_compare(const std::vector<std::string>& args, std::istream& std_i
     const char* env = std::getenv("RATELIMIT_REDIS_SERVER");
     const bool asked = o.redis_set || (env != nullptr && *env != '\0');
     std::string why;
-    if (const redis_server_lookup found = find_redis_server(); !found.path) {
+    if (const rltest::redis_server_lookup found = rltest::find_redis_server(); !found.path) {
       why = "no redis-server found (" + found.looked + ")";
     } else {
       progress("Redis: starting a throwaway redis-server (" + *found.path + ")");

@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <optional>
 #include <ostream>
 #include <span>
@@ -18,7 +17,6 @@
 #include <vector>
 
 #include "ratelimit/redis.hpp"
-#include "redis_server.hpp"
 
 namespace ratelimit::compare {
 
@@ -92,39 +90,6 @@ namespace detail {
 }
 
 }  // namespace detail
-
-/// Where `--redis auto` looked for redis-server, and what it found.
-struct redis_server_lookup {
-  std::optional<std::string> path;  ///< the executable; unset = none found
-  std::string looked;               ///< where it looked, for the message when none was found
-};
-
-/// Finds the redis-server `--redis auto` would start, as the throwaway
-/// server's helper (tests/redis/redis_server.hpp) picks it:
-/// $RATELIMIT_REDIS_SERVER when set, else the first executable redis-server
-/// in a directory of $PATH (/usr/bin:/usr/local/bin when PATH is unset).
-[[nodiscard]] inline redis_server_lookup find_redis_server() {
-  if (const char* p = std::getenv("RATELIMIT_REDIS_SERVER"); p != nullptr && *p != '\0') {
-    if (rltest::executable_file(p)) return {std::string(p), {}};
-    return {std::nullopt,
-            "RATELIMIT_REDIS_SERVER=" + std::string(p) + " is not an executable file"};
-  }
-  const char* path = std::getenv("PATH");
-  std::string_view dirs = path != nullptr ? path : "/usr/bin:/usr/local/bin";
-  const std::string looked = "RATELIMIT_REDIS_SERVER is unset and no directory of " +
-                             (path != nullptr ? "PATH=" + std::string(dirs)
-                                              : std::string("/usr/bin:/usr/local/bin")) +
-                             " has one";
-  while (!dirs.empty()) {
-    const auto colon = dirs.find(':');
-    const std::string dir(dirs.substr(0, colon));
-    const std::string candidate = (dir.empty() ? "." : dir) + "/redis-server";
-    if (rltest::executable_file(candidate)) return {candidate, {}};
-    if (colon == std::string_view::npos) break;
-    dirs.remove_prefix(colon + 1);
-  }
-  return {std::nullopt, looked};
-}
 
 /// A key prefix unique to this run ("rl:compare:<pid>:<us>:"), so the
 /// measurement never reads state an earlier run left.

@@ -1,11 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests of the built ratelimit-compare executable: table, CSV and SVG formats, agreement with
 // ratelimit-replay's numbers on the same trace, and refusal of bad arguments and input.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +18,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -855,6 +861,43 @@ TEST(CompareTool, RedisServerThatCannotRunIsFoundOutBeforeMeasuring) {
     ASSERT_EQ(table.size(), policies.size()) << r.out;
     for (const std::string& p : policies) EXPECT_EQ(table.at(p)[5], "-") << p;
   }
+  fs::remove_all(dir);
+}
+
+// A RATELIMIT_REDIS_SERVER wrapper that runs redis-server as a child of its
+// own (no exec): the throwaway server is still stopped at the end (the whole
+// process group is killed), so nothing listens on its port afterwards.
+TEST(CompareTool, WrappedRedisServerIsStoppedWithItsWrapper) {
+  const fs::path dir = temp("wrapper");
+  fs::create_directories(dir);
+  const fs::path script = dir / "redis-server";
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\nredis-server \"$@\"\n";  // the one on PATH, as a child of the shell
+  }
+  fs::permissions(script, fs::perms::owner_all);
+  const auto r = run_exe(RATELIMIT_COMPARE_EXE, "--quick --keys 200 --rounds 1",
+                         "env RATELIMIT_REDIS_SERVER='" + script.string() + "' ");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string mark = "a throwaway redis-server on 127.0.0.1:";
+  const auto at = r.out.find(mark);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const int port = std::stoi(r.out.substr(at + mark.size()));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  // A killed process closes its sockets as it dies, a moment after the
+  // signal: 5 s to stop listening (it never did, before the group kill).
+  bool listening = true;
+  for (int i = 0; i < 100 && listening; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    listening = ::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (listening) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_FALSE(listening) << "a server still listens on port " << port;
   fs::remove_all(dir);
 }
 

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -32,23 +33,46 @@ namespace rltest {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
 }
 
-/// Path of redis-server ($RATELIMIT_REDIS_SERVER, else the first executable
-/// file of that name in a directory of $PATH).
-/// @throws std::runtime_error saying how to install it
-inline std::string redis_server_path() {
-  if (const char* p = std::getenv("RATELIMIT_REDIS_SERVER"); p != nullptr && *p != '\0') return p;
+/// Where redis-server was looked for, and what was found.
+struct redis_server_lookup {
+  std::optional<std::string> path;  ///< the executable; unset = none found
+  std::string looked;               ///< where it looked, for a message when none was found
+};
+
+/// Finds redis-server: $RATELIMIT_REDIS_SERVER when set (and an executable
+/// file), else the first executable file of that name in a directory of
+/// $PATH (/usr/bin:/usr/local/bin when PATH is unset).
+[[nodiscard]] inline redis_server_lookup find_redis_server() {
+  if (const char* p = std::getenv("RATELIMIT_REDIS_SERVER"); p != nullptr && *p != '\0') {
+    if (executable_file(p)) return {std::string(p), {}};
+    return {std::nullopt,
+            "RATELIMIT_REDIS_SERVER=" + std::string(p) + " is not an executable file"};
+  }
   const char* path = std::getenv("PATH");
   std::string_view dirs = path != nullptr ? path : "/usr/bin:/usr/local/bin";
+  const std::string looked = "RATELIMIT_REDIS_SERVER is unset or empty and no directory of " +
+                             (path != nullptr ? "PATH=" + std::string(dirs)
+                                              : std::string("/usr/bin:/usr/local/bin")) +
+                             " has one";
   while (!dirs.empty()) {
     const auto colon = dirs.find(':');
     const std::string dir(dirs.substr(0, colon));
     const std::string candidate = (dir.empty() ? "." : dir) + "/redis-server";
-    if (executable_file(candidate)) return candidate;
+    if (executable_file(candidate)) return {candidate, {}};
     if (colon == std::string_view::npos) break;
     dirs.remove_prefix(colon + 1);
   }
+  return {std::nullopt, looked};
+}
+
+/// Path of redis-server (find_redis_server).
+/// @throws std::runtime_error saying how to install it
+inline std::string redis_server_path() {
+  redis_server_lookup found = find_redis_server();
+  if (found.path) return std::move(*found.path);
   throw std::runtime_error(
-      "redis-server not found: the Redis tests run against a real server. Install it with "
+      "redis-server not found (" + found.looked +
+      "): the Redis tests run against a real server. Install it with "
       "`apt-get install redis-server` (or set RATELIMIT_TEST_REDIS_URL=redis://host:port to use a "
       "running server for the tests that do not stop it)");
 }
@@ -99,11 +123,14 @@ class redis_server {
   redis_server& operator=(const redis_server&) = delete;
   ~redis_server() { stop(); }
 
-  /// Kills the server (SIGKILL) and waits for it.
+  /// Kills the server (SIGKILL) and waits for it. The signals go to its
+  /// process group (its own, see launch), so a wrapper script that runs
+  /// redis-server as a child of its own (RATELIMIT_REDIS_SERVER) leaves no
+  /// server behind either.
   void stop() noexcept {
     if (pid_ <= 0) return;
-    ::kill(pid_, SIGCONT);
-    ::kill(pid_, SIGKILL);
+    ::kill(-pid_, SIGCONT);
+    ::kill(-pid_, SIGKILL);
     int status = 0;
     ::waitpid(pid_, &status, 0);
     pid_ = -1;
@@ -118,8 +145,8 @@ class redis_server {
     }
     throw std::runtime_error("redis-server did not restart on port " + std::to_string(port_));
   }
-  void pause() noexcept { ::kill(pid_, SIGSTOP); }
-  void resume() noexcept { ::kill(pid_, SIGCONT); }
+  void pause() noexcept { ::kill(-pid_, SIGSTOP); }
+  void resume() noexcept { ::kill(-pid_, SIGCONT); }
 
   [[nodiscard]] int port() const noexcept { return port_; }
   /// The TLS port (0 without one).
@@ -147,6 +174,7 @@ class redis_server {
     const pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error("fork failed");
     if (pid == 0) {
+      ::setpgid(0, 0);  // a group of its own: stop() kills what it started too
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(127);
       const int devnull = ::open("/dev/null", O_WRONLY);
@@ -160,6 +188,7 @@ class redis_server {
       ::execv(exe.c_str(), argv.data());
       ::_exit(127);
     }
+    ::setpgid(pid, pid);  // as the child does, in case stop() comes first
     pid_ = pid;
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (std::chrono::steady_clock::now() < until) {
