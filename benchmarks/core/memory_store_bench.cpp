@@ -247,22 +247,16 @@ void add_memory_counters(benchmark::State& state, std::string_view name) {
 /// kind the figures come from (2 MiB L2 per core).
 constexpr std::size_t evict_bytes = std::size_t{96} << 20;
 
-/// Pushes every structure out of the caches, timing paused: what the paired
-/// run (paired_floor.cpp) gets from timing the other structures between two
-/// passes of one. Called at the end of each pass over a thread's keys on
-/// 100,000 keys. Without it one structure of 5-11 MB, cycled on its own,
-/// stays in the 32 MiB L3: the floor took 29 ns there against 110-300 ns
-/// in the paired run, and the limiters' fixed costs (hash, lock, policy)
-/// weighed 1.5x the floor where the paired run measured 1.0-1.3x. The two
-/// tools now measure the same regime: every key's node out of cache.
-/// Walks the junk buffer; before the timed loop too, so that the first pass
-/// starts cold as well.
+/// Reads one word per cache line of a buffer larger than the caches, which
+/// pushes every structure out of them (evict_caches; before the timed loop
+/// too, so that the first pass starts cold as well).
 void walk_junk() {
   static const std::vector<std::uint64_t> junk(evict_bytes / sizeof(std::uint64_t), 1);
   std::uint64_t sum = 0;
   for (std::size_t j = 0; j < junk.size(); j += 64 / sizeof(std::uint64_t)) sum += junk[j];
   benchmark::DoNotOptimize(sum);
 }
+
 /// The threads of one multi-threaded case meet here around evict_caches,
 /// so that no thread's timed pass overlaps another's walk (whose memory
 /// traffic it would pay for). Threads run the same iterations, so with
@@ -294,6 +288,14 @@ class pass_barrier {
 };
 pass_barrier pass_end;
 
+/// Pushes every structure out of the caches, timing paused: what the paired
+/// run (paired_floor.cpp) gets from timing the other structures between two
+/// passes of one. Called at the end of each pass over a thread's keys on
+/// 100,000 keys. Without it one structure of 5-11 MB, cycled on its own,
+/// stays in the 32 MiB L3: the floor took 29 ns there against 110-300 ns
+/// in the paired run, and the limiters' fixed costs (hash, lock, policy)
+/// weighed 1.5x the floor where the paired run measured 1.0-1.3x. The two
+/// tools now measure the same regime: every key's node out of cache.
 void evict_caches(benchmark::State& state) {
   state.PauseTiming();
   pass_end.wait();

@@ -322,6 +322,12 @@ TEST(UrlReview, CommaBeforeTheLastAtOfAMultiHostUrlIsRefused) {
 TEST(UrlReview, PathHintOnlyForADatabaseInThePath) {
   EXPECT_NE(refusal("redis://h/x").find("(1 byte, not quoted; parameters follow '?')"),
             std::string::npos);
+  for (const char* url : {"redis://h/1&multiplex=2", "redis://h/1;x", "redis://h/1=2"}) {
+    EXPECT_NE(refusal(url).find("(expected 0..999999999; parameters follow '?')"),
+              std::string::npos)
+        << refusal(url);
+  }
+  EXPECT_EQ(refusal("redis://h/99999999999").find("parameters follow"), std::string::npos);
   for (const char* url : {"redis-sentinel://a:1/m?db=1/S3CRET", "unix:///t/s?db=1x"}) {
     const std::string why = refusal(url);
     EXPECT_NE(why.find("bad database in redis URL"), std::string::npos) << why;

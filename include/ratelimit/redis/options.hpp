@@ -740,7 +740,7 @@ inline constexpr url_parameter url_parameters[] = {
 
 /// The decimal number `s` (digits only), which must lie in lo..hi.
 /// @param in_path `s` is a URL's path (`redis://h/DB`): a value that is no
-///   number gets the hint that parameters follow '?'
+///   number, or holds '&', ';' or '=', gets the hint that parameters follow '?'
 /// @throws std::invalid_argument naming `s` and the URL; a value (`what`:
 ///   a database, multiplex, read_spin_us) whose text before any '&', ';'
 ///   or '=' is no quotable_number is not quoted, only its length
@@ -776,9 +776,11 @@ inline constexpr url_parameter url_parameters[] = {
                                 std::to_string(lo) + ".." + std::to_string(hi) + ")");
   }
   if (!ok || v < lo || v > hi) {
+    const bool parameter_in_path = in_path && s.find_first_of("&;=") != std::string_view::npos;
     throw std::invalid_argument("ratelimit: bad " + std::string(what) + " \"" + quoted_part(s) +
                                 "\" in redis URL \"" + redacted_url(url) + "\" (expected " +
-                                std::to_string(lo) + ".." + std::to_string(hi) + ")");
+                                std::to_string(lo) + ".." + std::to_string(hi) +
+                                (parameter_in_path ? "; parameters follow '?'" : "") + ")");
   }
   return static_cast<int>(v);
 }

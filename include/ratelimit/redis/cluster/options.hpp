@@ -79,11 +79,10 @@ namespace detail {}  // namespace detail
   detail::refuse_fragment(after_scheme, url,
                           tls ? "cluster_options::seeds and node.tls" : "cluster_options::seeds");
   cluster_options o;
-  // read_spin_us= is read only to be refused by name: the cluster store
-  // never spins, and left in the query it was reported as a TLS parameter
-  // ("TLS parameters need rediss://" on redis-cluster://).
-  // Refused before its value is read: `read_spin_us=x` was reported as a
-  // bad value of a parameter the cluster forms do not take.
+  // read_spin_us= is taken only to be refused by name, before its value is
+  // read: the cluster store never spins. Left in the query it was reported
+  // as a TLS parameter ("TLS parameters need rediss://" on redis-cluster://),
+  // and read first, `read_spin_us=x` as a bad value.
   std::chrono::microseconds spin{-1};
   o.node.multiplex = detail::take_multiplex_query(
       after_scheme, url, false, &spin,
